@@ -1,0 +1,1 @@
+"""Consumer SDK for TiCDC's Simple protocol."""

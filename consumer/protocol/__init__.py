@@ -1,0 +1,1 @@
+"""bytes -> typed messages and back (spec §1-§5)."""

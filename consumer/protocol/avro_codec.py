@@ -1,0 +1,351 @@
+"""Avro encoding (spec §5): a bare datum of the 12-type union in `message.avsc`, always branch 11 (Message).
+
+`ColumnSchema.default` is read and written as Avro `bytes`: it shares `string`'s binary layout, and TiCDC
+puts raw (often invalid UTF-8) literal bytes there for BIT columns, which a strict string read rejects.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from importlib import resources
+from typing import Any, Literal
+
+import fastavro
+import msgspec
+
+from consumer.errors import MalformedMessageError
+from consumer.protocol.model import (
+    DDL,
+    DML,
+    Bootstrap,
+    Checksum,
+    Column,
+    DataType,
+    DDLType,
+    DecodedMessage,
+    DMLType,
+    Index,
+    RawDML,
+    TableSchema,
+    Watermark,
+)
+from consumer.protocol.types import fsp_of
+
+AvroVariant = Literal["ticdc", "tiflow"]
+NAMESPACE = "com.pingcap.simple.avro"
+MESSAGE_BRANCH = 0x16  # zig-zag of union index 11
+_DML_KIND = 0x06  # MessageType.DML, zig-zag
+_DML_TYPES = tuple(DMLType)
+# unsigned/zerofill are set (true or false) only for these types; null for the rest
+_FLAGGED_TYPES = frozenset(
+    ("tinyint", "smallint", "mediumint", "int", "bigint", "float", "double", "bit", "year", "decimal")
+)
+_TEMPORAL_WITH_FSP = frozenset(("datetime", "timestamp", "time"))
+
+
+def writer_schema_json() -> list[dict[str, Any]]:
+    """TiCDC's writer schema (`message.json` upstream), as shipped with this package."""
+    return json.loads(resources.files("consumer.protocol").joinpath("message.avsc").read_text())
+
+
+def _wire_schema() -> Any:
+    schema = writer_schema_json()
+    column_schema = next(t for t in schema if t["name"] == "ColumnSchema")
+    default = next(f for f in column_schema["fields"] if f["name"] == "default")
+    default["type"] = ["null", "bytes"]
+    return fastavro.parse_schema(schema)
+
+
+_SCHEMA = _wire_schema()
+
+
+# -- decoding ---------------------------------------------------------------------------------------
+def decode(payload: bytes) -> DecodedMessage:
+    if len(payload) < 3 or payload[0] != MESSAGE_BRANCH:
+        first = f"0x{payload[0]:02x}" if payload else "nothing"
+        raise MalformedMessageError(f"not a Simple Avro message: starts with {first}, expected 0x16")
+    if payload[1] == _DML_KIND:
+        return _dml_header(payload)
+    return _schema_or_watermark(read_datum(payload))
+
+
+def read_datum(payload: bytes) -> dict[str, Any]:
+    """The whole Message record; the datum must fill the value exactly."""
+    stream = io.BytesIO(payload)
+    try:
+        message = fastavro.schemaless_reader(stream, _SCHEMA, None)
+    except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError... for corrupt input
+        raise MalformedMessageError(f"invalid Avro datum: {type(exc).__name__}: {exc}") from exc
+    if stream.tell() != len(payload):
+        raise MalformedMessageError(f"{len(payload) - stream.tell()} bytes of garbage after the Avro datum")
+    if not isinstance(message, dict) or "payload" not in message:
+        raise MalformedMessageError("Avro datum is not a Message record")
+    return message
+
+
+def _dml_header(payload: bytes) -> RawDML:
+    """Read only the DML's routing fields; values are decoded later, once the schema is known."""
+    reader = _HeaderReader(payload, 2)
+    if reader.long() != 3:
+        raise MalformedMessageError("Avro Message of type DML does not carry a DML payload")
+    reader.long()  # version
+    database, table, table_id = reader.string(), reader.string(), reader.long()
+    kind = reader.long()
+    if not 0 <= kind < len(_DML_TYPES):
+        raise MalformedMessageError(f"unknown DMLType index {kind}")
+    return RawDML(
+        type=_DML_TYPES[kind],
+        database=database,
+        table=table,
+        table_id=table_id,
+        commit_ts=reader.long(),
+        build_ts=reader.long(),
+        schema_version=reader.long(),
+        payload=payload,
+        encoding="avro",
+    )
+
+
+class _HeaderReader:
+    def __init__(self, buffer: bytes, position: int) -> None:
+        self.buffer = buffer
+        self.position = position
+
+    def long(self) -> int:
+        result = shift = 0
+        while True:
+            if self.position >= len(self.buffer) or shift > 63:
+                raise MalformedMessageError("truncated or corrupt Avro DML header")
+            byte = self.buffer[self.position]
+            self.position += 1
+            result |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return (result >> 1) ^ -(result & 1)
+
+    def string(self) -> str:
+        size = self.long()
+        end = self.position + size
+        if size < 0 or end > len(self.buffer):
+            raise MalformedMessageError("truncated Avro DML header string")
+        try:
+            text = self.buffer[self.position : end].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedMessageError(f"invalid UTF-8 in Avro DML header: {exc}") from exc
+        self.position = end
+        return text
+
+
+def _schema_or_watermark(message: dict[str, Any]) -> Watermark | Bootstrap | DDL:
+    kind, body = message["type"], message["payload"]
+    try:
+        if kind == "WATERMARK":
+            return Watermark(commit_ts=body["commitTs"], build_ts=body["buildTs"], version=body["version"])
+        if kind == "BOOTSTRAP":
+            return Bootstrap(
+                table_schema=_table_schema(body["tableSchema"]),
+                build_ts=body["buildTs"],
+                version=body["version"],
+            )
+        if kind == "DDL":
+            return DDL(
+                type=DDLType(body["type"]),
+                sql=body["sql"],
+                commit_ts=body["commitTs"],
+                build_ts=body["buildTs"],
+                table_schema=_optional_table_schema(body["tableSchema"]),
+                pre_table_schema=_optional_table_schema(body["preTableSchema"]),
+                version=body["version"],
+            )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MalformedMessageError(f"Avro {kind} payload does not match its type: {exc!r}") from exc
+    raise MalformedMessageError(f"Avro Message type {kind} does not match its payload")
+
+
+def _optional_table_schema(record: dict[str, Any] | None) -> TableSchema | None:
+    return None if record is None else _table_schema(record)
+
+
+def _table_schema(record: dict[str, Any]) -> TableSchema:
+    return TableSchema(
+        database=record["database"],
+        table=record["table"],
+        table_id=record["tableID"],
+        version=record["version"],
+        columns=tuple(_column(c) for c in record["columns"]),
+        indexes=tuple(
+            Index(i["name"], i["unique"], i["primary"], i["nullable"], tuple(i["columns"]))
+            for i in record["indexes"]
+        ),
+    )
+
+
+def _column(record: dict[str, Any]) -> Column:
+    data_type = _data_type(record["dataType"])
+    return Column(
+        name=record["name"],
+        data_type=data_type,
+        nullable=record["nullable"],
+        default=_default_from_avro(record["default"], data_type),
+    )
+
+
+def _data_type(record: dict[str, Any]) -> DataType:
+    mysql_type, decimal = record["mysqlType"], record["decimal"]
+    data_type = DataType(
+        mysql_type=mysql_type,
+        charset=record["charset"],
+        collate=record["collate"],
+        length=record["length"],
+        decimal=decimal or 0,
+        elements=tuple(record["elements"] or ()),
+        unsigned=bool(record["unsigned"]),
+        zerofill=bool(record["zerofill"]),
+    )
+    if decimal is None and mysql_type in _TEMPORAL_WITH_FSP:  # Avro drops it: recover it from `length`
+        return msgspec.structs.replace(data_type, decimal=fsp_of(data_type))
+    return data_type
+
+
+def _default_from_avro(raw: bytes | None, data_type: DataType) -> str | int | None:
+    if raw is None:
+        return None
+    if data_type.mysql_type == "bit":
+        return int.from_bytes(raw, "big")
+    return raw.decode("utf-8", "surrogateescape")
+
+
+# -- encoding ---------------------------------------------------------------------------------------
+def encode(
+    message: Watermark | Bootstrap | DDL | DML,
+    data: dict[str, Any] | None = None,
+    old: dict[str, Any] | None = None,
+    variant: AvroVariant = "ticdc",
+) -> bytes:
+    """Encode a message; for a DML, `data`/`old` hold (branch, value) pairs from the column types."""
+    kind, branch, body = _payload(message, data, old, variant)
+    stream = io.BytesIO()
+    datum = {"type": kind, "payload": (f"{NAMESPACE}.{branch}", body)}
+    fastavro.schemaless_writer(stream, _SCHEMA, (f"{NAMESPACE}.Message", datum))
+    return stream.getvalue()
+
+
+def _payload(
+    message: Watermark | Bootstrap | DDL | DML, data: Any, old: Any, variant: AvroVariant
+) -> tuple[str, str, dict[str, Any]]:
+    if isinstance(message, Watermark):
+        return (
+            "WATERMARK",
+            "Watermark",
+            {"version": message.version, "commitTs": message.commit_ts, "buildTs": message.build_ts},
+        )
+    if isinstance(message, Bootstrap):
+        return (
+            "BOOTSTRAP",
+            "Bootstrap",
+            {
+                "version": message.version,
+                "buildTs": message.build_ts,
+                "tableSchema": _table_schema_record(message.table_schema, variant),
+            },
+        )
+    if isinstance(message, DDL):
+        return (
+            "DDL",
+            "DDL",
+            {
+                "version": message.version,
+                "type": message.type.value,
+                "sql": message.sql,
+                "commitTs": message.commit_ts,
+                "buildTs": message.build_ts,
+                "tableSchema": _optional_record(message.table_schema, variant),
+                "preTableSchema": _optional_record(message.pre_table_schema, variant),
+            },
+        )
+    return (
+        "DML",
+        "DML",
+        {
+            "version": message.version,
+            "database": message.database,
+            "table": message.table,
+            "tableID": message.table_id,
+            "type": message.type.value,
+            "commitTs": message.commit_ts,
+            "buildTs": message.build_ts,
+            "schemaVersion": message.schema_version,
+            "claimCheckLocation": message.claim_check_location or None,
+            "handleKeyOnly": True if message.handle_key_only else None,
+            "checksum": _checksum_record(message.checksum),
+            "data": data,
+            "old": old,
+        },
+    )
+
+
+def _checksum_record(checksum: Checksum | None) -> dict[str, Any] | None:
+    if checksum is None:
+        return None
+    return {
+        "version": checksum.version,
+        "corrupted": checksum.corrupted,
+        "current": checksum.current,
+        "previous": checksum.previous,
+    }
+
+
+def _optional_record(schema: TableSchema | None, variant: AvroVariant) -> dict[str, Any] | None:
+    return None if schema is None else _table_schema_record(schema, variant)
+
+
+def _table_schema_record(schema: TableSchema, variant: AvroVariant) -> dict[str, Any]:
+    return {
+        "database": schema.database,
+        "table": schema.table,
+        "tableID": schema.table_id,
+        "version": schema.version,
+        "columns": [_column_record(c, variant) for c in schema.columns],
+        "indexes": [
+            {
+                "name": i.name,
+                "unique": i.unique,
+                "primary": i.primary,
+                "nullable": i.nullable,
+                "columns": list(i.columns),
+            }
+            for i in schema.indexes
+        ],
+    }
+
+
+def _column_record(column: Column, variant: AvroVariant) -> dict[str, Any]:
+    data_type = column.data_type
+    mysql_type = data_type.mysql_type
+    flagged = mysql_type in _FLAGGED_TYPES
+    keeps_decimal = mysql_type == "decimal" or (mysql_type == "timestamp" and variant == "ticdc")
+    return {
+        "name": column.name,
+        "dataType": {
+            "mysqlType": mysql_type,
+            "charset": data_type.charset,
+            "collate": data_type.collate,
+            "length": data_type.length,
+            "decimal": data_type.decimal if keeps_decimal else None,
+            "elements": list(data_type.elements) if mysql_type in ("enum", "set") else None,
+            "unsigned": data_type.unsigned if flagged else None,
+            "zerofill": data_type.zerofill if flagged else None,
+        },
+        "nullable": column.nullable,
+        "default": _default_to_avro(column.default, data_type),
+    }
+
+
+def _default_to_avro(default: str | int | None, data_type: DataType) -> bytes | None:
+    if default is None:
+        return None
+    if isinstance(default, int):  # BIT: the literal's raw big-endian bytes
+        width = max(1, (max(data_type.length, 1) + 7) // 8)
+        return default.to_bytes(width, "big")
+    return default.encode("utf-8", "surrogateescape")

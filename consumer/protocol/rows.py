@@ -1,0 +1,222 @@
+"""Row values of one table version: wire maps <-> typed values, columnar (Arrow) on the fast path.
+
+JSON rows decode through a msgspec Struct generated from the table schema, so `data`/`old` are parsed
+straight into per-column fields without building dicts; each column then becomes one Arrow array.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+import pyarrow as pa
+
+from consumer.errors import MalformedMessageError, ValueDecodeError
+from consumer.protocol import avro_codec
+from consumer.protocol.model import DML, Checksum, DMLType, RawDML, TableSchema
+from consumer.protocol.types import ColumnType, ValuePolicy, column_type
+
+Encoding = Literal["json", "avro"]
+
+
+@dataclass(frozen=True)
+class RowImages:
+    """The `data` and `old` images of a batch of DMLs, one Arrow row per DML in each.
+
+    A DML without that image (INSERT has no `old`, DELETE no `data`) has an all-null row there and
+    False in `has_data` / `has_old`. Columns absent from the wire are null.
+    """
+
+    data: pa.RecordBatch
+    old: pa.RecordBatch
+    has_data: list[bool]
+    has_old: list[bool]
+
+
+class TableCodec:
+    """Decoding and encoding of the rows of one TableSchema version."""
+
+    def __init__(self, schema: TableSchema, policy: ValuePolicy | None = None) -> None:
+        self.schema = schema
+        self.policy = policy or ValuePolicy()
+        self.columns: tuple[ColumnType, ...] = tuple(column_type(c, self.policy) for c in schema.columns)
+        self.arrow_schema = pa.schema(
+            [pa.field(c.name, c.arrow_type, nullable=c.column.nullable) for c in self.columns]
+        )
+        self._image_schema = pa.schema([pa.field(c.name, c.arrow_type) for c in self.columns])
+        self._batch_body, batch_row = _json_body(schema, self.columns, missing=None)
+        self._row_body, _ = _json_body(schema, self.columns, missing=msgspec.UNSET)
+        self._null_row = batch_row()
+        self._fields = (
+            operator.attrgetter(*[f"c{i}" for i in range(len(self.columns))]) if self.columns else None
+        )
+
+    # -- fast path: many DMLs -> Arrow ---------------------------------------------------------------
+    def decode_batch(self, raws: Sequence[RawDML]) -> RowImages:
+        """Typed Arrow images of many DMLs of this table version. Errors carry `.row` = index in raws."""
+        datas, olds = self._wire_images(raws)
+        return RowImages(
+            data=self._image(datas, raws),
+            old=self._image(olds, raws),
+            has_data=[d is not None or r.type in _HAS_DATA for d, r in zip(datas, raws, strict=True)],
+            has_old=[o is not None or r.type in _HAS_OLD for o, r in zip(olds, raws, strict=True)],
+        )
+
+    def _wire_images(self, raws: Sequence[RawDML]) -> tuple[list[Any], list[Any]]:
+        datas: list[Any] = []
+        olds: list[Any] = []
+        for row, raw in enumerate(raws):
+            body = self._wire_body(raw, row, self._batch_body)
+            datas.append(body["data"] if isinstance(body, dict) else body.data)
+            olds.append(body["old"] if isinstance(body, dict) else body.old)
+        return datas, olds
+
+    def _wire_body(self, raw: RawDML, row: int, decoder: msgspec.json.Decoder) -> Any:
+        if raw.encoding == "avro":
+            try:
+                return avro_codec.read_datum(raw.payload)["payload"]
+            except MalformedMessageError as exc:
+                raise ValueDecodeError(exc.reason, column="<row>", row=row) from exc
+        try:
+            return decoder.decode(raw.payload)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise ValueDecodeError(self._named(str(exc)), column=self._column_in(str(exc)), row=row) from exc
+
+    def _image(self, images: list[Any], raws: Sequence[RawDML]) -> pa.RecordBatch:
+        if not self.columns:
+            return pa.RecordBatch.from_pylist([{}] * len(images), schema=self._image_schema)
+        avro = bool(raws) and raws[0].encoding == "avro"
+        wire_columns = self._avro_columns(images) if avro else self._json_columns(images)
+        arrays = []
+        for column, values in zip(self.columns, wire_columns, strict=True):
+            arrays.append(column.from_avro(values) if avro else column.from_json(values))
+        return pa.RecordBatch.from_arrays(arrays, schema=self._image_schema)
+
+    def _json_columns(self, images: list[Any]) -> list[Sequence[Any]]:
+        null_row = self._null_row
+        fields = self._fields
+        assert fields is not None
+        rows = [fields(image if image is not None else null_row) for image in images]
+        if len(self.columns) == 1:
+            return [rows]
+        return list(zip(*rows, strict=True)) if rows else [[] for _ in self.columns]
+
+    def _avro_columns(self, images: list[Any]) -> list[Sequence[Any]]:
+        return [[None if image is None else image.get(c.name) for image in images] for c in self.columns]
+
+    # -- typed per-row path --------------------------------------------------------------------------
+    def decode(self, raw: RawDML) -> DML:
+        """One DML with typed values; columns absent from the wire stay absent from the dicts."""
+        body = self._wire_body(raw, 0, self._row_body)
+        if raw.encoding == "avro":
+            data, old = body["data"], body["old"]
+            extras = _avro_extras(body)
+        else:
+            data, old = self._struct_to_dict(body.data), self._struct_to_dict(body.old)
+            extras = {
+                "checksum": body.checksum,
+                "handle_key_only": body.handleKeyOnly,
+                "claim_check_location": body.claimCheckLocation,
+            }
+        return DML(
+            type=raw.type,
+            database=raw.database,
+            table=raw.table,
+            table_id=raw.table_id,
+            commit_ts=raw.commit_ts,
+            build_ts=raw.build_ts,
+            schema_version=raw.schema_version,
+            data=self._typed(data, raw, raw.type in _HAS_DATA),
+            old=self._typed(old, raw, raw.type in _HAS_OLD),
+            **extras,
+        )
+
+    def _struct_to_dict(self, image: Any) -> dict[str, Any] | None:
+        if image is None:
+            return None
+        return {
+            c.name: v
+            for i, c in enumerate(self.columns)
+            if (v := getattr(image, f"c{i}")) is not msgspec.UNSET
+        }
+
+    def _typed(self, image: dict[str, Any] | None, raw: RawDML, expected: bool) -> dict[str, Any] | None:
+        if image is None:
+            return {} if expected else None
+        typed: dict[str, Any] = {}
+        convert = "from_avro" if raw.encoding == "avro" else "from_json"
+        known = {c.name: c for c in self.columns}
+        for name, value in image.items():
+            column = known.get(name)
+            if column is None:
+                raise ValueDecodeError("not in the table schema", column=name, row=0)
+            typed[name] = column.to_python(getattr(column, convert)([value]))[0]
+        return typed
+
+    # -- encoding ------------------------------------------------------------------------------------
+    def encode_image(self, image: dict[str, Any] | None, encoding: Encoding) -> dict[str, Any] | None:
+        """Typed row -> wire map (JSON values or Avro (branch, value) pairs)."""
+        if image is None:
+            return None
+        known = {c.name: c for c in self.columns}
+        wire: dict[str, Any] = {}
+        for name, value in image.items():
+            column = known.get(name)
+            if column is None:
+                raise ValueDecodeError("not in the table schema", column=name)
+            wire[name] = column.to_json(value) if encoding == "json" else column.to_avro(value)
+        return wire
+
+    def _named(self, message: str) -> str:
+        for i, column in reversed(list(enumerate(self.columns))):
+            message = message.replace(f".c{i}`", f".{column.name}`")
+        return message
+
+    def _column_in(self, message: str) -> str:
+        for i, column in reversed(list(enumerate(self.columns))):
+            if f".c{i}`" in message:
+                return column.name
+        return "<row>"
+
+
+# Go drops empty maps: an INSERT without `data` had every column filtered out; it still has a row.
+_HAS_DATA = frozenset((DMLType.INSERT, DMLType.UPDATE))
+_HAS_OLD = frozenset((DMLType.UPDATE, DMLType.DELETE))
+
+
+def _avro_extras(body: dict[str, Any]) -> dict[str, Any]:
+    checksum = body["checksum"]
+    return {
+        "checksum": None if checksum is None else Checksum(**checksum),
+        "handle_key_only": bool(body["handleKeyOnly"]),
+        "claim_check_location": body["claimCheckLocation"] or "",
+    }
+
+
+def _json_body(
+    schema: TableSchema, columns: Sequence[ColumnType], missing: Any
+) -> tuple[msgspec.json.Decoder, type]:
+    value_type: Any = str | None
+    fields = []
+    for i, column in enumerate(columns):
+        kind = dict[str, str] | None if column.family == "timestamp" else value_type
+        fields.append((f"c{i}", kind | msgspec.UnsetType if missing is msgspec.UNSET else kind, missing))
+    row = msgspec.defstruct(
+        f"Row_{schema.table}_{schema.version}",
+        fields,
+        rename={f"c{i}": c.name for i, c in enumerate(columns)},
+    )
+    body = msgspec.defstruct(
+        "DMLBody",
+        [
+            ("data", row | None, None),
+            ("old", row | None, None),
+            ("checksum", Checksum | None, None),
+            ("handleKeyOnly", bool, False),
+            ("claimCheckLocation", str, ""),
+        ],
+    )
+    return msgspec.json.Decoder(body), row

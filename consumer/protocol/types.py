@@ -1,0 +1,813 @@
+"""The mysqlType table: every column's Python value, Arrow type and Spark type, and its wire forms.
+
+Decoding is columnar: a column's wire values of a whole batch become one Arrow array through vectorized
+casts, and per-row Python values are read back from that array, so there is exactly one conversion per
+type. When a vectorized conversion fails, the batch is re-run value by value only to name the bad row.
+"""
+
+from __future__ import annotations
+
+import binascii
+import datetime as dt
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import Context, Decimal
+from typing import Any, ClassVar, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from consumer.errors import (
+    EncodeError,
+    UnrepresentableValueError,
+    UnsupportedTypeError,
+    ValueDecodeError,
+)
+from consumer.protocol.model import Column, DataType
+
+UNSIGNED_BIGINT = "com.pingcap.simple.avro.UnsignedBigint"
+AVRO_TIMESTAMP = "com.pingcap.simple.avro.Timestamp"
+_U64 = 0xFFFF_FFFF_FFFF_FFFF
+
+
+class JsonNull:
+    """The JSON literal `null` stored in a JSON column, distinct from SQL NULL (None)."""
+
+    _instance: ClassVar[JsonNull | None] = None
+
+    def __new__(cls) -> JsonNull:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "JSON_NULL"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+JSON_NULL = JsonNull()
+
+
+@dataclass
+class DecodeStats:
+    """Values the policy turned into NULL instead of failing (MySQL zero dates and the like)."""
+
+    unrepresentable: int = 0
+
+
+@dataclass(frozen=True)
+class ValuePolicy:
+    """How values are decoded and encoded.
+
+    `unrepresentable`: what to do with valid MySQL values Python cannot hold, such as `0000-00-00`:
+    "null" (default) stores NULL and counts it in `stats`; "raise" fails the record.
+    `timestamp_location`: the zone the encoder writes TIMESTAMP values in (TiCDC's `--tz`).
+    """
+
+    unrepresentable: Literal["null", "raise"] = "null"
+    timestamp_location: str = "UTC"
+    stats: DecodeStats = field(default_factory=DecodeStats, compare=False)
+
+
+def fsp_of(data_type: DataType) -> int:
+    """Fractional-second digits; Avro drops `decimal` for datetime/time, so recover it from `length`."""
+    if data_type.decimal > 0:
+        return data_type.decimal
+    base = 11 if data_type.mysql_type == "time" else 20
+    return max(0, data_type.length - base) if data_type.length > base - 1 else 0
+
+
+def float32_text(value: float) -> str:
+    """Go's FormatFloat(f, 'f', -1, 32): shortest float32 round-trip digits, no exponent."""
+    return np.format_float_positional(np.float32(value), unique=True, trim="-")
+
+
+def float64_text(value: float) -> str:
+    return np.format_float_positional(np.float64(value), unique=True, trim="-")
+
+
+class ColumnType:
+    """Conversions for one column. Subclasses set the Arrow type and the wire rules of their family."""
+
+    family: ClassVar[str] = ""
+
+    def __init__(self, column: Column, policy: ValuePolicy) -> None:
+        self.column = column
+        self.name = column.name
+        self.data_type = column.data_type
+        self.policy = policy
+        self.arrow_type = self._arrow_type()
+
+    # -- decoding ---------------------------------------------------------------------------------
+    def from_json(self, values: Sequence[Any]) -> pa.Array:
+        """JSON wire values (strings, or dicts for timestamps) of a batch -> one Arrow array."""
+        return self._guarded(values, self._json_array)
+
+    def from_avro(self, values: Sequence[Any]) -> pa.Array:
+        """fastavro-decoded map values of a batch -> one Arrow array."""
+        return self._guarded(values, self._avro_array)
+
+    def to_python(self, array: pa.Array) -> list[Any]:
+        return array.to_pylist()
+
+    def _json_array(self, values: Sequence[Any]) -> pa.Array:
+        return self._from_text(pa.array(values, pa.string()))
+
+    def _avro_array(self, values: Sequence[Any]) -> pa.Array:
+        return self._json_array(values)
+
+    def _from_text(self, text: pa.Array) -> pa.Array:
+        return pc.cast(text, self.arrow_type)
+
+    def _guarded(self, values: Sequence[Any], convert: Callable[[Sequence[Any]], pa.Array]) -> pa.Array:
+        try:
+            return convert(values)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError, KeyError, binascii.Error) as exc:
+            first_error = exc
+        return self._convert_each(values, convert, first_error)
+
+    def _convert_each(
+        self, values: Sequence[Any], convert: Callable[[Sequence[Any]], pa.Array], first_error: Exception
+    ) -> pa.Array:
+        """Slow path for a batch with a bad value: apply the policy or name the row."""
+        pieces = []
+        for row, value in enumerate(values):
+            try:
+                pieces.append(convert([value]))
+            except (pa.ArrowException, ValueError, TypeError, OverflowError, KeyError, binascii.Error) as exc:
+                pieces.append(self._unconvertible(row, value, exc))
+        if not pieces:
+            raise ValueDecodeError(str(first_error), column=self.name)
+        return pa.concat_arrays(pieces)
+
+    def _unconvertible(self, row: int, value: Any, exc: Exception) -> pa.Array:
+        if self._is_unrepresentable(value):
+            if self.policy.unrepresentable == "raise":
+                raise UnrepresentableValueError(
+                    f"{self.data_type.mysql_type} value {value!r} has no Python equivalent",
+                    column=self.name,
+                    row=row,
+                )
+            self.policy.stats.unrepresentable += 1
+            return pa.nulls(1, self.arrow_type)
+        raise ValueDecodeError(
+            f"value {_short(value)} is not a valid {self.data_type.mysql_type}: {_first_line(exc)}",
+            column=self.name,
+            row=row,
+        ) from exc
+
+    def _is_unrepresentable(self, value: Any) -> bool:
+        return False
+
+    # -- encoding ---------------------------------------------------------------------------------
+    def to_json(self, value: Any) -> Any:
+        """Typed value -> the JSON wire value TiCDC emits (None for SQL NULL)."""
+        if value is None:
+            return None
+        try:
+            return self._json_value(value)
+        except (TypeError, ValueError, OverflowError, ArithmeticError) as exc:
+            raise EncodeError(f"column {self.name!r}: cannot encode {value!r}: {exc}") from exc
+
+    def to_avro(self, value: Any) -> Any:
+        """Typed value -> (branch name, datum) for the Avro map-value union, or None."""
+        if value is None:
+            return None
+        try:
+            return self._avro_value(value)
+        except (TypeError, ValueError, OverflowError, ArithmeticError) as exc:
+            raise EncodeError(f"column {self.name!r}: cannot encode {value!r}: {exc}") from exc
+
+    def _json_value(self, value: Any) -> Any:
+        return str(value)
+
+    def _avro_value(self, value: Any) -> Any:
+        return ("string", self._json_value(value))
+
+    def _arrow_type(self) -> pa.DataType:
+        raise NotImplementedError  # every registered subclass defines it
+
+    def spark_type(self) -> Any:
+        """The pyspark.sql.types type (imported lazily: pyspark is heavy and optional for decoding)."""
+        from pyspark.sql import types as T
+
+        return _SPARK_FROM_ARROW(T, self.arrow_type)
+
+
+def _SPARK_FROM_ARROW(T: Any, arrow_type: pa.DataType) -> Any:
+    if pa.types.is_boolean(arrow_type):
+        return T.BooleanType()
+    if pa.types.is_int8(arrow_type):
+        return T.ByteType()
+    if pa.types.is_int16(arrow_type):
+        return T.ShortType()
+    if pa.types.is_int32(arrow_type):
+        return T.IntegerType()
+    if pa.types.is_int64(arrow_type):
+        return T.LongType()
+    if pa.types.is_float32(arrow_type):
+        return T.FloatType()
+    if pa.types.is_float64(arrow_type):
+        return T.DoubleType()
+    if pa.types.is_decimal(arrow_type):
+        return T.DecimalType(arrow_type.precision, arrow_type.scale)
+    if pa.types.is_string(arrow_type):
+        return T.StringType()
+    if pa.types.is_binary(arrow_type):
+        return T.BinaryType()
+    if pa.types.is_date32(arrow_type):
+        return T.DateType()
+    if pa.types.is_timestamp(arrow_type):
+        return T.TimestampType() if arrow_type.tz else T.TimestampNTZType()
+    if pa.types.is_duration(arrow_type):
+        return T.DayTimeIntervalType(T.DayTimeIntervalType.DAY, T.DayTimeIntervalType.SECOND)
+    if pa.types.is_list(arrow_type):
+        return T.ArrayType(_SPARK_FROM_ARROW(T, arrow_type.value_type), containsNull=False)
+    raise UnsupportedTypeError(f"no Spark type for Arrow {arrow_type}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+# -- integers -------------------------------------------------------------------------------------
+_INT_WIDTH = {"tinyint": 8, "smallint": 16, "mediumint": 24, "int": 32, "bigint": 64}
+# Spark has no unsigned types: unsigned columns widen to the next signed type (bigint to decimal(20,0)).
+_SPARK_SAFE_INT = {
+    ("tinyint", False): pa.int8(),
+    ("tinyint", True): pa.int16(),
+    ("smallint", False): pa.int16(),
+    ("smallint", True): pa.int32(),
+    ("mediumint", False): pa.int32(),
+    ("mediumint", True): pa.int32(),
+    ("int", False): pa.int32(),
+    ("int", True): pa.int64(),
+    ("bigint", False): pa.int64(),
+    ("bigint", True): pa.decimal128(20, 0),
+}
+
+
+class IntegerColumn(ColumnType):
+    family = "integer"
+
+    @property
+    def _bits(self) -> int:
+        return _INT_WIDTH[self.data_type.mysql_type]
+
+    @property
+    def _range(self) -> tuple[int, int]:
+        bits = self._bits
+        if self.data_type.unsigned:
+            return 0, (1 << bits) - 1
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+    def _arrow_type(self) -> pa.DataType:
+        return _SPARK_SAFE_INT[(self.data_type.mysql_type, self.data_type.unsigned)]
+
+    def _exact_type(self) -> pa.DataType:
+        """The narrowest Arrow type whose range is the column's: parsing into it range-checks for free."""
+        bits = 32 if self._bits == 24 else self._bits
+        return getattr(pa, f"{'u' if self.data_type.unsigned else ''}int{bits}")()
+
+    def _from_text(self, text: pa.Array) -> pa.Array:
+        return self._checked(pc.cast(text, self._exact_type()))
+
+    def _avro_array(self, values: Sequence[Any]) -> pa.Array:
+        if self.data_type.unsigned and self._bits == 64:
+            values = [_avro_unsigned_bigint(v) for v in values]
+        return self._checked(pa.array(values, self._exact_type()))
+
+    def _checked(self, exact: pa.Array) -> pa.Array:
+        if self._bits == 24 and len(exact):
+            low, high = self._range
+            bad = pc.or_(pc.less(exact, low), pc.greater(exact, high))
+            if pc.any(bad).as_py():
+                raise ValueError(
+                    f"out of range for mediumint{' unsigned' if self.data_type.unsigned else ''}"
+                )
+        return pc.cast(exact, self.arrow_type)
+
+    def to_python(self, array: pa.Array) -> list[Any]:
+        values = array.to_pylist()
+        if pa.types.is_decimal(array.type):
+            return [None if v is None else int(v) for v in values]
+        return values
+
+    def _json_value(self, value: Any) -> Any:
+        integer = _exact_int(value)
+        low, high = self._range
+        if not low <= integer <= high:
+            raise ValueError(f"{integer} outside [{low}, {high}]")
+        return str(integer)
+
+    def _avro_value(self, value: Any) -> Any:
+        integer = int(self._json_value(value))
+        if self.data_type.unsigned and self._bits == 64:
+            return (UNSIGNED_BIGINT, {"value": integer - (1 << 64) if integer >= 1 << 63 else integer})
+        return ("long", integer)
+
+
+def _avro_unsigned_bigint(value: Any) -> Any:
+    if isinstance(value, dict) and "value" in value:
+        return value["value"] & _U64
+    raise TypeError(f"expected Avro UnsignedBigint record, got {type(value).__name__}")
+
+
+def _exact_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"expected int, got {type(value).__name__}")
+    return int(value)
+
+
+class YearColumn(ColumnType):
+    family = "year"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.int32()
+
+    def _avro_array(self, values: Sequence[Any]) -> pa.Array:
+        return pa.array(values, pa.int32())
+
+    def _json_value(self, value: Any) -> Any:
+        year = _exact_int(value)
+        if not (year == 0 or 1901 <= year <= 2155):
+            raise ValueError(f"year {year} outside 0, 1901..2155")
+        return str(year)
+
+    def _avro_value(self, value: Any) -> Any:
+        return ("long", int(self._json_value(value)))
+
+
+# -- floating point and decimal -------------------------------------------------------------------
+class FloatColumn(ColumnType):
+    family = "float"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.float32() if self.data_type.mysql_type == "float" else pa.float64()
+
+    def _from_text(self, text: pa.Array) -> pa.Array:
+        return pc.cast(pc.cast(text, pa.float64()), self.arrow_type)
+
+    def _avro_array(self, values: Sequence[Any]) -> pa.Array:
+        if any(isinstance(v, bool | str | bytes) for v in values):
+            raise TypeError("expected an Avro float/double")
+        return pa.array(values, self.arrow_type)
+
+    def _json_value(self, value: Any) -> Any:
+        number = float(value)
+        return float32_text(number) if self.data_type.mysql_type == "float" else float64_text(number)
+
+    def _avro_value(self, value: Any) -> Any:
+        return ("float" if self.data_type.mysql_type == "float" else "double", float(value))
+
+
+_WIDE = Context(prec=100)  # MySQL decimals reach 65 digits; the default context rounds at 28
+
+
+class DecimalColumn(ColumnType):
+    family = "decimal"
+
+    @property
+    def _precision(self) -> int:
+        return self.data_type.length if self.data_type.length > 0 else 10
+
+    def _arrow_type(self) -> pa.DataType:
+        if self._precision > 38:
+            return pa.string()
+        return pa.decimal128(self._precision, self.data_type.decimal)
+
+    def _from_text(self, text: pa.Array) -> pa.Array:
+        if pa.types.is_string(self.arrow_type):
+            for value in text.to_pylist():
+                if value is not None:
+                    self._parse_wide(value)
+            return text
+        return pc.cast(text, self.arrow_type)
+
+    def _parse_wide(self, text: str) -> Decimal:
+        number = Decimal(text)
+        if not number.is_finite() or len(number.as_tuple().digits) > self._precision:
+            raise ValueError(f"{text!r} does not fit decimal({self._precision},{self.data_type.decimal})")
+        return number
+
+    def to_python(self, array: pa.Array) -> list[Any]:
+        if pa.types.is_string(array.type):
+            return [None if v is None else Decimal(v) for v in array.to_pylist()]
+        return array.to_pylist()
+
+    def _json_value(self, value: Any) -> Any:
+        scale = self.data_type.decimal
+        number = Decimal(value).quantize(Decimal(1).scaleb(-scale), context=_WIDE)
+        text = format(abs(number) if number.is_zero() else number, "f")  # TiDB never prints -0
+        if len(number.as_tuple().digits) > self._precision:
+            raise ValueError(f"{value} does not fit decimal({self._precision},{scale})")
+        return text
+
+
+# -- strings, binary, json, vector ----------------------------------------------------------------
+class TextColumn(ColumnType):
+    family = "text"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.string()
+
+    def _json_array(self, values: Sequence[Any]) -> pa.Array:
+        return pa.array(values, pa.string())
+
+    def _json_value(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise TypeError(f"expected str, got {type(value).__name__}")
+        return value
+
+
+class BinaryColumn(ColumnType):
+    family = "binary"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.binary()
+
+    def _json_array(self, values: Sequence[Any]) -> pa.Array:
+        decode = binascii.a2b_base64
+        return pa.array([None if v is None else decode(v, strict_mode=True) for v in values], pa.binary())
+
+    def _avro_array(self, values: Sequence[Any]) -> pa.Array:
+        return pa.array(values, pa.binary())
+
+    def _json_value(self, value: Any) -> Any:
+        return binascii.b2a_base64(bytes(value), newline=False).decode("ascii")
+
+    def _avro_value(self, value: Any) -> Any:
+        return ("bytes", bytes(value))
+
+
+class JsonColumn(ColumnType):
+    """Arrow/Spark keep the JSON text; the Python value is the parsed document."""
+
+    family = "json"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.string()
+
+    def _json_array(self, values: Sequence[Any]) -> pa.Array:
+        for value in values:
+            if value is not None:
+                msgspec.json.decode(value)
+        return pa.array(values, pa.string())
+
+    def to_python(self, array: pa.Array) -> list[Any]:
+        return [None if v is None else _parse_json_document(v) for v in array.to_pylist()]
+
+    def _json_value(self, value: Any) -> Any:
+        return json_document_text(value)
+
+
+def _parse_json_document(text: str) -> Any:
+    value = json.loads(text)
+    return JSON_NULL if value is None else value
+
+
+def json_document_text(value: Any) -> str:
+    """TiDB's canonical JSON text: `", "` and `": "` separators, keys in byte order."""
+    document = None if value is JSON_NULL else value
+    return json.dumps(document, ensure_ascii=False, separators=(", ", ": "), sort_keys=True, allow_nan=False)
+
+
+class VectorColumn(ColumnType):
+    family = "vector"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.list_(pa.field("element", pa.float32(), nullable=False))
+
+    def _json_array(self, values: Sequence[Any]) -> pa.Array:
+        parse = _VECTOR_DECODER.decode
+        return pa.array([None if v is None else parse(v) for v in values], self.arrow_type)
+
+    def _json_value(self, value: Any) -> Any:
+        return "[" + ",".join(float32_text(float(x)) for x in value) + "]"
+
+
+_VECTOR_DECODER = msgspec.json.Decoder(list[float])
+
+
+# -- enum, set, bit -------------------------------------------------------------------------------
+class EnumColumn(ColumnType):
+    """Wire: 1-based index; 0 is MySQL's invalid/empty enum value, decoded as ''."""
+
+    family = "enum"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.string()
+
+    def _labels(self) -> pa.Array:
+        return pa.array(["", *self.data_type.elements], pa.string())
+
+    def _from_text(self, text: pa.Array) -> pa.Array:
+        return self._from_index(pc.cast(text, pa.int64()))
+
+    def _avro_array(self, values: Sequence[Any]) -> pa.Array:
+        return self._from_index(pa.array(values, pa.int64()))
+
+    def _from_index(self, index: pa.Array) -> pa.Array:
+        count = len(self.data_type.elements)
+        if len(index) and pc.any(pc.or_(pc.less(index, 0), pc.greater(index, count))).as_py():
+            raise ValueError(f"enum index outside 0..{count}")
+        return pc.take(self._labels(), index)
+
+    def _index(self, value: Any) -> int:
+        if value == "" and "" not in self.data_type.elements:
+            return 0
+        return self.data_type.elements.index(value) + 1
+
+    def _json_value(self, value: Any) -> Any:
+        return str(self._index(value))
+
+    def _avro_value(self, value: Any) -> Any:
+        return ("long", self._index(value))
+
+
+class SetColumn(ColumnType):
+    """Wire: a bitmask over `elements`; Python/Arrow: labels joined by ',' in definition order."""
+
+    family = "set"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.string()
+
+    def _from_text(self, text: pa.Array) -> pa.Array:
+        return self._from_masks(pc.cast(text, pa.uint64()).to_pylist())
+
+    def _avro_array(self, values: Sequence[Any]) -> pa.Array:
+        return self._from_masks([None if v is None else _exact_int(v) & _U64 for v in values])
+
+    def _from_masks(self, masks: list[int | None]) -> pa.Array:
+        elements = self.data_type.elements
+        limit = 1 << len(elements)
+        labels: dict[int, str] = {}
+        out: list[str | None] = []
+        for mask in masks:
+            if mask is None:
+                out.append(None)
+                continue
+            if mask >= limit:
+                raise ValueError(f"set bitmask {mask} has bits beyond the {len(elements)} elements")
+            if mask not in labels:
+                labels[mask] = ",".join(e for i, e in enumerate(elements) if mask >> i & 1)
+            out.append(labels[mask])
+        return pa.array(out, pa.string())
+
+    def _mask(self, value: Any) -> int:
+        if not isinstance(value, str):
+            raise TypeError(f"expected comma-joined labels, got {type(value).__name__}")
+        members = [m for m in value.split(",") if m] if value else []
+        return sum(1 << self.data_type.elements.index(m) for m in members)
+
+    def _json_value(self, value: Any) -> Any:
+        return str(self._mask(value))
+
+    def _avro_value(self, value: Any) -> Any:
+        return ("long", self._mask(value))
+
+
+class BitColumn(ColumnType):
+    """bit(1) is a flag (bool); wider bits are unsigned integers."""
+
+    family = "bit"
+
+    @property
+    def _width(self) -> int:
+        return self.data_type.length if self.data_type.length > 0 else 1
+
+    def _arrow_type(self) -> pa.DataType:
+        if self._width == 1:
+            return pa.bool_()
+        return pa.int64() if self._width < 64 else pa.decimal128(20, 0)
+
+    def _from_text(self, text: pa.Array) -> pa.Array:
+        return self._from_unsigned(pc.cast(text, pa.uint64()))
+
+    def _avro_array(self, values: Sequence[Any]) -> pa.Array:
+        if all(v is None or isinstance(v, str) for v in values):  # ticdc sends decimal text
+            return self._from_text(pa.array(values, pa.string()))
+        return self._from_unsigned(
+            pa.array([None if v is None else _exact_int(v) & _U64 for v in values], pa.uint64())
+        )
+
+    def _from_unsigned(self, bits: pa.Array) -> pa.Array:
+        if self._width < 64 and len(bits) and pc.any(pc.greater_equal(bits, 1 << self._width)).as_py():
+            raise ValueError(f"value wider than bit({self._width})")
+        if self._width == 1:
+            return pc.not_equal(bits, 0)
+        return pc.cast(bits, self.arrow_type)
+
+    def to_python(self, array: pa.Array) -> list[Any]:
+        values = array.to_pylist()
+        if pa.types.is_decimal(array.type):
+            return [None if v is None else int(v) for v in values]
+        return values
+
+    def _unsigned(self, value: Any) -> int:
+        integer = int(value) if isinstance(value, bool) else _exact_int(value)
+        if not 0 <= integer < 1 << self._width:
+            raise ValueError(f"{integer} does not fit bit({self._width})")
+        return integer
+
+    def _json_value(self, value: Any) -> Any:
+        return str(self._unsigned(value))
+
+    def _avro_value(self, value: Any) -> Any:
+        return ("string", str(self._unsigned(value)))
+
+
+# -- dates and times ------------------------------------------------------------------------------
+_ZERO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+
+
+def _zero_date(value: Any) -> bool:
+    """MySQL dates Python cannot hold: year 0000, month 00 or day 00 (zero dates)."""
+    text = value.get("value") if isinstance(value, dict) else value
+    if not isinstance(text, str) or not _ZERO_DATE.match(text):
+        return False
+    year, month, day = text[0:4], text[5:7], text[8:10]
+    return year == "0000" or month == "00" or day == "00"
+
+
+def _fraction(microsecond: int, fsp: int) -> str:
+    return "." + f"{microsecond:06d}"[:fsp] if fsp else ""
+
+
+def date_text(value: dt.date) -> str:
+    return f"{value.year:04d}-{value.month:02d}-{value.day:02d}"
+
+
+def datetime_text(value: dt.datetime, fsp: int) -> str:
+    clock = f"{value.hour:02d}:{value.minute:02d}:{value.second:02d}"
+    return f"{date_text(value)} {clock}{_fraction(value.microsecond, fsp)}"
+
+
+class DateColumn(ColumnType):
+    family = "date"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.date32()
+
+    def _is_unrepresentable(self, value: Any) -> bool:
+        return _zero_date(value)
+
+    def _json_value(self, value: Any) -> Any:
+        if not isinstance(value, dt.date) or isinstance(value, dt.datetime):
+            raise TypeError(f"expected date, got {type(value).__name__}")
+        return date_text(value)
+
+
+class DateTimeColumn(ColumnType):
+    family = "datetime"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.timestamp("us")
+
+    def _is_unrepresentable(self, value: Any) -> bool:
+        return _zero_date(value)
+
+    def _json_value(self, value: Any) -> Any:
+        if not isinstance(value, dt.datetime) or value.tzinfo is not None:
+            raise TypeError("expected a naive datetime")
+        return datetime_text(value, fsp_of(self.data_type))
+
+
+class TimestampColumn(ColumnType):
+    """Wire: wall-clock text in the zone named by `location`; Python: aware UTC datetime."""
+
+    family = "timestamp"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.timestamp("us", tz="UTC")
+
+    def _is_unrepresentable(self, value: Any) -> bool:
+        return _zero_date(value)
+
+    def _json_array(self, values: Sequence[Any]) -> pa.Array:
+        locations = [None if v is None else v["location"] for v in values]
+        texts = pa.array([None if v is None else v["value"] for v in values], pa.string())
+        naive = pc.cast(texts, pa.timestamp("us"))
+        zones = {loc for loc in locations if loc is not None}
+        if zones <= {"UTC"}:
+            return naive.cast(self.arrow_type)
+        result = pa.nulls(len(values), self.arrow_type)
+        for zone in zones:
+            mask = pa.array([loc == zone for loc in locations])
+            local = pc.assume_timezone(naive, _zone_name(zone), ambiguous="earliest", nonexistent="earliest")
+            result = pc.if_else(mask, local.cast(self.arrow_type), result)
+        return result
+
+    def _json_value(self, value: Any) -> Any:
+        if not isinstance(value, dt.datetime) or value.tzinfo is None:
+            raise TypeError("expected an aware datetime")
+        location = self.policy.timestamp_location
+        local = value.astimezone(ZoneInfo(_zone_name(location)))
+        return {"location": location, "value": datetime_text(local, fsp_of(self.data_type))}
+
+    def _avro_value(self, value: Any) -> Any:
+        return (AVRO_TIMESTAMP, self._json_value(value))
+
+
+def _zone_name(location: str) -> str:
+    """`Local` means the producer's zone, which we cannot know: read it as this machine's zone."""
+    if location == "Local":
+        local = dt.datetime.now().astimezone().tzinfo
+        return getattr(local, "key", None) or "UTC"
+    try:
+        ZoneInfo(location)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown time zone {location!r}") from exc
+    return location
+
+
+_TIME_PATTERN = r"^(?P<sign>-?)(?P<h>\d{2,3}):(?P<m>\d{2}):(?P<s>\d{2})(?:\.(?P<f>\d{1,6}))?$"
+_MAX_TIME_US = (838 * 3600 + 59 * 60 + 59) * 1_000_000
+
+
+class TimeColumn(ColumnType):
+    """MySQL TIME: a signed duration up to ±838:59:59.999999, not a time of day."""
+
+    family = "time"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.duration("us")
+
+    def _from_text(self, text: pa.Array) -> pa.Array:
+        parts = pc.extract_regex(text, _TIME_PATTERN)
+        if parts.null_count != text.null_count:
+            raise ValueError("not a [-]HH:MM:SS[.ffffff] duration")
+        fields = {name: parts.field(name) for name in ("sign", "h", "m", "s", "f")}
+        seconds = pc.add(
+            pc.add(
+                pc.multiply(pc.cast(fields["h"], pa.int64()), 3600),
+                pc.multiply(pc.cast(fields["m"], pa.int64()), 60),
+            ),
+            pc.cast(fields["s"], pa.int64()),
+        )
+        fraction = pc.cast(
+            pc.utf8_rpad(pc.if_else(pc.equal(fields["f"], ""), "0", fields["f"]), 6, "0"), pa.int64()
+        )
+        micros = pc.add(pc.multiply(seconds, 1_000_000), fraction)
+        if len(micros) and pc.any(pc.greater(micros, _MAX_TIME_US)).as_py():
+            raise ValueError("duration beyond 838:59:59.999999")
+        signed = pc.if_else(pc.equal(fields["sign"], "-"), pc.negate(micros), micros)
+        return pc.cast(signed, pa.duration("us"))
+
+    def _json_value(self, value: Any) -> Any:
+        if not isinstance(value, dt.timedelta):
+            raise TypeError(f"expected timedelta, got {type(value).__name__}")
+        micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+        if abs(micros) > _MAX_TIME_US:
+            raise ValueError("duration beyond 838:59:59.999999")
+        sign = "-" if micros < 0 else ""
+        seconds, micro = divmod(abs(micros), 1_000_000)
+        hours, rest = divmod(seconds, 3600)
+        clock = f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+        return f"{sign}{clock}{_fraction(micro, fsp_of(self.data_type))}"
+
+
+# -- registry -------------------------------------------------------------------------------------
+_FAMILIES: dict[str, type[ColumnType]] = {
+    **dict.fromkeys(_INT_WIDTH, IntegerColumn),
+    "year": YearColumn,
+    "float": FloatColumn,
+    "double": FloatColumn,
+    "decimal": DecimalColumn,
+    **dict.fromkeys(("char", "varchar", "tinytext", "text", "mediumtext", "longtext"), TextColumn),
+    **dict.fromkeys(("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"), BinaryColumn),
+    "date": DateColumn,
+    "datetime": DateTimeColumn,
+    "timestamp": TimestampColumn,
+    "time": TimeColumn,
+    "enum": EnumColumn,
+    "set": SetColumn,
+    "bit": BitColumn,
+    "json": JsonColumn,
+    "vector": VectorColumn,
+}
+
+MYSQL_TYPES: tuple[str, ...] = tuple(_FAMILIES)
+
+
+def column_type(column: Column, policy: ValuePolicy | None = None) -> ColumnType:
+    family = _FAMILIES.get(column.data_type.mysql_type)
+    if family is None:
+        raise UnsupportedTypeError(
+            f"column {column.name!r} has mysqlType {column.data_type.mysql_type!r}, "
+            "which this SDK does not know"
+        )
+    return family(column, policy or ValuePolicy())

@@ -1,0 +1,20 @@
+"""The unit every source yields: one Kafka record, exactly as the broker stored it."""
+
+from __future__ import annotations
+
+import msgspec
+
+from consumer.errors import RecordLocation
+
+
+class SourceRecord(msgspec.Struct, frozen=True, kw_only=True):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int | None = None
+    key: bytes | None = None
+    value: bytes | None = None
+
+    @property
+    def location(self) -> RecordLocation:
+        return RecordLocation(self.topic, self.partition, self.offset)
