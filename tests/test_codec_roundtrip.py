@@ -51,7 +51,13 @@ DML_UPDATE = DML(
     commit_ts=446266400629063682,
     build_ts=1735689600000,
     schema_version=100,
-    data={"id": 1, "name": "a<b>&é", "ts": dt.datetime(2020, 1, 2, tzinfo=dt.UTC), "b": 682, "d": Decimal("1.5")},
+    data={
+        "id": 1,
+        "name": "a<b>&é",
+        "ts": dt.datetime(2020, 1, 2, tzinfo=dt.UTC),
+        "b": 682,
+        "d": Decimal("1.5"),
+    },
     old={"id": 1, "name": None},
 )
 

@@ -49,10 +49,9 @@ class TableCodec:
         self._image_schema = pa.schema([pa.field(c.name, c.arrow_type) for c in self.columns])
         self._batch_body, batch_row = _json_body(schema, self.columns, missing=None)
         self._row_body, _ = _json_body(schema, self.columns, missing=msgspec.UNSET)
-        self._null_row = batch_row()
-        self._fields = (
-            operator.attrgetter(*[f"c{i}" for i in range(len(self.columns))]) if self.columns else None
-        )
+        self._null_row = batch_row() if batch_row else None
+        names = [f"c{i}" for i in range(len(self.columns))]
+        self._fields = operator.attrgetter(*names) if batch_row and names else None
 
     # -- fast path: many DMLs -> Arrow ---------------------------------------------------------------
     def decode_batch(self, raws: Sequence[RawDML]) -> RowImages:
@@ -89,22 +88,22 @@ class TableCodec:
         if not self.columns:
             return pa.RecordBatch.from_pylist([{}] * len(images), schema=self._image_schema)
         avro = bool(raws) and raws[0].encoding == "avro"
-        wire_columns = self._avro_columns(images) if avro else self._json_columns(images)
+        wire_columns = (
+            self._json_columns(images) if self._fields and not avro else self._mapped_columns(images)
+        )
         arrays = []
         for column, values in zip(self.columns, wire_columns, strict=True):
             arrays.append(column.from_avro(values) if avro else column.from_json(values))
         return pa.RecordBatch.from_arrays(arrays, schema=self._image_schema)
 
     def _json_columns(self, images: list[Any]) -> list[Sequence[Any]]:
-        null_row = self._null_row
-        fields = self._fields
-        assert fields is not None
-        rows = [fields(image if image is not None else null_row) for image in images]
+        null_row, fields = self._null_row, self._fields
+        rows = [fields(image if image is not None else null_row) for image in images]  # type: ignore[misc]
         if len(self.columns) == 1:
             return [rows]
         return list(zip(*rows, strict=True)) if rows else [[] for _ in self.columns]
 
-    def _avro_columns(self, images: list[Any]) -> list[Sequence[Any]]:
+    def _mapped_columns(self, images: list[Any]) -> list[Sequence[Any]]:
         return [[None if image is None else image.get(c.name) for image in images] for c in self.columns]
 
     # -- typed per-row path --------------------------------------------------------------------------
@@ -114,6 +113,13 @@ class TableCodec:
         if raw.encoding == "avro":
             data, old = body["data"], body["old"]
             extras = _avro_extras(body)
+        elif self._fields is None:
+            data, old = body.data, body.old
+            extras = {
+                "checksum": body.checksum,
+                "handle_key_only": body.handleKeyOnly,
+                "claim_check_location": body.claimCheckLocation,
+            }
         else:
             data, old = self._struct_to_dict(body.data), self._struct_to_dict(body.old)
             extras = {
@@ -198,22 +204,30 @@ def _avro_extras(body: dict[str, Any]) -> dict[str, Any]:
 
 def _json_body(
     schema: TableSchema, columns: Sequence[ColumnType], missing: Any
-) -> tuple[msgspec.json.Decoder, type]:
+) -> tuple[msgspec.json.Decoder, type | None]:
+    """A decoder for DML bodies of this table; rows become a per-table Struct where msgspec allows.
+
+    msgspec cannot name fields with `\\`, `"` or control characters; such tables decode rows as dicts.
+    """
     value_type: Any = str | None
     fields = []
     for i, column in enumerate(columns):
         kind = dict[str, str] | None if column.family == "timestamp" else value_type
         fields.append((f"c{i}", kind | msgspec.UnsetType if missing is msgspec.UNSET else kind, missing))
-    row = msgspec.defstruct(
-        f"Row_{schema.table}_{schema.version}",
-        fields,
-        rename={f"c{i}": c.name for i, c in enumerate(columns)},
-    )
+    try:
+        row: Any = msgspec.defstruct(
+            f"Row_{schema.table}_{schema.version}",
+            fields,
+            rename={f"c{i}": c.name for i, c in enumerate(columns)},
+        )
+    except ValueError:
+        row = None
+    image = row if row is not None else dict[str, dict[str, str] | str | None]
     body = msgspec.defstruct(
         "DMLBody",
         [
-            ("data", row | None, None),
-            ("old", row | None, None),
+            ("data", image | None, None),
+            ("old", image | None, None),
             ("checksum", Checksum | None, None),
             ("handleKeyOnly", bool, False),
             ("claimCheckLocation", str, ""),

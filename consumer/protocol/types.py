@@ -320,6 +320,8 @@ class IntegerColumn(ColumnType):
 
 
 def _avro_unsigned_bigint(value: Any) -> Any:
+    if value is None:
+        return None
     if isinstance(value, dict) and "value" in value:
         return value["value"] & _U64
     raise TypeError(f"expected Avro UnsignedBigint record, got {type(value).__name__}")
@@ -491,14 +493,18 @@ class VectorColumn(ColumnType):
         return pa.list_(pa.field("element", pa.float32(), nullable=False))
 
     def _json_array(self, values: Sequence[Any]) -> pa.Array:
-        parse = _VECTOR_DECODER.decode
-        return pa.array([None if v is None else parse(v) for v in values], self.arrow_type)
+        return pa.array([None if v is None else _vector_elements(v) for v in values], self.arrow_type)
 
     def _json_value(self, value: Any) -> Any:
         return "[" + ",".join(float32_text(float(x)) for x in value) + "]"
 
 
-_VECTOR_DECODER = msgspec.json.Decoder(list[float])
+def _vector_elements(text: str) -> list[float]:
+    """`[1,-0,2.5]`: parsed with float() because a JSON parser reads `-0` as the integer 0."""
+    if not (text.startswith("[") and text.endswith("]")):
+        raise ValueError("a vector is written as [x,y,...]")
+    inner = text[1:-1]
+    return [float(x) for x in inner.split(",")] if inner else []
 
 
 # -- enum, set, bit -------------------------------------------------------------------------------
@@ -750,7 +756,7 @@ class TimeColumn(ColumnType):
         parts = pc.extract_regex(text, _TIME_PATTERN)
         if parts.null_count != text.null_count:
             raise ValueError("not a [-]HH:MM:SS[.ffffff] duration")
-        fields = {name: parts.field(name) for name in ("sign", "h", "m", "s", "f")}
+        fields = {name: pc.struct_field(parts, name) for name in ("sign", "h", "m", "s", "f")}
         seconds = pc.add(
             pc.add(
                 pc.multiply(pc.cast(fields["h"], pa.int64()), 3600),
