@@ -28,7 +28,8 @@ def compress(value: bytes, compression: Compression) -> bytes:
 
 def decompress(value: bytes, compression: CompressionSetting = "auto") -> bytes:
     """Undo the producer's compression; `auto` sniffs LZ4's magic, then plain JSON/Avro, then snappy."""
-    if compression == "auto":
+    sniffed = compression == "auto"
+    if sniffed:
         compression = _sniff(value)
     if compression == "none":
         return value
@@ -40,6 +41,11 @@ def decompress(value: bytes, compression: CompressionSetting = "auto") -> bytes:
     except CompressionError:
         raise
     except Exception as exc:  # the libraries raise assorted types for corrupt input
+        if sniffed and compression == "snappy":
+            first = f"0x{value[0]:02x}" if value else "nothing"
+            raise CompressionError(
+                f"value starts with {first}: not JSON, Avro or LZ4, and not snappy either ({exc})"
+            ) from exc
         raise CompressionError(f"{compression} decompression failed: {exc}") from exc
     raise CompressionError(f"unknown compression {compression!r}")
 

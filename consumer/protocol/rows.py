@@ -7,6 +7,7 @@ straight into per-column fields without building dicts; each column then becomes
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -82,7 +83,7 @@ class TableCodec:
         try:
             return decoder.decode(raw.payload)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise ValueDecodeError(self._named(str(exc)), column=self._column_in(str(exc)), row=row) from exc
+            raise ValueDecodeError(str(exc), column=_column_in(str(exc)), row=row) from exc
 
     def _image(self, images: list[Any], raws: Sequence[RawDML]) -> pa.RecordBatch:
         if not self.columns:
@@ -176,16 +177,15 @@ class TableCodec:
             wire[name] = column.to_json(value) if encoding == "json" else column.to_avro(value)
         return wire
 
-    def _named(self, message: str) -> str:
-        for i, column in reversed(list(enumerate(self.columns))):
-            message = message.replace(f".c{i}`", f".{column.name}`")
-        return message
 
-    def _column_in(self, message: str) -> str:
-        for i, column in reversed(list(enumerate(self.columns))):
-            if f".c{i}`" in message:
-                return column.name
-        return "<row>"
+def _column_in(message: str) -> str:
+    """The column a msgspec validation message points at (`... - at `$.data.name``)."""
+    found = _UNKNOWN_FIELD.search(message) or _FIELD_PATH.search(message)
+    return found.group(1) if found else "<row>"
+
+
+_UNKNOWN_FIELD = re.compile(r"unknown field `(.+?)`")
+_FIELD_PATH = re.compile(r"at `\$\.(?:data|old)\.(.+)`$")
 
 
 # Go drops empty maps: an INSERT without `data` had every column filtered out; it still has a row.
@@ -219,6 +219,7 @@ def _json_body(
             f"Row_{schema.table}_{schema.version}",
             fields,
             rename={f"c{i}": c.name for i, c in enumerate(columns)},
+            forbid_unknown_fields=True,  # a column the schema lacks means the wrong schema: never drop it
         )
     except ValueError:
         row = None

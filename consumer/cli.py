@@ -1,0 +1,109 @@
+"""The `ticdc-consumer` command line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import msgspec
+
+from consumer.errors import ConsumerError
+from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.model import DDL, Bootstrap, RawDML, TableSchema, Watermark
+from consumer.protocol.rows import TableCodec
+from consumer.render import message_object
+
+EXIT_BAD_INPUT = 2
+EXIT_SCHEMA_MISSING = 3
+_ENCODINGS = click.Choice(["auto", "json", "avro"])
+_COMPRESSIONS = click.Choice(["auto", "none", "snappy", "lz4"])
+
+
+@click.group()
+def main() -> None:
+    """Consumer SDK for TiCDC's Simple protocol."""
+
+
+@main.command()
+@click.option("--encoding", type=_ENCODINGS, default="auto", show_default=True)
+@click.option("--compression", type=_COMPRESSIONS, default="auto", show_default=True)
+@click.argument(
+    "paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+def decode(encoding: str, compression: str, paths: tuple[Path, ...]) -> None:
+    """Decode raw record values (one per file, in order, as one stream) to JSON lines."""
+    stream = _DecodeStream(MessageDecoder(encoding, compression))  # type: ignore[arg-type]
+    for path in paths:
+        stream.feed(path)
+    for (database, table, version), waiting in stream.waiting_for_schema().items():
+        click.echo(
+            f"{len(waiting)} DML(s) of {database}.{table} waited for schema version {version}, "
+            f"which never arrived: {', '.join(waiting)}",
+            err=True,
+        )
+    if stream.bad_files:
+        sys.exit(EXIT_BAD_INPUT)
+    if stream.waiting_for_schema():
+        sys.exit(EXIT_SCHEMA_MISSING)
+
+
+class _DecodeStream:
+    """Schema messages feed the cache; a DML waits (in order) until its schema version is known."""
+
+    def __init__(self, decoder: MessageDecoder) -> None:
+        self.decoder = decoder
+        self.codecs: dict[tuple[str, str, int], TableCodec] = {}
+        self.pending: dict[tuple[str, str, int], list[tuple[Path, RawDML]]] = {}
+        self.bad_files = 0
+        self._encoder = msgspec.json.Encoder()
+
+    def feed(self, path: Path) -> None:
+        try:
+            message = self.decoder.decode(path.read_bytes())
+            if isinstance(message, RawDML):
+                self._dml(path, message)
+                return
+            self._emit(message)
+            if isinstance(message, Bootstrap | DDL):
+                self._learn(message)
+        except ConsumerError as exc:
+            self._bad(path, exc)
+
+    def _dml(self, path: Path, raw: RawDML) -> None:
+        codec = self.codecs.get(raw.schema_key)
+        if codec is None:
+            self.pending.setdefault(raw.schema_key, []).append((path, raw))
+        else:
+            self._emit(codec.decode(raw))
+
+    def _learn(self, message: Bootstrap | DDL) -> None:
+        schemas = (
+            [message.table_schema]
+            if isinstance(message, Bootstrap)
+            else [s for s in (message.table_schema, message.pre_table_schema) if s is not None]
+        )
+        for schema in schemas:
+            self._register(schema)
+
+    def _register(self, schema: TableSchema) -> None:
+        self.codecs.setdefault(schema.key, TableCodec(schema))
+        for path, raw in self.pending.pop(schema.key, []):
+            try:
+                self._emit(self.codecs[schema.key].decode(raw))
+            except ConsumerError as exc:
+                self._bad(path, exc)
+
+    def _emit(self, message: Watermark | Bootstrap | DDL | object) -> None:
+        sys.stdout.buffer.write(self._encoder.encode(message_object(message)) + b"\n")  # type: ignore[arg-type]
+
+    def _bad(self, path: Path, exc: ConsumerError) -> None:
+        self.bad_files += 1
+        click.echo(f"{path}: {type(exc).__name__}: {exc}", err=True)
+
+    def waiting_for_schema(self) -> dict[tuple[str, str, int], list[str]]:
+        return {key: [str(p) for p, _ in rows] for key, rows in self.pending.items() if rows}
+
+
+if __name__ == "__main__":
+    main()

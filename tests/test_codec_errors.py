@@ -1,0 +1,159 @@
+"""Every malformed input raises a DecodeError subclass naming what was wrong and where."""
+
+from __future__ import annotations
+
+import json
+
+import lz4.frame
+import pytest
+
+from consumer.errors import (
+    CompressionError,
+    DecodeError,
+    MalformedMessageError,
+    RecordLocation,
+    UnknownMessageTypeError,
+    UnrepresentableValueError,
+    UnsupportedTypeError,
+    ValueDecodeError,
+)
+from consumer.protocol.codec import MessageDecoder, MessageEncoder
+from consumer.protocol.compression import compress
+from consumer.protocol.model import Column, DataType, DMLType, RawDML, TableSchema, Watermark
+from consumer.protocol.rows import TableCodec
+from consumer.protocol.types import ValuePolicy
+
+SCHEMA = TableSchema(
+    database="d",
+    table="t",
+    table_id=1,
+    version=7,
+    columns=(
+        Column("id", DataType("int", length=11)),
+        Column("blob", DataType("blob", length=65535)),
+        Column("kind", DataType("enum", "utf8mb4", "utf8mb4_bin", length=1, elements=("a", "b"))),
+        Column("born", DataType("date", length=10)),
+    ),
+)
+
+
+def _json_dml(data: dict) -> bytes:
+    return json.dumps(
+        {
+            "version": 1,
+            "database": "d",
+            "table": "t",
+            "tableID": 1,
+            "type": "INSERT",
+            "commitTs": 5,
+            "buildTs": 1,
+            "schemaVersion": 7,
+            "data": data,
+        }
+    ).encode()
+
+
+def _typed(value: bytes, policy: ValuePolicy | None = None) -> object:
+    raw = MessageDecoder().decode(value)
+    assert isinstance(raw, RawDML)
+    return TableCodec(SCHEMA, policy).decode(raw)
+
+
+WATERMARK_JSON = MessageEncoder("json").encode(Watermark(commit_ts=5, build_ts=1))
+WATERMARK_AVRO = MessageEncoder("avro").encode(Watermark(commit_ts=5, build_ts=1))
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "words"),
+    [
+        (WATERMARK_JSON[:-3], MalformedMessageError, "invalid JSON"),
+        (b'{"version":1,"type":"WATERMARK","commitTs":"x","buildTs":1}', MalformedMessageError, "commitTs"),
+        (b'{"version":1,"type":"NOPE","commitTs":1,"buildTs":1}', UnknownMessageTypeError, "NOPE"),
+        (
+            b'{"version":1,"type":"DDL","sql":"x","commitTs":1,"buildTs":1}',
+            UnknownMessageTypeError,
+            "pre-v8.0",
+        ),
+        (b'{"version":1,"type":"BOOTSTRAP","commitTs":0,"buildTs":1}', MalformedMessageError, "tableSchema"),
+        (b'{"version":1,"type":"WATERMARK"}', MalformedMessageError, "commitTs"),
+        (WATERMARK_AVRO[:-2], MalformedMessageError, "Avro"),
+        (WATERMARK_AVRO + b"\x00\x01", MalformedMessageError, "garbage after the Avro datum"),
+        (b"\x16\x00\x02\x02\x02\x02", MalformedMessageError, "Avro"),  # WATERMARK type, Bootstrap branch
+        (b"\x16\x06\x06\x02", MalformedMessageError, "truncated"),  # DML header cut short
+        (b"\x16\x06\x02\x02", MalformedMessageError, "DML payload"),  # DML type, Bootstrap branch
+        (lz4.frame.compress(WATERMARK_JSON) + b"junk", CompressionError, "garbage after the lz4 frame"),
+        (lz4.frame.compress(WATERMARK_JSON)[:-6], CompressionError, "lz4"),
+        (compress(WATERMARK_JSON, "snappy")[:-4] + b"\xff\xff\xff", CompressionError, "snappy"),
+        (b"garbage", CompressionError, "not JSON, Avro or LZ4"),
+        (b"", MalformedMessageError, "empty"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_malformed_record_values(value: bytes, error: type, words: str) -> None:
+    with pytest.raises(error) as caught:
+        MessageDecoder().decode(value)
+    assert isinstance(caught.value, DecodeError)
+    assert words in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "column", "words"),
+    [
+        ({"id": "12x"}, "id", "not a valid int"),
+        ({"id": "2147483648"}, "id", "not a valid int"),
+        ({"id": 5}, "id", "Expected `str | null`"),
+        ({"blob": "***"}, "blob", "not a valid blob"),
+        ({"kind": "3"}, "kind", "enum index outside 0..2"),
+        ({"born": "2026-02-30"}, "born", "not a valid date"),
+        ({"extra": "1"}, "extra", "unknown field `extra`"),
+    ],
+)
+def test_bad_values_name_the_column(data: dict, column: str, words: str) -> None:
+    with pytest.raises(ValueDecodeError) as caught:
+        _typed(_json_dml(data))
+    assert caught.value.column == column
+    assert words in str(caught.value)
+
+
+def test_wrong_avro_branch_for_a_column_names_it() -> None:
+    good = MessageEncoder("avro").encode(
+        __import__("consumer.protocol.model", fromlist=["DML"]).DML(
+            type=DMLType.INSERT,
+            database="d",
+            table="t",
+            table_id=1,
+            commit_ts=5,
+            build_ts=1,
+            schema_version=7,
+            data={"id": 3},
+        ),
+        SCHEMA,
+    )
+    wrong = good.replace(b"\x04id\x02\x06", b"\x04id\x08\x02x")  # long 3 -> string "x"
+    with pytest.raises(ValueDecodeError) as caught:
+        _typed(wrong)
+    assert caught.value.column == "id"
+
+
+def test_zero_date_is_null_and_counted_by_default_or_raises_on_request() -> None:
+    policy = ValuePolicy()
+    dml = _typed(_json_dml({"id": "1", "born": "0000-00-00"}), policy)
+    assert dml.data == {"id": 1, "born": None}  # type: ignore[attr-defined]
+    assert policy.stats.unrepresentable == 1
+    with pytest.raises(UnrepresentableValueError, match="born"):
+        _typed(_json_dml({"id": "1", "born": "2026-00-10"}), ValuePolicy(unrepresentable="raise"))
+
+
+def test_unknown_mysql_type_is_refused_with_the_column_name() -> None:
+    schema = TableSchema("d", "t", 1, 7, (Column("shape", DataType("geometry")),))
+    with pytest.raises(UnsupportedTypeError, match="'shape'.*'geometry'"):
+        TableCodec(schema)
+
+
+def test_location_is_attached_and_shown() -> None:
+    try:
+        MessageDecoder().decode(b"{oops")
+    except DecodeError as exc:
+        exc.with_location(RecordLocation("orders", 2, 41))
+        assert str(exc).startswith("orders[2]@41: ")
+        assert exc.location == RecordLocation("orders", 2, 41)
