@@ -146,7 +146,7 @@ def test_zero_date_is_null_and_counted_by_default_or_raises_on_request() -> None
 
 def test_unknown_mysql_type_is_refused_with_the_column_name() -> None:
     schema = TableSchema("d", "t", 1, 7, (Column("shape", DataType("geometry")),))
-    with pytest.raises(UnsupportedTypeError, match="'shape'.*'geometry'"):
+    with pytest.raises(UnsupportedTypeError, match=r"'shape'.*'geometry'"):
         TableCodec(schema)
 
 

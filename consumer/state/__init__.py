@@ -1,0 +1,26 @@
+"""The consumer state machine: decoded records in, ordered units and safe offsets out (spec §9-§11).
+
+Pure library code, no I/O: a source feeds `ConsumerState`, a sink applies the units it resolves.
+"""
+
+from consumer.state.machine import ConsumerState, ErrorPolicy, StateStats
+from consumer.state.pending import PendingBuffer
+from consumer.state.resolver import Resolver
+from consumer.state.schema_cache import SchemaCache
+from consumer.state.units import DDLUnit, DeadLetter, RowBatch, TopicPartition, Unit
+from consumer.state.watermarks import PartitionWatermarks
+
+__all__ = [
+    "ConsumerState",
+    "DDLUnit",
+    "DeadLetter",
+    "ErrorPolicy",
+    "PartitionWatermarks",
+    "PendingBuffer",
+    "Resolver",
+    "RowBatch",
+    "SchemaCache",
+    "StateStats",
+    "TopicPartition",
+    "Unit",
+]
