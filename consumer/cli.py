@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import msgspec
 
 from consumer.errors import ConsumerError
-from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DDL, Bootstrap, RawDML, TableSchema, Watermark
 from consumer.protocol.rows import TableCodec
 from consumer.render import message_object
+from consumer.simulate.output import produce_to_kafka, write_capture_file, write_ground_truth
+from consumer.simulate.workload import Workload, WorkloadConfig
 
 EXIT_BAD_INPUT = 2
 EXIT_SCHEMA_MISSING = 3
@@ -103,6 +106,53 @@ class _DecodeStream:
 
     def waiting_for_schema(self) -> dict[tuple[str, str, int], list[str]]:
         return {key: [str(p) for p, _ in rows] for key, rows in self.pending.items() if rows}
+
+
+@main.command()
+@click.option("--brokers", help="Kafka bootstrap servers HOST:PORT (or use --out for a capture file)")
+@click.option("--topic", required=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="write a capture file instead")
+@click.option("--partitions", type=int, default=3, show_default=True)
+@click.option("--encoding", type=click.Choice(["json", "avro"]), default="json", show_default=True)
+@click.option(
+    "--compression", type=click.Choice(["none", "snappy", "lz4"]), default="none", show_default=True
+)
+@click.option("--tables", type=int, default=4, show_default=True)
+@click.option("--rows", type=int, default=10_000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--dispatch", type=click.Choice(["table", "primary-key"]), default="table", show_default=True)
+@click.option("--bootstrap-every-rows", type=int, default=1_000, show_default=True)
+@click.option("--bootstrap-every-seconds", type=float, default=120.0, show_default=True)
+@click.option("--bootstrap-partition0-only", is_flag=True, help="send-bootstrap-to-all-partition = false")
+@click.option("--watermark-every-txns", type=int, default=50, show_default=True)
+@click.option("--no-ddl", is_flag=True, help="no DDLs after the initial CREATE TABLEs")
+@click.option("--truth", type=click.Path(dir_okay=False, path_type=Path), help="ground-truth file to write")
+def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | None, **options: Any) -> None:
+    """Produce a TiCDC-like Simple-protocol stream and write its ground truth."""
+    if not brokers and not out:
+        raise click.UsageError("give --brokers (produce to Kafka) or --out (write a capture file)")
+    encoder = MessageEncoder(options.pop("encoding"), options.pop("compression"))
+    config = WorkloadConfig(
+        tables=options["tables"],
+        rows=options["rows"],
+        partitions=options["partitions"],
+        seed=options["seed"],
+        dispatch=options["dispatch"],
+        bootstrap_every_rows=options["bootstrap_every_rows"],
+        bootstrap_every_seconds=options["bootstrap_every_seconds"],
+        bootstrap_to_all_partitions=not options["bootstrap_partition0_only"],
+        watermark_every_txns=options["watermark_every_txns"],
+        ddl=not options["no_ddl"],
+    )
+    workload = Workload(config)
+    if out:
+        report = write_capture_file(workload, encoder, topic, out)
+    else:
+        report = produce_to_kafka(workload, encoder, brokers, topic)  # type: ignore[arg-type]
+    truth_path = truth or Path(f"{topic}-truth.json")
+    write_ground_truth(workload, truth_path)
+    kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(report.by_kind.items()))
+    click.echo(f"produced {report.records} records to {out or topic} ({kinds}); ground truth in {truth_path}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,146 @@
+"""Where a simulated stream goes: a Kafka topic (real producer) or a capture file; plus its ground truth."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.model import DML, Bootstrap
+from consumer.render import row_object
+from consumer.simulate.workload import StreamRecord, Workload
+from consumer.sources.capture import write_capture
+from consumer.sources.record import SourceRecord
+
+
+@dataclass
+class SimulationReport:
+    records: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+    def count(self, record: StreamRecord) -> None:
+        self.records += 1
+        kind = type(record.message).__name__
+        self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+
+
+def record_key(record: StreamRecord) -> bytes | None:
+    """TiCDC's keys: empty for DML and BOOTSTRAP (async producer), null for DDL and WATERMARK (spec §1.1)."""
+    return b"" if isinstance(record.message, DML | Bootstrap) else None
+
+
+def encoded(workload: Workload, encoder: MessageEncoder) -> Iterable[tuple[StreamRecord, bytes]]:
+    for record in workload.records():
+        yield record, encoder.encode(record.message, record.schema)
+
+
+def produce_to_kafka(
+    workload: Workload,
+    encoder: MessageEncoder,
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    extra_config: dict[str, Any] | None = None,
+) -> SimulationReport:
+    """Produce the whole stream; the final WATERMARKs go alone so every partition ends on one."""
+    ensure_topic(bootstrap_servers, topic, workload.config.partitions)
+    producer = Producer(
+        {"bootstrap.servers": bootstrap_servers, "linger.ms": 5, "acks": "all", **(extra_config or {})}
+    )
+    report = SimulationReport()
+    failures: list[str] = []
+
+    def delivered(error: Any, _message: Any) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    pending: list[tuple[StreamRecord, bytes]] = []
+    for item in encoded(workload, encoder):
+        pending.append(item)
+        if len(pending) > workload.config.partitions:
+            _send(producer, topic, *pending.pop(0), delivered, report)
+    producer.flush()
+    for item in pending:  # the closing watermark broadcast, one record per produce+flush
+        _send(producer, topic, *item, delivered, report)
+        producer.flush()
+    if failures:
+        raise KafkaException(f"{len(failures)} records were not delivered: {failures[0]}")
+    return report
+
+
+def _send(
+    producer: Producer,
+    topic: str,
+    record: StreamRecord,
+    value: bytes,
+    callback: Any,
+    report: SimulationReport,
+) -> None:
+    while True:
+        try:
+            producer.produce(
+                topic, value=value, key=record_key(record), partition=record.partition, on_delivery=callback
+            )
+            break
+        except BufferError:  # local queue full: let deliveries drain
+            producer.poll(0.1)
+    producer.poll(0)
+    report.count(record)
+
+
+def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    if topic in admin.list_topics(timeout=10).topics:
+        return
+    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
+    try:
+        future.result(timeout=10)
+    except KafkaException as exc:
+        if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            raise
+
+
+def write_capture_file(
+    workload: Workload, encoder: MessageEncoder, topic: str, path: Path
+) -> SimulationReport:
+    """The same stream as a capture file, with the offsets a broker would have assigned."""
+    report = SimulationReport()
+    offsets = [0] * workload.config.partitions
+
+    def records() -> Iterable[SourceRecord]:
+        for record, value in encoded(workload, encoder):
+            offset = offsets[record.partition]
+            offsets[record.partition] += 1
+            report.count(record)
+            yield SourceRecord(
+                topic=topic,
+                partition=record.partition,
+                offset=offset,
+                key=record_key(record),
+                value=value,
+                timestamp=None,
+            )
+
+    with path.open("wb") as fp:
+        write_capture(records(), fp)
+    return report
+
+
+def write_ground_truth(workload: Workload, path: Path) -> dict[str, Any]:
+    """Every table's expected final state at the last watermark, values rendered as `decode` prints them."""
+    truth = workload.ground_truth()
+    rendered = {
+        "watermark": truth["watermark"],
+        "tables": {
+            name: {"dropped": table["dropped"], "rows": [row_object(r) for r in table["rows"]]}
+            for name, table in truth["tables"].items()
+        },
+    }
+    path.write_text(json.dumps(rendered, indent=1, ensure_ascii=False))
+    return rendered

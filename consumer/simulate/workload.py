@@ -1,0 +1,427 @@
+"""A TiDB-like upstream and TiCDC's sending rules (spec §9), as an ordered stream of Kafka records.
+
+The upstream runs transactions on several tables (every column type), DDLs at chosen points, and keeps
+the true table contents. The sender mimics TiCDC: DML dispatched by table or by primary key, DDLs
+broadcast to every partition after the rows before them, a BOOTSTRAP before a table's first row and
+then every N rows or T seconds (to all partitions or partition 0), and WATERMARKs broadcast periodically.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Literal
+
+import msgspec
+import numpy as np
+
+from consumer.protocol.model import (
+    DDL,
+    DML,
+    Bootstrap,
+    Column,
+    DataType,
+    DDLType,
+    DMLType,
+    Index,
+    Message,
+    TableSchema,
+    Watermark,
+)
+from consumer.protocol.types import JSON_NULL
+
+Dispatch = Literal["table", "primary-key"]
+_TSO_LOGICAL_BITS = 18
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    tables: int = 4
+    rows: int = 10_000  # DML events to produce
+    partitions: int = 3
+    seed: int = 0
+    database: str = "shop"
+    dispatch: Dispatch = "table"
+    bootstrap_every_rows: int = 1_000
+    bootstrap_every_seconds: float = 120.0
+    bootstrap_to_all_partitions: bool = True
+    watermark_every_txns: int = 50
+    ddl: bool = True  # ALTER ADD/DROP COLUMN, CREATE INDEX, TRUNCATE, RENAME, DROP TABLE along the way
+    max_txn_rows: int = 4
+    start_physical_ms: int = 1_763_800_000_000
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    """One Kafka record to produce: the message, the partition, and the schema its DML needs."""
+
+    partition: int
+    message: Message
+    schema: TableSchema | None = None
+
+
+@dataclass
+class _Table:
+    schema: TableSchema
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)
+    next_id: int = 1
+    rows_since_bootstrap: int = 0
+    last_bootstrap_ms: int = 0
+    dropped: bool = False
+
+
+class Workload:
+    """Generates the stream and the ground truth together, deterministically from the seed."""
+
+    def __init__(self, config: WorkloadConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self._physical_ms = config.start_physical_ms
+        self._logical = 0
+        self.tables: list[_Table] = []
+        self.last_watermark = 0
+
+    # -- the stream ----------------------------------------------------------------------------------
+    def records(self) -> Iterator[StreamRecord]:
+        for index in range(self.config.tables):
+            yield from self._create_table(index)
+        produced = txns = 0
+        ddl_points = self._ddl_points()
+        while produced < self.config.rows:
+            if ddl_points and produced >= ddl_points[0][0]:
+                yield from self._ddl(ddl_points.pop(0)[1])
+            batch = list(self._transaction(self.config.rows - produced))
+            produced += sum(isinstance(r.message, DML) for r in batch)
+            yield from batch
+            txns += 1
+            if txns % self.config.watermark_every_txns == 0:
+                yield from self._watermark()
+        yield from self._watermark()
+
+    def ground_truth(self) -> dict[str, Any]:
+        """Every live table's rows at the last watermark (call after the stream is exhausted)."""
+        return {
+            "watermark": self.last_watermark,
+            "tables": {
+                f"{t.schema.database}.{t.schema.table}": {
+                    "dropped": t.dropped,
+                    "rows": [] if t.dropped else [t.rows[k] for k in sorted(t.rows)],
+                }
+                for t in self.tables
+            },
+        }
+
+    # -- clock ---------------------------------------------------------------------------------------
+    def _tso(self) -> int:
+        """A strictly increasing TSO: physical milliseconds << 18 | logical counter."""
+        self._physical_ms += self.rng.randint(0, 3)
+        self._logical = self._logical + 1 if self.rng.random() < 0.5 else 0
+        return (self._physical_ms << _TSO_LOGICAL_BITS) | self._logical
+
+    @property
+    def _now_ms(self) -> int:
+        return self._physical_ms
+
+    # -- tables, rows and transactions --------------------------------------------------------------
+    def _create_table(self, index: int) -> Iterator[StreamRecord]:
+        commit_ts = self._tso()
+        schema = _initial_schema(self.config.database, f"t{index}", 100 + index, commit_ts - 1, index)
+        self.tables.append(_Table(schema))
+        ddl = DDL(
+            type=DDLType.CREATE,
+            sql=_create_sql(schema),
+            commit_ts=commit_ts,
+            build_ts=self._now_ms,
+            table_schema=schema,
+        )
+        yield from self._broadcast(ddl)
+
+    def _transaction(self, budget: int) -> Iterator[StreamRecord]:
+        live = [t for t in self.tables if not t.dropped]
+        if not live:
+            return
+        commit_ts = self._tso()
+        size = min(budget, self.rng.randint(1, self.config.max_txn_rows))
+        changes: list[tuple[_Table, DML]] = []
+        for _ in range(size):
+            table = self.rng.choice(live)
+            changes.extend((table, dml) for dml in self._change(table, commit_ts))
+        # TiCDC emits a transaction's split DELETEs before its INSERTs (spec §3.3)
+        changes.sort(key=lambda pair: pair[1].type != DMLType.DELETE)
+        for table, dml in changes:
+            yield from self._bootstrap_due(table)
+            table.rows_since_bootstrap += 1
+            yield StreamRecord(self._partition(table, dml), dml, table.schema)
+
+    def _change(self, table: _Table, commit_ts: int) -> list[DML]:
+        roll = self.rng.random()
+        if not table.rows or roll < 0.5:
+            return [self._insert(table, commit_ts)]
+        key = self.rng.choice(list(table.rows))
+        if roll < 0.8:
+            return [self._update(table, key, commit_ts)]
+        if roll < 0.92:
+            return [self._delete(table, key, commit_ts)]
+        return self._change_key(table, key, commit_ts)
+
+    def _dml(self, table: _Table, kind: DMLType, commit_ts: int, data: Any = None, old: Any = None) -> DML:
+        schema = table.schema
+        return DML(
+            type=kind,
+            database=schema.database,
+            table=schema.table,
+            table_id=schema.table_id,
+            commit_ts=commit_ts,
+            build_ts=self._now_ms,
+            schema_version=schema.version,
+            data=data,
+            old=old,
+        )
+
+    def _insert(self, table: _Table, commit_ts: int) -> DML:
+        key, table.next_id = table.next_id, table.next_id + 1
+        row = {c.name: _random_value(c, self.rng) for c in table.schema.columns} | {"id": key}
+        table.rows[key] = row
+        return self._dml(table, DMLType.INSERT, commit_ts, data=row)
+
+    def _update(self, table: _Table, key: int, commit_ts: int) -> DML:
+        old = table.rows[key]
+        new = dict(old)
+        for column in self.rng.sample(table.schema.columns[1:], k=min(2, len(table.schema.columns) - 1)):
+            new[column.name] = _random_value(column, self.rng)
+        table.rows[key] = new
+        return self._dml(table, DMLType.UPDATE, commit_ts, data=new, old=old)
+
+    def _delete(self, table: _Table, key: int, commit_ts: int) -> DML:
+        return self._dml(table, DMLType.DELETE, commit_ts, old=table.rows.pop(key))
+
+    def _change_key(self, table: _Table, key: int, commit_ts: int) -> list[DML]:
+        """A primary-key-changing UPDATE: TiCDC splits it into DELETE + INSERT with one commitTs."""
+        old = table.rows.pop(key)
+        new_key, table.next_id = table.next_id, table.next_id + 1
+        new = old | {"id": new_key}
+        table.rows[new_key] = new
+        return [
+            self._dml(table, DMLType.DELETE, commit_ts, old=old),
+            self._dml(table, DMLType.INSERT, commit_ts, data=new),
+        ]
+
+    def _partition(self, table: _Table, dml: DML) -> int:
+        if self.config.dispatch == "primary-key":
+            key = (dml.data or dml.old or {})["id"]
+            return zlib.crc32(f"{table.schema.table}:{key}".encode()) % self.config.partitions
+        return zlib.crc32(f"{table.schema.database}.{table.schema.table}".encode()) % self.config.partitions
+
+    # -- control messages ----------------------------------------------------------------------------
+    def _broadcast(self, message: Message) -> Iterator[StreamRecord]:
+        for partition in range(self.config.partitions):
+            yield StreamRecord(partition, message)
+
+    def _watermark(self) -> Iterator[StreamRecord]:
+        self.last_watermark = self._tso()
+        yield from self._broadcast(Watermark(commit_ts=self.last_watermark, build_ts=self._now_ms))
+
+    def _bootstrap_due(self, table: _Table) -> Iterator[StreamRecord]:
+        first = table.last_bootstrap_ms == 0
+        elapsed = (self._now_ms - table.last_bootstrap_ms) / 1000
+        if not (
+            first
+            or table.rows_since_bootstrap >= self.config.bootstrap_every_rows
+            or elapsed >= self.config.bootstrap_every_seconds
+        ):
+            return
+        table.rows_since_bootstrap, table.last_bootstrap_ms = 0, self._now_ms
+        message = Bootstrap(table_schema=table.schema, build_ts=self._now_ms)
+        if self.config.bootstrap_to_all_partitions:
+            yield from self._broadcast(message)
+        else:
+            yield StreamRecord(0, message)
+
+    # -- DDL -----------------------------------------------------------------------------------------
+    def _ddl_points(self) -> list[tuple[int, str]]:
+        if not self.config.ddl or self.config.tables < 2:
+            return []
+        kinds = ["add-column", "create-index", "drop-column", "truncate", "rename", "drop-table"]
+        step = self.config.rows // (len(kinds) + 1)
+        return [(step * (i + 1), kind) for i, kind in enumerate(kinds)]
+
+    def _ddl(self, kind: str) -> Iterator[StreamRecord]:
+        live = [t for t in self.tables if not t.dropped]
+        table = live[-1] if kind == "drop-table" else live[0]
+        commit_ts = self._tso()
+        build = getattr(self, "_ddl_" + kind.replace("-", "_"))
+        ddl_type, sql, schema = build(table, commit_ts - 1)
+        table.schema = schema
+        table.last_bootstrap_ms = self._now_ms  # the DDL itself tells consumers the new schema
+        yield from self._broadcast(
+            DDL(type=ddl_type, sql=sql, commit_ts=commit_ts, build_ts=self._now_ms, table_schema=schema)
+        )
+
+    def _ddl_add_column(self, table: _Table, version: int) -> tuple[DDLType, str, TableSchema]:
+        column = Column("added_note", DataType("varchar", "utf8mb4", "utf8mb4_bin", length=64), default="n/a")
+        for row in table.rows.values():
+            row[column.name] = "n/a"
+        schema = _evolve(table.schema, version, columns=(*table.schema.columns, column))
+        return (
+            DDLType.ALTER,
+            f"ALTER TABLE `{schema.table}` ADD COLUMN `added_note` varchar(64) DEFAULT 'n/a'",
+            schema,
+        )
+
+    def _ddl_drop_column(self, table: _Table, version: int) -> tuple[DDLType, str, TableSchema]:
+        dropped = table.schema.columns[-1]
+        for row in table.rows.values():
+            row.pop(dropped.name, None)
+        schema = _evolve(table.schema, version, columns=table.schema.columns[:-1])
+        return DDLType.ALTER, f"ALTER TABLE `{schema.table}` DROP COLUMN `{dropped.name}`", schema
+
+    def _ddl_create_index(self, table: _Table, version: int) -> tuple[DDLType, str, TableSchema]:
+        name = table.schema.columns[1].name
+        index = Index(f"idx_{name}", False, False, True, (name,))
+        schema = _evolve(table.schema, version, indexes=(*table.schema.indexes, index))
+        return DDLType.CINDEX, f"CREATE INDEX `idx_{name}` ON `{schema.table}` (`{name}`)", schema
+
+    def _ddl_truncate(self, table: _Table, version: int) -> tuple[DDLType, str, TableSchema]:
+        table.rows.clear()
+        schema = _evolve(table.schema, version, table_id=table.schema.table_id + 1000)
+        return DDLType.TRUNCATE, f"TRUNCATE TABLE `{schema.table}`", schema
+
+    def _ddl_rename(self, table: _Table, version: int) -> tuple[DDLType, str, TableSchema]:
+        old_name = table.schema.table
+        schema = msgspec.structs.replace(
+            table.schema, table=f"{old_name}_renamed"
+        )  # RENAME keeps the version
+        return DDLType.RENAME, f"RENAME TABLE `{old_name}` TO `{schema.table}`", schema
+
+    def _ddl_drop_table(self, table: _Table, version: int) -> tuple[DDLType, str, TableSchema]:
+        table.dropped = True
+        table.rows.clear()
+        return DDLType.ERASE, f"DROP TABLE `{table.schema.table}`", table.schema
+
+
+def _evolve(schema: TableSchema, version: int, **changes: Any) -> TableSchema:
+    return msgspec.structs.replace(schema, version=version, **changes)
+
+
+# -- schemas and values ------------------------------------------------------------------------------
+def _text(length: int = 255) -> DataType:
+    return DataType("varchar", "utf8mb4", "utf8mb4_bin", length=length)
+
+
+_ALL_TYPES_COLUMNS: tuple[Column, ...] = (
+    Column("c_tinyint", DataType("tinyint", length=4)),
+    Column("c_tinyint_u", DataType("tinyint", length=3, unsigned=True)),
+    Column("c_smallint", DataType("smallint", length=6)),
+    Column("c_mediumint_u", DataType("mediumint", length=8, unsigned=True)),
+    Column("c_int", DataType("int", length=11)),
+    Column("c_int_u", DataType("int", length=10, unsigned=True)),
+    Column("c_bigint_u", DataType("bigint", length=20, unsigned=True)),
+    Column("c_float", DataType("float", length=12)),
+    Column("c_double", DataType("double", length=22)),
+    Column("c_decimal", DataType("decimal", length=12, decimal=2)),
+    Column("c_wide_decimal", DataType("decimal", length=50, decimal=10)),
+    Column("c_char", DataType("char", "utf8mb4", "utf8mb4_bin", length=8)),
+    Column("c_text", DataType("text", "utf8mb4", "utf8mb4_bin", length=65535)),
+    Column("c_binary", DataType("binary", length=4)),
+    Column("c_blob", DataType("blob", length=65535)),
+    Column("c_date", DataType("date", length=10)),
+    Column("c_datetime", DataType("datetime", length=23, decimal=3)),
+    Column("c_timestamp", DataType("timestamp", length=26, decimal=6)),
+    Column("c_time", DataType("time", length=10)),
+    Column("c_year", DataType("year", length=4, unsigned=True, zerofill=True)),
+    Column("c_enum", DataType("enum", "utf8mb4", "utf8mb4_bin", length=1, elements=("red", "green", "blue"))),
+    Column("c_set", DataType("set", "utf8mb4", "utf8mb4_bin", length=5, elements=("a", "b", "c"))),
+    Column("c_bit1", DataType("bit", length=1, unsigned=True)),
+    Column("c_bit10", DataType("bit", length=10, unsigned=True)),
+    Column("c_bit64", DataType("bit", length=64, unsigned=True)),
+    Column("c_json", DataType("json", length=4294967295)),
+    Column("c_vector", DataType("vector", length=3)),
+)
+
+_NARROW_COLUMNS: tuple[Column, ...] = (
+    Column("customer", _text(64), nullable=False),
+    Column("amount", DataType("decimal", length=12, decimal=2)),
+    Column(
+        "status", DataType("enum", "utf8mb4", "utf8mb4_bin", length=1, elements=("new", "paid", "shipped"))
+    ),
+    Column("quantity", DataType("int", length=11)),
+    Column("updated_at", DataType("timestamp", length=19)),
+    Column("note", _text(255)),
+)
+
+
+def _initial_schema(database: str, name: str, table_id: int, version: int, index: int) -> TableSchema:
+    """Table 0 carries every column type; the others are narrow, order-like tables."""
+    key = Column("id", DataType("bigint", length=20), nullable=False)
+    columns = _ALL_TYPES_COLUMNS if index == 0 else _NARROW_COLUMNS
+    return TableSchema(
+        database=database,
+        table=name,
+        table_id=table_id,
+        version=version,
+        columns=(key, *columns),
+        indexes=(Index("primary", True, True, False, ("id",)),),
+    )
+
+
+def _create_sql(schema: TableSchema) -> str:
+    return f"CREATE TABLE `{schema.table}` ({', '.join(f'`{c.name}`' for c in schema.columns)})"
+
+
+def _random_value(column: Column, rng: random.Random) -> Any:
+    data_type = column.data_type
+    kind = data_type.mysql_type
+    if column.nullable and rng.random() < 0.1:
+        return None
+    if kind in ("tinyint", "smallint", "mediumint", "int", "bigint"):
+        bits = {"tinyint": 8, "smallint": 16, "mediumint": 24, "int": 32, "bigint": 64}[kind]
+        low = 0 if data_type.unsigned else -(2 ** (bits - 1))
+        high = 2**bits - 1 if data_type.unsigned else 2 ** (bits - 1) - 1
+        return rng.choice((low, high, 0, rng.randint(low, high)))
+    if kind == "float":
+        return float(np.float32(rng.uniform(-1e6, 1e6)))
+    if kind == "double":
+        return rng.uniform(-1e12, 1e12)
+    if kind == "decimal":
+        digits = data_type.length - data_type.decimal
+        return Decimal(
+            rng.randint(-(10 ** (digits + data_type.decimal)) + 1, 10 ** (digits + data_type.decimal) - 1)
+        ).scaleb(-data_type.decimal)
+    if kind in ("char", "varchar", "text"):
+        limit = min(data_type.length, 24)
+        return "".join(rng.choice("abcdefghijklmnop Zoë😀<&>") for _ in range(rng.randint(0, limit)))[:limit]
+    if kind == "binary":
+        return rng.randbytes(data_type.length)
+    if kind == "blob":
+        return rng.randbytes(rng.randint(0, 16))
+    if kind == "date":
+        return dt.date(2000, 1, 1) + dt.timedelta(days=rng.randint(0, 15000))
+    if kind == "datetime":
+        return dt.datetime(2000, 1, 1) + dt.timedelta(
+            seconds=rng.randint(0, 10**9), milliseconds=rng.randint(0, 999)
+        )
+    if kind == "timestamp":
+        micros = rng.randint(0, 999_999) if data_type.decimal else 0
+        return dt.datetime(2001, 1, 1, tzinfo=dt.UTC) + dt.timedelta(
+            seconds=rng.randint(0, 10**9), microseconds=micros
+        )
+    if kind == "time":
+        return dt.timedelta(seconds=rng.randint(-838 * 3600, 838 * 3600))
+    if kind == "year":
+        return rng.randint(1901, 2155)
+    if kind == "enum":
+        return rng.choice(data_type.elements)
+    if kind == "set":
+        chosen = {e for e in data_type.elements if rng.random() < 0.5}
+        return ",".join(e for e in data_type.elements if e in chosen)
+    if kind == "bit":
+        return rng.random() < 0.5 if data_type.length == 1 else rng.randint(0, 2**data_type.length - 1)
+    if kind == "json":
+        return rng.choice(({"k": rng.randint(0, 9), "tags": ["x", "y"]}, [1, 2.5, None], "text", JSON_NULL))
+    if kind == "vector":
+        return [float(np.float32(rng.uniform(-1, 1))) for _ in range(data_type.length)]
+    raise ValueError(f"the simulator has no values for {kind}")

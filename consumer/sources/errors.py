@@ -1,0 +1,29 @@
+"""Errors raised by sources: the broker or client failed, or a capture file is corrupt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from consumer.errors import ConsumerError
+
+
+class SourceError(ConsumerError):
+    """Reading from or committing to the source failed.
+
+    `code` is librdkafka's error name (e.g. "UNKNOWN_TOPIC_OR_PART") when the client reported one, so a
+    caller can decide on retrying without parsing the message.
+    """
+
+    def __init__(self, message: str, *, code: str | None = None, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retriable = retriable
+
+
+class CaptureFormatError(SourceError):
+    """A capture file line is not a valid record."""
+
+    def __init__(self, path: str | Path, line: int, reason: str) -> None:
+        super().__init__(f"{path}:{line}: {reason}")
+        self.path = Path(path)
+        self.line = line

@@ -1,0 +1,298 @@
+"""Kafka source over confluent-kafka with explicit, caller-driven offset commits.
+
+Offsets are never committed or stored behind the caller's back (`enable.auto.commit` and
+`enable.auto.offset.store` are forced off): a record counts as consumed only once the pipeline has made its
+effects durable and calls `commit`. Extra librdkafka settings (TLS, SASL, ...) pass through unchanged, but
+secrets never reach logs or exception messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Final, Literal, cast
+
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from consumer.sources.base import OnAssign, OnRevoke, Partition
+from consumer.sources.errors import SourceError
+from consumer.sources.record import SourceRecord
+
+log = logging.getLogger(__name__)
+
+ALL_PARTITIONS: Final = "all"
+REDACTED: Final = "***"
+
+_FORCED_CONFIG: dict[str, object] = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "auto.offset.reset": "earliest",
+}
+# Keys whose values are credentials: passwords, client secrets, JAAS/OAUTHBEARER strings, private keys.
+_SECRET_KEY_MARKERS = ("password", "secret", "jaas", "oauthbearer.config", "key.pem")
+
+
+def is_secret_key(key: str) -> bool:
+    lowered = key.lower()
+    return any(marker in lowered for marker in _SECRET_KEY_MARKERS)
+
+
+def redact_config(config: Mapping[str, object]) -> dict[str, object]:
+    """A copy of a librdkafka config that is safe to log."""
+    return {key: REDACTED if is_secret_key(key) else value for key, value in config.items()}
+
+
+class KafkaSource:
+    """Reads records from Kafka in batches, in one of two modes.
+
+    - `partitions=None` (default): subscribe to `topics` as a member of consumer group `group_id`; the
+      group coordinator assigns partitions and `on_assign`/`on_revoke`/`on_lost` fire on rebalances
+      (inside `poll_batch` or `close`).
+    - `partitions=[(topic, partition), ...]` or `ALL_PARTITIONS`: read exactly those partitions (or every
+      partition of `topics`) without group membership; `group_id` then only names where offsets are
+      committed. `on_assign` is called once, before the assignment, so start offsets can be overridden.
+
+    Start offsets: those returned by `on_assign`, else the group's committed offsets, else the earliest.
+    `on_lost` defaults to `on_revoke`; offsets of lost partitions can no longer be committed.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topics: Sequence[str],
+        group_id: str,
+        *,
+        partitions: Sequence[Partition] | Literal["all"] | None = None,
+        config: Mapping[str, object] | None = None,
+        on_assign: OnAssign | None = None,
+        on_revoke: OnRevoke | None = None,
+        on_lost: OnRevoke | None = None,
+        metadata_timeout: float = 10.0,
+    ) -> None:
+        if isinstance(topics, str) or not topics:
+            raise ValueError(f"topics must be a non-empty list of topic names, not {topics!r}")
+        extra = dict(config or {})
+        owned = {"bootstrap.servers", "group.id", *_FORCED_CONFIG}.intersection(extra)
+        if owned:
+            raise ValueError(f"KafkaSource sets {sorted(owned)} itself; remove them from config")
+        self._config = {
+            **extra,
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": group_id,
+            **_FORCED_CONFIG,
+        }
+        self._secret_values = [
+            value
+            for key, value in self._config.items()
+            if is_secret_key(key) and isinstance(value, str) and value
+        ]
+        self._topics = list(topics)
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self._on_lost = on_lost
+        self._cooperative = "cooperative" in str(self._config.get("partition.assignment.strategy", ""))
+        self._deferred_error: SourceError | None = None
+        self._closed = False
+        log.info("kafka source for %s, config %s", self._topics, self.redacted_config())
+        consumer = _create_consumer(self._config)
+        if isinstance(consumer, KafkaError):
+            raise self._error("cannot create consumer", consumer)
+        self._consumer = consumer
+        try:
+            self._start(partitions, metadata_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(
+        self, partitions: Sequence[Partition] | Literal["all"] | None, metadata_timeout: float
+    ) -> None:
+        if partitions is None:
+            self._consumer.subscribe(
+                self._topics, on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._lost
+            )
+            return
+        if partitions == ALL_PARTITIONS:
+            chosen = self._all_partitions(metadata_timeout)
+        else:
+            chosen = [(topic, partition) for topic, partition in partitions]
+            strays = {topic for topic, _ in chosen} - set(self._topics)
+            if strays:
+                raise ValueError(f"partitions name topics not in {self._topics}: {sorted(strays)}")
+        self._consumer.assign(self._positioned(chosen))
+
+    def _all_partitions(self, timeout: float) -> list[Partition]:
+        try:
+            metadata = self._consumer.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise self._error("cannot list topics", exc.args[0]) from exc
+        chosen: list[Partition] = []
+        for topic in self._topics:
+            info = metadata.topics.get(topic)
+            if info is None or info.error is not None:
+                raise SourceError(f"topic {topic!r} does not exist", code="UNKNOWN_TOPIC_OR_PART")
+            chosen.extend((topic, partition) for partition in sorted(info.partitions))
+        return chosen
+
+    def _positioned(self, partitions: list[Partition]) -> list[TopicPartition]:
+        """TopicPartitions carrying `on_assign`'s start offsets; the rest start at the committed offset."""
+        starts = (self._on_assign(partitions) if self._on_assign else None) or {}
+        return [
+            TopicPartition(topic, partition, starts[topic, partition])
+            if (topic, partition) in starts
+            else TopicPartition(topic, partition)
+            for topic, partition in partitions
+        ]
+
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        positioned = self._positioned(_keys(partitions))
+        log.info("assigned %s", [(tp.topic, tp.partition, tp.offset) for tp in positioned])
+        if self._cooperative:
+            consumer.incremental_assign(positioned)
+        else:
+            consumer.assign(positioned)
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("revoking %s", _keys(partitions))
+        if self._on_revoke:
+            self._on_revoke(_keys(partitions))
+
+    def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.warning("lost %s", _keys(partitions))
+        hook = self._on_lost or self._on_revoke
+        if hook:
+            hook(_keys(partitions))
+
+    def redacted_config(self) -> dict[str, object]:
+        return redact_config(self._config)
+
+    def poll_batch(self, max_records: int, timeout: float) -> list[SourceRecord]:
+        """Up to `max_records` records; partition EOF events are skipped, other client errors raise.
+
+        The records of a batch are consumed the moment librdkafka hands them over, so an error met mid-batch
+        is raised on the next call, after the batch's good records have been returned.
+        """
+        if self._deferred_error is not None:
+            pending, self._deferred_error = self._deferred_error, None
+            raise pending
+        try:
+            messages = self._consumer.consume(num_messages=max_records, timeout=timeout)
+        except KafkaException as exc:
+            raise self._error("consume failed", exc.args[0]) from exc
+        records: list[SourceRecord] = []
+        for message in messages:
+            error = message.error()
+            if error is None:
+                records.append(_record(message))
+            elif error.code() != KafkaError._PARTITION_EOF and self._deferred_error is None:
+                self._deferred_error = self._error(_where(message), error)
+        if not records and self._deferred_error is not None:
+            pending, self._deferred_error = self._deferred_error, None
+            raise pending
+        return records
+
+    def commit(self, offsets: Mapping[Partition, int]) -> None:
+        """Synchronously commit, per partition, the offset of the next record to read."""
+        if not offsets:
+            return
+        request = [TopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()]
+        try:
+            result = self._consumer.commit(offsets=request, asynchronous=False)
+        except KafkaException as exc:
+            raise self._error(f"commit of {dict(offsets)} failed", exc.args[0]) from exc
+        for tp in result or []:
+            if tp.error is not None:
+                raise self._error(f"commit of {tp.topic}[{tp.partition}]@{tp.offset} failed", tp.error)
+
+    def committed(
+        self, partitions: Iterable[Partition], timeout: float = 10.0
+    ) -> dict[Partition, int | None]:
+        request = [TopicPartition(topic, partition) for topic, partition in partitions]
+        try:
+            result = self._consumer.committed(request, timeout=timeout)
+        except KafkaException as exc:
+            raise self._error("cannot read committed offsets", exc.args[0]) from exc
+        offsets: dict[Partition, int | None] = {}
+        for tp in result:
+            if tp.error is not None:
+                raise self._error(f"cannot read committed offset of {tp.topic}[{tp.partition}]", tp.error)
+            offsets[tp.topic, tp.partition] = tp.offset if tp.offset >= 0 else None
+        return offsets
+
+    def pause(self, partitions: Iterable[Partition]) -> None:
+        try:
+            self._consumer.pause([TopicPartition(topic, partition) for topic, partition in partitions])
+        except KafkaException as exc:
+            raise self._error("pause failed", exc.args[0]) from exc
+
+    def resume(self, partitions: Iterable[Partition]) -> None:
+        try:
+            self._consumer.resume([TopicPartition(topic, partition) for topic, partition in partitions])
+        except KafkaException as exc:
+            raise self._error("resume failed", exc.args[0]) from exc
+
+    def assignment(self) -> set[Partition]:
+        return set(_keys(self._consumer.assignment()))
+
+    def close(self) -> None:
+        """Leave the group (firing `on_revoke` in subscribe mode) and release the client; idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._consumer.close()
+
+    def __enter__(self) -> KafkaSource:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _error(self, context: str, error: KafkaError) -> SourceError:
+        message = f"{context}: {error.str()}"
+        for secret in self._secret_values:
+            message = message.replace(secret, REDACTED)
+        return SourceError(message, code=error.name(), retriable=error.retriable())
+
+
+def _create_consumer(config: dict[str, object]) -> Consumer | KafkaError:
+    """The consumer, or librdkafka's complaint about the config.
+
+    Returned rather than raised: librdkafka echoes invalid config values, and the caller must be able to raise
+    a scrubbed error without the original chained to it as `__context__`.
+    """
+    try:
+        return Consumer(config)
+    except KafkaException as exc:
+        complaint: KafkaError = exc.args[0]
+        return complaint
+
+
+def _keys(partitions: list[TopicPartition]) -> list[Partition]:
+    return [(tp.topic, tp.partition) for tp in partitions]
+
+
+def _where(message: Message) -> str:
+    topic = message.topic()
+    return f"{topic}[{message.partition()}]" if topic else "kafka client"
+
+
+def _record(message: Message) -> SourceRecord:
+    # Coordinates are only None on error events, which never get here.
+    timestamp_type, timestamp = message.timestamp()
+    return SourceRecord(
+        topic=cast(str, message.topic()),
+        partition=cast(int, message.partition()),
+        offset=cast(int, message.offset()),
+        timestamp=None if timestamp_type == TIMESTAMP_NOT_AVAILABLE else timestamp,
+        key=message.key(),
+        value=message.value(),
+    )
