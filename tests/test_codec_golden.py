@@ -148,3 +148,24 @@ def test_tiflow_avro_bit_long_branch_is_accepted() -> None:
         value = MessageEncoder("avro", variant=variant).encode(dml, schema)
         raw = MessageDecoder().decode(value)
         assert TableCodec(schema).decode(raw).data == {"b": 2**64 - 1}  # type: ignore[arg-type]
+
+
+def test_regressions_null_unsigned_bigint_in_avro_and_bit63_upper_bound() -> None:
+    schema = _table(
+        Column("u", DataType("bigint", length=20, unsigned=True)),
+        Column("b", DataType("bit", length=63, unsigned=True)),
+    )
+    row = {"u": None, "b": 2**63 - 1}
+    for encoding in ("json", "avro"):
+        dml = DML(
+            type=DMLType.INSERT,
+            database="test",
+            table="t",
+            table_id=1,
+            commit_ts=2,
+            build_ts=3,
+            schema_version=9,
+            data=row,
+        )
+        raw = MessageDecoder().decode(MessageEncoder(encoding).encode(dml, schema))
+        assert TableCodec(schema).decode(raw).data == row  # type: ignore[arg-type]

@@ -49,15 +49,19 @@ def writer_schema_json() -> list[dict[str, Any]]:
     return json.loads(resources.files("consumer.protocol").joinpath("message.avsc").read_text())
 
 
-def _wire_schema() -> Any:
+def _wire_schemas() -> tuple[Any, Any]:
+    """The whole union, and the DML record alone (a DML datum is 3 header bytes, then that record)."""
     schema = writer_schema_json()
     column_schema = next(t for t in schema if t["name"] == "ColumnSchema")
     default = next(f for f in column_schema["fields"] if f["name"] == "default")
     default["type"] = ["null", "bytes"]
-    return fastavro.parse_schema(schema)
+    named: dict[str, Any] = {}
+    union = fastavro.parse_schema(schema, named)
+    return union, fastavro.parse_schema(next(t for t in schema if t["name"] == "DML"), named)
 
 
-_SCHEMA = _wire_schema()
+_SCHEMA, _DML_SCHEMA = _wire_schemas()
+DML_PREFIX = bytes((MESSAGE_BRANCH, 0x06, 0x06))  # Message branch, MessageType.DML, payload branch DML
 
 
 # -- decoding ---------------------------------------------------------------------------------------
@@ -72,16 +76,29 @@ def decode(payload: bytes) -> DecodedMessage:
 
 def read_datum(payload: bytes) -> dict[str, Any]:
     """The whole Message record; the datum must fill the value exactly."""
-    stream = io.BytesIO(payload)
-    try:
-        message = fastavro.schemaless_reader(stream, _SCHEMA, None)
-    except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError... for corrupt input
-        raise MalformedMessageError(f"invalid Avro datum: {type(exc).__name__}: {exc}") from exc
-    if stream.tell() != len(payload):
-        raise MalformedMessageError(f"{len(payload) - stream.tell()} bytes of garbage after the Avro datum")
+    message = _read_exactly(io.BytesIO(payload), _SCHEMA, len(payload))
     if not isinstance(message, dict) or "payload" not in message:
         raise MalformedMessageError("Avro datum is not a Message record")
     return message
+
+
+def read_dml(payload: bytes) -> dict[str, Any]:
+    """The DML record of a DML message, read without the union's per-call overhead."""
+    if not payload.startswith(DML_PREFIX):
+        raise MalformedMessageError("not an Avro DML message")
+    stream = io.BytesIO(payload)
+    stream.seek(len(DML_PREFIX))
+    return _read_exactly(stream, _DML_SCHEMA, len(payload))
+
+
+def _read_exactly(stream: io.BytesIO, schema: Any, size: int) -> Any:
+    try:
+        datum = fastavro.schemaless_reader(stream, schema, None)
+    except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError... for corrupt input
+        raise MalformedMessageError(f"invalid Avro datum: {type(exc).__name__}: {exc}") from exc
+    if stream.tell() != size:
+        raise MalformedMessageError(f"{size - stream.tell()} bytes of garbage after the Avro datum")
+    return datum
 
 
 def _dml_header(payload: bytes) -> RawDML:
@@ -113,6 +130,11 @@ class _HeaderReader:
         self.position = position
 
     def long(self) -> int:
+        position = self.position
+        if position < len(self.buffer) and self.buffer[position] < 0x80:  # one-byte varint: most fields
+            self.position = position + 1
+            byte = self.buffer[position]
+            return (byte >> 1) ^ -(byte & 1)
         result = shift = 0
         while True:
             if self.position >= len(self.buffer) or shift > 63:

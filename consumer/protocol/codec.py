@@ -25,19 +25,28 @@ class MessageDecoder:
     def decode(self, value: bytes | None) -> DecodedMessage:
         if not value:
             raise MalformedMessageError("empty record value")
-        payload = decompress(value, self.compression)
-        encoding = self.encoding if self.encoding != "auto" else sniff_encoding(payload)
+        first = value[0]
+        if self.compression == "auto" and first in _PLAIN_FIRST_BYTES:  # the common case, sniffed once
+            payload = value
+        else:
+            payload = decompress(value, self.compression)
+            first = payload[0] if payload else -1
+        encoding = self.encoding if self.encoding != "auto" else _sniffed(first)
         return json_codec.decode(payload) if encoding == "json" else avro_codec.decode(payload)
 
 
-def sniff_encoding(payload: bytes) -> Encoding:
+_JSON_START = ord("{")
+_PLAIN_FIRST_BYTES = (_JSON_START, avro_codec.MESSAGE_BRANCH)
+
+
+def _sniffed(first: int) -> Encoding:
     """`{` starts JSON, 0x16 (union branch 11) starts Avro; nothing else is a Simple message."""
-    if payload[:1] == b"{":
+    if first == _JSON_START:
         return "json"
-    if payload[:1] == bytes([avro_codec.MESSAGE_BRANCH]):
+    if first == avro_codec.MESSAGE_BRANCH:
         return "avro"
-    first = f"0x{payload[0]:02x}" if payload else "nothing"
-    raise MalformedMessageError(f"neither JSON nor Avro: value starts with {first}")
+    shown = f"0x{first:02x}" if first >= 0 else "nothing"
+    raise MalformedMessageError(f"neither JSON nor Avro: value starts with {shown}")
 
 
 class MessageEncoder:

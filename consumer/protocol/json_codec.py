@@ -21,10 +21,10 @@ from consumer.protocol.model import (
 )
 
 _DDL_TYPES = frozenset(DDLType)
-_DML_TYPES = frozenset(DMLType)
+_DML_TYPES = {kind.value: kind for kind in DMLType}
 
 
-class _Envelope(msgspec.Struct, rename="camel"):
+class _Envelope(msgspec.Struct, rename="camel", gc=False):
     """Only the routing fields: decoding skips `data`/`old` without building them."""
 
     type: str
@@ -97,7 +97,7 @@ def _raw_dml(envelope: _Envelope, payload: bytes) -> RawDML:
             "DML without `database` (a pre-v8.0 TiCDC message shape, which this SDK does not read)"
         )
     return RawDML(
-        type=DMLType(envelope.type),
+        type=_DML_TYPES[envelope.type],
         database=envelope.database,
         table=envelope.table,
         table_id=envelope.table_id,

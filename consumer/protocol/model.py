@@ -85,7 +85,7 @@ class TableSchema(msgspec.Struct, frozen=True, rename={"database": "schema", "ta
         return min(unique, key=lambda ix: len(ix.columns)).columns if unique else ()
 
 
-class Checksum(msgspec.Struct, frozen=True):
+class Checksum(msgspec.Struct, frozen=True, gc=False):
     version: int
     corrupted: bool
     current: int
@@ -136,8 +136,10 @@ class DML(msgspec.Struct, frozen=True, kw_only=True):
     version: int = 1
 
 
-class RawDML(msgspec.Struct, frozen=True, kw_only=True):
+class RawDML(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A DML whose routing header is decoded but whose row values are not (they need the schema).
+
+    Holds only strings, ints and bytes, so it opts out of garbage-collector tracking (a hot-path cost).
 
     `payload` is the decompressed record value; `encoding` is "json" or "avro".
     """

@@ -51,8 +51,8 @@ class TableCodec:
         self._batch_body, batch_row = _json_body(schema, self.columns, missing=None)
         self._row_body, _ = _json_body(schema, self.columns, missing=msgspec.UNSET)
         self._null_row = batch_row() if batch_row else None
-        names = [f"c{i}" for i in range(len(self.columns))]
-        self._fields = operator.attrgetter(*names) if batch_row and names else None
+        self._getters = [operator.attrgetter(f"c{i}") for i in range(len(self.columns))]
+        self._fields = bool(batch_row and self.columns)  # rows decode into a per-table Struct
 
     # -- fast path: many DMLs -> Arrow ---------------------------------------------------------------
     def decode_batch(self, raws: Sequence[RawDML]) -> RowImages:
@@ -66,18 +66,22 @@ class TableCodec:
         )
 
     def _wire_images(self, raws: Sequence[RawDML]) -> tuple[list[Any], list[Any]]:
-        datas: list[Any] = []
-        olds: list[Any] = []
-        for row, raw in enumerate(raws):
-            body = self._wire_body(raw, row, self._batch_body)
-            datas.append(body["data"] if isinstance(body, dict) else body.data)
-            olds.append(body["old"] if isinstance(body, dict) else body.old)
-        return datas, olds
+        if raws and raws[0].encoding == "json":
+            try:  # the fast path decodes the whole batch at once; the per-row loop only names a bad row
+                decode = self._batch_body.decode
+                bodies = [decode(raw.payload) for raw in raws]
+                return [b.data for b in bodies], [b.old for b in bodies]
+            except (msgspec.ValidationError, msgspec.DecodeError, AttributeError):
+                pass
+        bodies = [self._wire_body(raw, row, self._batch_body) for row, raw in enumerate(raws)]
+        if raws and raws[0].encoding == "avro":
+            return [b["data"] for b in bodies], [b["old"] for b in bodies]
+        return [b.data for b in bodies], [b.old for b in bodies]
 
     def _wire_body(self, raw: RawDML, row: int, decoder: msgspec.json.Decoder) -> Any:
         if raw.encoding == "avro":
             try:
-                return avro_codec.read_datum(raw.payload)["payload"]
+                return avro_codec.read_dml(raw.payload)
             except MalformedMessageError as exc:
                 raise ValueDecodeError(exc.reason, column="<row>", row=row) from exc
         try:
@@ -88,6 +92,10 @@ class TableCodec:
     def _image(self, images: list[Any], raws: Sequence[RawDML]) -> pa.RecordBatch:
         if not self.columns:
             return pa.RecordBatch.from_pylist([{}] * len(images), schema=self._image_schema)
+        if images.count(None) == len(images):  # e.g. the `old` image of a batch of INSERTs
+            return pa.RecordBatch.from_arrays(
+                [pa.nulls(len(images), c.arrow_type) for c in self.columns], schema=self._image_schema
+            )
         avro = bool(raws) and raws[0].encoding == "avro"
         wire_columns = (
             self._json_columns(images) if self._fields and not avro else self._mapped_columns(images)
@@ -98,11 +106,9 @@ class TableCodec:
         return pa.RecordBatch.from_arrays(arrays, schema=self._image_schema)
 
     def _json_columns(self, images: list[Any]) -> list[Sequence[Any]]:
-        null_row, fields = self._null_row, self._fields
-        rows = [fields(image if image is not None else null_row) for image in images]  # type: ignore[misc]
-        if len(self.columns) == 1:
-            return [rows]
-        return list(zip(*rows, strict=True)) if rows else [[] for _ in self.columns]
+        null_row = self._null_row
+        rows = [image if image is not None else null_row for image in images]
+        return [list(map(getter, rows)) for getter in self._getters]
 
     def _mapped_columns(self, images: list[Any]) -> list[Sequence[Any]]:
         return [[None if image is None else image.get(c.name) for image in images] for c in self.columns]
@@ -114,7 +120,7 @@ class TableCodec:
         if raw.encoding == "avro":
             data, old = body["data"], body["old"]
             extras = _avro_extras(body)
-        elif self._fields is None:
+        elif not self._fields:
             data, old = body.data, body.old
             extras = {
                 "checksum": body.checksum,
@@ -220,6 +226,7 @@ def _json_body(
             fields,
             rename={f"c{i}": c.name for i, c in enumerate(columns)},
             forbid_unknown_fields=True,  # a column the schema lacks means the wrong schema: never drop it
+            gc=False,  # decoded wire values cannot form cycles; tracking them costs more than decoding
         )
     except ValueError:
         row = None
@@ -233,5 +240,6 @@ def _json_body(
             ("handleKeyOnly", bool, False),
             ("claimCheckLocation", str, ""),
         ],
+        gc=False,
     )
     return msgspec.json.Decoder(body), row

@@ -611,7 +611,8 @@ class BitColumn(ColumnType):
         )
 
     def _from_unsigned(self, bits: pa.Array) -> pa.Array:
-        if self._width < 64 and len(bits) and pc.any(pc.greater_equal(bits, 1 << self._width)).as_py():
+        limit = pa.scalar(1 << self._width, pa.uint64()) if self._width < 64 else None
+        if limit is not None and len(bits) and pc.any(pc.greater_equal(bits, limit)).as_py():
             raise ValueError(f"value wider than bit({self._width})")
         if self._width == 1:
             return pc.not_equal(bits, 0)
@@ -710,6 +711,11 @@ class TimestampColumn(ColumnType):
         zones = {loc for loc in locations if loc is not None}
         if zones <= {"UTC"}:
             return naive.cast(self.arrow_type)
+        if len(zones) == 1:  # one TiCDC server zone: the usual case
+            (zone,) = zones
+            return pc.assume_timezone(
+                naive, _zone_name(zone), ambiguous="earliest", nonexistent="earliest"
+            ).cast(self.arrow_type)
         result = pa.nulls(len(values), self.arrow_type)
         for zone in zones:
             mask = pa.array([loc == zone for loc in locations])

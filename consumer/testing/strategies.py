@@ -103,9 +103,8 @@ def _non_null_values(data_type: DataType) -> st.SearchStrategy[Any]:
     if kind == "double":
         return st.floats(allow_nan=False, allow_infinity=False)
     if kind == "decimal":
-        integer, scale = data_type.length - data_type.decimal, data_type.decimal
-        largest = Decimal("9" * integer + ("." + "9" * scale if scale else "") or "0")  # exact, no rounding
-        return st.decimals(-largest, largest, places=scale)
+        limit, scale = 10**data_type.length - 1, data_type.decimal  # exact: no 28-digit context rounding
+        return st.integers(-limit, limit).map(lambda digits: Decimal(f"{digits}e-{scale}"))
     if kind in _TEXT_TYPES:
         return st.text(max_size=20)
     if kind in _BINARY_TYPES:

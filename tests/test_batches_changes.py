@@ -1,0 +1,72 @@
+"""Resolved rows -> changelog rows in the change-data-feed convention, and the per-key reduction."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from consumer.batches.changes import latest_per_key, table_changes
+from consumer.errors import RecordLocation, ValueDecodeError
+from consumer.protocol.codec import MessageDecoder, MessageEncoder
+from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema
+from consumer.protocol.rows import TableCodec
+
+SCHEMA = TableSchema(
+    database="shop", table="orders", table_id=1, version=5,
+    columns=(Column("id", DataType("bigint", length=20), nullable=False), Column("qty", DataType("int", length=11))),
+    indexes=(Index("primary", True, True, False, ("id",)),),
+)
+TS = 449512873440575500  # physical part: 1714751473 s
+
+
+def _raw(kind: DMLType, commit_ts: int, data: dict | None = None, old: dict | None = None) -> RawDML:
+    dml = DML(type=kind, database="shop", table="orders", table_id=1, commit_ts=commit_ts, build_ts=0,
+              schema_version=5, data=data, old=old)
+    raw = MessageDecoder().decode(MessageEncoder().encode(dml, SCHEMA))
+    assert isinstance(raw, RawDML)
+    return raw
+
+
+def _rows(*raws: RawDML) -> list[tuple[RawDML, RecordLocation]]:
+    return [(raw, RecordLocation("t", 1, 10 + i)) for i, raw in enumerate(raws)]
+
+
+def test_changelog_has_one_row_per_image_with_metadata() -> None:
+    rows = _rows(
+        _raw(DMLType.INSERT, TS, data={"id": 1, "qty": 2}),
+        _raw(DMLType.UPDATE, TS + 1, data={"id": 1, "qty": 3}, old={"id": 1, "qty": 2}),
+        _raw(DMLType.DELETE, TS + 2, old={"id": 1, "qty": 3}),
+    )
+    changes = table_changes(TableCodec(SCHEMA), rows)
+    got = changes.changelog.to_pylist()
+    assert [(r["_change_type"], r["id"], r["qty"], r["_offset"]) for r in got] == [
+        ("insert", 1, 2, 10), ("update_preimage", 1, 2, 11), ("update_postimage", 1, 3, 11), ("delete", 1, 3, 12),
+    ]
+    assert got[0]["_commit_ts"] == TS and got[0]["_schema_version"] == 5 and got[0]["_topic"] == "t"
+    assert got[0]["_commit_time"] == dt.datetime.fromtimestamp((TS >> 18) / 1000, dt.UTC)
+    assert changes.key_columns == ("id",)
+    assert changes.changelog.schema.field("id").nullable is False
+
+
+def test_latest_per_key_keeps_the_last_change_and_never_a_preimage() -> None:
+    rows = _rows(
+        _raw(DMLType.INSERT, TS, data={"id": 1, "qty": 1}),
+        _raw(DMLType.INSERT, TS, data={"id": 2, "qty": 1}),
+        _raw(DMLType.UPDATE, TS + 5, data={"id": 1, "qty": 9}, old={"id": 1, "qty": 1}),
+        _raw(DMLType.DELETE, TS + 6, old={"id": 2, "qty": 1}),  # then re-inserted by a PK change:
+        _raw(DMLType.INSERT, TS + 6, data={"id": 2, "qty": 7}),
+    )
+    latest = latest_per_key(table_changes(TableCodec(SCHEMA), rows).changelog, ["id"])
+    got = sorted((r["id"], r["qty"], r["_change_type"]) for r in latest.to_pylist())
+    assert got == [(1, 9, "update_postimage"), (2, 7, "insert")]
+
+
+def test_bad_value_is_reported_with_the_records_location() -> None:
+    good = _raw(DMLType.INSERT, TS, data={"id": 1, "qty": 2})
+    bad = RawDML(**{**{f: getattr(good, f) for f in good.__struct_fields__},
+                    "payload": good.payload.replace(b'"qty":"2"', b'"qty":"two"')})
+    try:
+        table_changes(TableCodec(SCHEMA), _rows(good, bad))
+    except ValueDecodeError as exc:
+        assert exc.location == RecordLocation("t", 1, 11) and exc.column == "qty"
+    else:
+        raise AssertionError("expected a ValueDecodeError")
