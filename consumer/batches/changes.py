@@ -1,0 +1,148 @@
+"""Resolved rows of one table -> typed Arrow change tables (Delta change-data-feed convention).
+
+Every changelog row is one image: INSERT gives `insert`, DELETE gives `delete`, UPDATE gives
+`update_preimage` then `update_postimage`. Metadata columns say where the change came from, so
+duplicates are recognisable by (`_topic`, `_partition`, `_offset`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from consumer.errors import RecordLocation, ValueDecodeError
+from consumer.protocol.model import DMLType, RawDML, TableSchema
+from consumer.protocol.rows import TableCodec
+
+TSO_PHYSICAL_SHIFT = 18  # a TSO is physical milliseconds << 18 | logical counter
+
+META_FIELDS: tuple[pa.Field, ...] = (
+    pa.field("_change_type", pa.string(), nullable=False),
+    pa.field("_commit_ts", pa.int64(), nullable=False),
+    pa.field("_commit_time", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field("_schema_version", pa.int64(), nullable=False),
+    pa.field("_topic", pa.string(), nullable=False),
+    pa.field("_partition", pa.int32(), nullable=False),
+    pa.field("_offset", pa.int64(), nullable=False),
+)
+META_COLUMNS = tuple(f.name for f in META_FIELDS)
+
+
+@dataclass(frozen=True)
+class TableChanges:
+    """One resolved batch of one table, typed: the changelog rows and where each came from."""
+
+    schema: TableSchema
+    changelog: pa.Table
+
+    @property
+    def database(self) -> str:
+        return self.schema.database
+
+    @property
+    def table(self) -> str:
+        return self.schema.table
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        """The primary key, else the first NOT NULL unique index; () means changelog only."""
+        return self.schema.handle_key()
+
+
+def typed_rows(changes: TableChanges, codec: TableCodec) -> list[dict[str, Any]]:
+    """The changelog as Python rows with each column's typed values (e.g. JSON parsed, not text)."""
+    table = changes.changelog
+    columns = {c.name: c.to_python(table.column(c.name).combine_chunks()) for c in codec.columns}
+    columns |= {name: table.column(name).to_pylist() for name in META_COLUMNS}
+    names = list(columns)
+    return [dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+
+
+def changelog_schema(codec: TableCodec) -> pa.Schema:
+    return pa.schema([*codec.arrow_schema, *META_FIELDS])
+
+
+def table_changes(codec: TableCodec, rows: Sequence[tuple[RawDML, RecordLocation]]) -> TableChanges:
+    """Decode a resolved batch of one table version. A bad value raises with the record's location."""
+    raws = [raw for raw, _ in rows]
+    try:
+        images = codec.decode_batch(raws)
+    except ValueDecodeError as exc:
+        if exc.row is not None:
+            exc.with_location(rows[exc.row][1])
+        raise
+    pick_old: list[int] = []
+    pick_from: list[int] = []  # index into concat(old, data)
+    count = len(raws)
+    for row, raw in enumerate(raws):
+        if raw.type is DMLType.UPDATE:
+            pick_from.extend((row, count + row))
+            pick_old.extend((row, row))
+        elif raw.type is DMLType.INSERT:
+            pick_from.append(count + row)
+            pick_old.append(row)
+        else:
+            pick_from.append(row)
+            pick_old.append(row)
+    both = pa.concat_tables([pa.Table.from_batches([images.old]), pa.Table.from_batches([images.data])])
+    user = both.take(pa.array(pick_from, pa.int64()))
+    meta = _metadata(rows, pick_old, pick_from, count)
+    schema = changelog_schema(codec)
+    return TableChanges(codec.schema, pa.Table.from_arrays([*user.columns, *meta], schema=schema))
+
+
+def _metadata(
+    rows: Sequence[tuple[RawDML, RecordLocation]], source_row: list[int], pick_from: list[int], count: int
+) -> list[pa.Array]:
+    kinds, commit_ts, versions, topics, partitions, offsets = [], [], [], [], [], []
+    for source, picked in zip(source_row, pick_from, strict=True):
+        raw, location = rows[source]
+        kinds.append(_change_type(raw.type, is_old=picked < count))
+        commit_ts.append(raw.commit_ts)
+        versions.append(raw.schema_version)
+        topics.append(location.topic)
+        partitions.append(location.partition)
+        offsets.append(location.offset)
+    ts = pa.array(commit_ts, pa.int64())
+    physical_ms = pc.shift_right(ts, TSO_PHYSICAL_SHIFT)
+    commit_time = pc.cast(pc.cast(physical_ms, pa.timestamp("ms", tz="UTC")), pa.timestamp("us", tz="UTC"))
+    return [
+        pa.array(kinds, pa.string()),
+        ts,
+        commit_time,
+        pa.array(versions, pa.int64()),
+        pa.array(topics, pa.string()),
+        pa.array(partitions, pa.int32()),
+        pa.array(offsets, pa.int64()),
+    ]
+
+
+def _change_type(kind: DMLType, *, is_old: bool) -> str:
+    if kind is DMLType.UPDATE:
+        return "update_preimage" if is_old else "update_postimage"
+    return "insert" if kind is DMLType.INSERT else "delete"
+
+
+def latest_per_key(changelog: pa.Table, key_columns: Sequence[str]) -> pa.Table:
+    """Each key's last change in the batch by (commit_ts, partition, offset); preimages never win.
+
+    The result is what a mirror MERGE needs: one source row per key (delta-rs rejects duplicates), with
+    `_change_type` telling upsert from delete.
+    """
+    images = changelog.filter(pc.not_equal(changelog["_change_type"], "update_preimage"))
+    order = pc.sort_indices(
+        images,
+        [
+            ("_commit_ts", "ascending"),
+            ("_partition", "ascending"),
+            ("_offset", "ascending"),
+            ("_change_type", "descending"),
+        ],
+    )
+    ordered = images.take(order).append_column("_position", pa.array(range(images.num_rows), pa.int64()))
+    last = ordered.group_by(list(key_columns), use_threads=False).aggregate([("_position", "max")])
+    return ordered.take(last["_position_max"]).drop_columns(["_position"])
