@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ class WorkloadConfig:
     watermark_every_txns: int = 50
     ddl: bool = True  # ALTER ADD/DROP COLUMN, CREATE INDEX, TRUNCATE, RENAME, DROP TABLE along the way
     max_txn_rows: int = 4
-    start_physical_ms: int = 1_763_800_000_000
+    start_physical_ms: int | None = None  # the TSO clock's start; default: now
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Workload:
     def __init__(self, config: WorkloadConfig) -> None:
         self.config = config
         self.rng = random.Random(config.seed)
-        self._physical_ms = config.start_physical_ms
+        self._physical_ms = config.start_physical_ms or int(time.time() * 1000)
         self._logical = 0
         self.tables: list[_Table] = []
         self.last_watermark = 0
@@ -100,6 +101,7 @@ class Workload:
             txns += 1
             if txns % self.config.watermark_every_txns == 0:
                 yield from self._watermark()
+        yield from self._closing_bootstraps()
         yield from self._watermark()
 
     def ground_truth(self) -> dict[str, Any]:
@@ -118,8 +120,9 @@ class Workload:
     # -- clock ---------------------------------------------------------------------------------------
     def _tso(self) -> int:
         """A strictly increasing TSO: physical milliseconds << 18 | logical counter."""
-        self._physical_ms += self.rng.randint(0, 3)
-        self._logical = self._logical + 1 if self.rng.random() < 0.5 else 0
+        advance = self.rng.randint(0, 3)
+        self._physical_ms += advance
+        self._logical = 0 if advance else self._logical + 1
         return (self._physical_ms << _TSO_LOGICAL_BITS) | self._logical
 
     @property
@@ -147,9 +150,12 @@ class Workload:
         commit_ts = self._tso()
         size = min(budget, self.rng.randint(1, self.config.max_txn_rows))
         changes: list[tuple[_Table, DML]] = []
+        touched: set[tuple[int, int]] = set()  # TiDB emits one final change per row per transaction
         for _ in range(size):
             table = self.rng.choice(live)
-            changes.extend((table, dml) for dml in self._change(table, commit_ts))
+            for dml in self._change(table, commit_ts, touched):
+                touched.add((id(table), (dml.data or dml.old or {})["id"]))
+                changes.append((table, dml))
         # TiCDC emits a transaction's split DELETEs before its INSERTs (spec §3.3)
         changes.sort(key=lambda pair: pair[1].type != DMLType.DELETE)
         for table, dml in changes:
@@ -157,11 +163,12 @@ class Workload:
             table.rows_since_bootstrap += 1
             yield StreamRecord(self._partition(table, dml), dml, table.schema)
 
-    def _change(self, table: _Table, commit_ts: int) -> list[DML]:
+    def _change(self, table: _Table, commit_ts: int, touched: set[tuple[int, int]]) -> list[DML]:
         roll = self.rng.random()
-        if not table.rows or roll < 0.5:
+        untouched = [k for k in table.rows if (id(table), k) not in touched] if roll >= 0.5 else []
+        if not untouched:
             return [self._insert(table, commit_ts)]
-        key = self.rng.choice(list(table.rows))
+        key = self.rng.choice(untouched)
         if roll < 0.8:
             return [self._update(table, key, commit_ts)]
         if roll < 0.92:
@@ -224,6 +231,14 @@ class Workload:
     def _watermark(self) -> Iterator[StreamRecord]:
         self.last_watermark = self._tso()
         yield from self._broadcast(Watermark(commit_ts=self.last_watermark, build_ts=self._now_ms))
+
+    def _closing_bootstraps(self) -> Iterator[StreamRecord]:
+        """TiCDC keeps re-sending BOOTSTRAPs on its timer after the last row: a consumer that joined late
+        (or took over a partition in a rebalance) learns every live table's schema from these."""
+        for table in self.tables:
+            if not table.dropped:
+                table.last_bootstrap_ms = 0
+                yield from self._bootstrap_due(table)
 
     def _bootstrap_due(self, table: _Table) -> Iterator[StreamRecord]:
         first = table.last_bootstrap_ms == 0
@@ -387,10 +402,8 @@ def _random_value(column: Column, rng: random.Random) -> Any:
     if kind == "double":
         return rng.uniform(-1e12, 1e12)
     if kind == "decimal":
-        digits = data_type.length - data_type.decimal
-        return Decimal(
-            rng.randint(-(10 ** (digits + data_type.decimal)) + 1, 10 ** (digits + data_type.decimal) - 1)
-        ).scaleb(-data_type.decimal)
+        limit = 10**data_type.length - 1
+        return Decimal(f"{rng.randint(-limit, limit)}e-{data_type.decimal}")  # exact: no context rounding
     if kind in ("char", "varchar", "text"):
         limit = min(data_type.length, 24)
         return "".join(rng.choice("abcdefghijklmnop Zoë😀<&>") for _ in range(rng.randint(0, limit)))[:limit]
