@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,10 @@ from typing import Any
 import click
 import msgspec
 
+from consumer import app
+from consumer.config import ConfigError, load_config
 from consumer.errors import ConsumerError
+from consumer.progress import ProgressReporter
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DDL, Bootstrap, RawDML, TableSchema, Watermark
 from consumer.protocol.rows import TableCodec
@@ -153,6 +157,43 @@ def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | No
     write_ground_truth(workload, truth_path)
     kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(report.by_kind.items()))
     click.echo(f"produced {report.records} records to {out or topic} ({kinds}); ground truth in {truth_path}")
+
+
+@main.command("run")
+@click.option("--source", "source_url", help="kafka://HOST:PORT/TOPIC[,TOPIC...] or file:PATH.jsonl")
+@click.option("--group", help="consumer group id")
+@click.option("--sink", "sink_url", help="delta:ROOT, parquet:ROOT or jsonl:ROOT")
+@click.option("--mode", type=click.Choice(["changelog", "mirror", "both"]))
+@click.option("--encoding", type=_ENCODINGS)
+@click.option("--compression", type=_COMPRESSIONS)
+@click.option("--until-idle", type=float, help="stop cleanly once no record arrived for this many seconds")
+@click.option("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def run_command(config_path: Path | None, until_idle: float | None, **flags: Any) -> None:
+    """Consume a topic (or a capture file) into lakehouse tables."""
+    overrides = {
+        "source": {"url": flags["source_url"], "group": flags["group"]},
+        "sink": {"url": flags["sink_url"], "mode": flags["mode"]},
+        "decode": {"encoding": flags["encoding"], "compression": flags["compression"]},
+        "metrics": {"port": flags["metrics_port"]},
+    }
+    try:
+        config = load_config(config_path, overrides=overrides)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    reporter = ProgressReporter(metrics_port=config.metrics.port)
+    try:
+        stats = app.run(config, until_idle=until_idle, on_cycle=reporter)
+    except ConsumerError as exc:
+        click.echo(f"stopped: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    finally:
+        reporter.close()
+    click.echo(
+        f"{stats.records} records, {stats.rows} changelog rows, {stats.ddls} DDLs, "
+        f"{stats.dead_letters} dead letters"
+    )
 
 
 if __name__ == "__main__":

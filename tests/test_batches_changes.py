@@ -11,16 +11,31 @@ from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDM
 from consumer.protocol.rows import TableCodec
 
 SCHEMA = TableSchema(
-    database="shop", table="orders", table_id=1, version=5,
-    columns=(Column("id", DataType("bigint", length=20), nullable=False), Column("qty", DataType("int", length=11))),
+    database="shop",
+    table="orders",
+    table_id=1,
+    version=5,
+    columns=(
+        Column("id", DataType("bigint", length=20), nullable=False),
+        Column("qty", DataType("int", length=11)),
+    ),
     indexes=(Index("primary", True, True, False, ("id",)),),
 )
 TS = 449512873440575500  # physical part: 1714751473 s
 
 
 def _raw(kind: DMLType, commit_ts: int, data: dict | None = None, old: dict | None = None) -> RawDML:
-    dml = DML(type=kind, database="shop", table="orders", table_id=1, commit_ts=commit_ts, build_ts=0,
-              schema_version=5, data=data, old=old)
+    dml = DML(
+        type=kind,
+        database="shop",
+        table="orders",
+        table_id=1,
+        commit_ts=commit_ts,
+        build_ts=0,
+        schema_version=5,
+        data=data,
+        old=old,
+    )
     raw = MessageDecoder().decode(MessageEncoder().encode(dml, SCHEMA))
     assert isinstance(raw, RawDML)
     return raw
@@ -39,7 +54,10 @@ def test_changelog_has_one_row_per_image_with_metadata() -> None:
     changes = table_changes(TableCodec(SCHEMA), rows)
     got = changes.changelog.to_pylist()
     assert [(r["_change_type"], r["id"], r["qty"], r["_offset"]) for r in got] == [
-        ("insert", 1, 2, 10), ("update_preimage", 1, 2, 11), ("update_postimage", 1, 3, 11), ("delete", 1, 3, 12),
+        ("insert", 1, 2, 10),
+        ("update_preimage", 1, 2, 11),
+        ("update_postimage", 1, 3, 11),
+        ("delete", 1, 3, 12),
     ]
     assert got[0]["_commit_ts"] == TS and got[0]["_schema_version"] == 5 and got[0]["_topic"] == "t"
     assert got[0]["_commit_time"] == dt.datetime.fromtimestamp((TS >> 18) / 1000, dt.UTC)
@@ -62,8 +80,12 @@ def test_latest_per_key_keeps_the_last_change_and_never_a_preimage() -> None:
 
 def test_bad_value_is_reported_with_the_records_location() -> None:
     good = _raw(DMLType.INSERT, TS, data={"id": 1, "qty": 2})
-    bad = RawDML(**{**{f: getattr(good, f) for f in good.__struct_fields__},
-                    "payload": good.payload.replace(b'"qty":"2"', b'"qty":"two"')})
+    bad = RawDML(
+        **{
+            **{f: getattr(good, f) for f in good.__struct_fields__},
+            "payload": good.payload.replace(b'"qty":"2"', b'"qty":"two"'),
+        }
+    )
     try:
         table_changes(TableCodec(SCHEMA), _rows(good, bad))
     except ValueDecodeError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,7 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from consumer.protocol.codec import MessageEncoder
-from consumer.protocol.model import DML, Bootstrap
+from consumer.protocol.model import DML, Bootstrap, Watermark
 from consumer.render import row_object
 from consumer.simulate.workload import StreamRecord, Workload
 from consumer.sources.capture import write_capture
@@ -144,3 +145,40 @@ def write_ground_truth(workload: Workload, path: Path) -> dict[str, Any]:
     }
     path.write_text(json.dumps(rendered, indent=1, ensure_ascii=False))
     return rendered
+
+
+class WatermarkHeartbeat:
+    """Re-broadcasts the last WATERMARK every `interval` seconds, as TiCDC's checkpoint ticker does when the
+    upstream is idle. Without it, a consumer that takes over a partition at its end never sees a watermark
+    there. Use as a context manager around the consumers."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        encoder: MessageEncoder,
+        bootstrap_servers: str,
+        topic: str,
+        interval: float = 0.5,
+    ) -> None:
+        self._value = encoder.encode(Watermark(commit_ts=workload.last_watermark, build_ts=0))
+        self._partitions = workload.config.partitions
+        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 0})
+        self._topic = topic
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="watermark-heartbeat", daemon=True)
+
+    def __enter__(self) -> WatermarkHeartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._producer.flush(10)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._interval):
+            for partition in range(self._partitions):
+                self._producer.produce(self._topic, value=self._value, partition=partition)
+            self._producer.flush(5)

@@ -1,0 +1,92 @@
+"""Builds a running consumer from a `RunConfig`: sinks, dead letters, state, pipeline and source."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from consumer.config import RunConfig, file_source_path, kafka_source_parts
+from consumer.pipeline import Pipeline, PipelineStats
+from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.types import ValuePolicy
+from consumer.sinks.base import Sink
+from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterSink, DeadLetterTopic
+from consumer.sources.base import Source
+from consumer.sources.files import FileSource
+from consumer.sources.kafka import KafkaSource
+from consumer.state.machine import ConsumerState
+
+log = logging.getLogger(__name__)
+
+
+def build_sinks(config: RunConfig, spark: Any = None) -> list[Sink]:
+    kind, _, root = config.sink.url.partition(":")
+    if kind == "delta":
+        from consumer.sinks.delta import DeltaSink
+
+        return [DeltaSink(root, mode=config.sink.mode)]
+    if kind == "parquet":
+        from consumer.sinks.parquet import ParquetSink
+        from consumer.spark.session import spark_session
+
+        return [ParquetSink(root, spark or spark_session())]
+    from consumer.sinks.jsonl import JsonLinesSink
+
+    return [JsonLinesSink(root)]
+
+
+def build_dead_letters(config: RunConfig) -> DeadLetterSink:
+    target = (
+        config.errors.dead_letter or f"file:{Path(config.sink.url.partition(':')[2]) / '_dead_letters.jsonl'}"
+    )
+    if target.startswith("kafka://"):
+        servers, topics = kafka_source_parts(target)
+        return DeadLetterTopic(servers, topics[0], config.source.kafka)
+    return DeadLetterFile(target.partition(":")[2])
+
+
+def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeline:
+    policy = ValuePolicy(unrepresentable=config.decode.unrepresentable)
+    state = ConsumerState(
+        policy=config.errors.policy,
+        budget_bytes=config.budget.pending_bytes,
+        pending_timeout=config.budget.pending_timeout_s,
+    )
+    return Pipeline(
+        group=config.source.group,
+        state=state,
+        sinks=sinks if sinks is not None else build_sinks(config),
+        dead_letters=build_dead_letters(config),
+        decoder=MessageDecoder(config.decode.encoding, config.decode.compression),
+        policy=policy,
+        max_batch_records=config.budget.max_batch_records,
+    )
+
+
+def build_source(config: RunConfig, pipeline: Pipeline) -> Source:
+    url = config.source.url
+    if url.startswith("file:"):
+        return FileSource(file_source_path(url), on_assign=pipeline.on_assign)
+    servers, topics = kafka_source_parts(url)
+    return KafkaSource(
+        servers,
+        topics,
+        config.source.group,
+        config=config.source.kafka,
+        on_assign=pipeline.on_assign,
+        on_revoke=pipeline.on_revoke,
+    )
+
+
+def run(config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = None) -> PipelineStats:
+    """Run the configured consumer; returns its totals once stopped (idle, end of file, or Ctrl-C)."""
+    pipeline = build_pipeline(config)
+    source = build_source(config, pipeline)
+    try:
+        return pipeline.run(source, until_idle=until_idle, on_cycle=on_cycle)
+    finally:
+        source.close()
+        for sink in pipeline.sinks:
+            sink.close()
+        pipeline.dead_letters.close()

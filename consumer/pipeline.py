@@ -1,0 +1,260 @@
+"""The consumer loop: source -> decoder -> state machine -> typed batches -> sinks -> offset commits.
+
+Offsets flow back only as confirmations: a unit is confirmed to the state machine after every sink has
+durably applied it, and Kafka is only ever committed to `ConsumerState.committable()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from consumer.batches.changes import TableChanges, table_changes
+from consumer.errors import ConsumerError, ValueDecodeError
+from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.model import Watermark
+from consumer.protocol.rows import TableCodec
+from consumer.protocol.types import ValuePolicy
+from consumer.sinks.base import CommitContext, DDLEvent, Sink, TopicPartition
+from consumer.sinks.dead_letter import DeadLetterSink
+from consumer.sources.base import Source
+from consumer.sources.errors import SourceError
+from consumer.sources.record import SourceRecord
+from consumer.state.machine import ConsumerState
+from consumer.state.schema_cache import snapshot_schemas
+from consumer.state.units import DDLUnit, DeadLetter, RowBatch, Unit
+
+log = logging.getLogger(__name__)
+SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the sinks' records this often
+
+
+@dataclass
+class PipelineStats:
+    """Running totals, read by the progress display and the metrics endpoint."""
+
+    records: int = 0
+    rows: int = 0
+    ddls: int = 0
+    dead_letters: int = 0
+    commits: int = 0
+    failed_commits: int = 0
+    rows_by_table: dict[str, int] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+
+class Pipeline:
+    """Owns the loop. Build the source with `on_assign=pipeline.on_assign, on_revoke=pipeline.on_revoke`."""
+
+    def __init__(
+        self,
+        *,
+        group: str,
+        state: ConsumerState,
+        sinks: Sequence[Sink],
+        dead_letters: DeadLetterSink,
+        decoder: MessageDecoder | None = None,
+        policy: ValuePolicy | None = None,
+        max_batch_records: int = 20_000,
+        poll_timeout: float = 0.2,
+    ) -> None:
+        self.group = group
+        self.state = state
+        self.sinks = list(sinks)
+        self.dead_letters = dead_letters
+        self.decoder = decoder or MessageDecoder()
+        self.policy = policy or ValuePolicy()
+        self.max_batch_records = max_batch_records
+        self.poll_timeout = poll_timeout
+        self.stats = PipelineStats()
+        self._source: Source | None = None
+        self._codecs: dict[tuple[str, str, int], TableCodec] = {}
+        self._resume: dict[TopicPartition, int] = {}
+        self._paused: set[TopicPartition] = set()
+        self._schemas_refreshed = 0.0
+        self._last_change = time.monotonic()
+        self._learn_recorded_schemas()
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def run(
+        self,
+        source: Source,
+        *,
+        until_idle: float | None = None,
+        on_cycle: Callable[[Pipeline], None] | None = None,
+    ) -> PipelineStats:
+        """Consume until stopped (KeyboardInterrupt) or, with `until_idle`, until no change record arrived for
+        that many seconds (TiCDC keeps broadcasting WATERMARKs while the upstream is idle: those don't count);
+        everything resolved by then is applied and committed."""
+        self._source = source
+        self._last_change = time.monotonic()
+        try:
+            while True:
+                self.step(source.poll_batch(self.max_batch_records, self.poll_timeout))
+                if on_cycle:
+                    on_cycle(self)
+                if until_idle is not None and time.monotonic() - self._last_change >= until_idle:
+                    break
+        finally:
+            self._flush_and_commit()
+        return self.stats
+
+    def step(self, records: Sequence[SourceRecord]) -> None:
+        """One cycle: ingest, apply what resolved, commit, adjust backpressure."""
+        for record in records:
+            self._ingest(record)
+        if (
+            self.state.stats().held_rows
+            and time.monotonic() - self._schemas_refreshed > SCHEMA_REFRESH_SECONDS
+        ):
+            self._learn_recorded_schemas()
+        self._flush_and_commit()
+        self._backpressure()
+
+    # -- rebalance callbacks ---------------------------------------------------------------------------
+    def on_assign(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int] | None:
+        """A fresh assignment is a mid-stream join; resume from the sinks' records where they are ahead, and
+        learn the schemas the partitions' previous owner recorded (BOOTSTRAPs only announce the latest)."""
+        self.state.assign(partitions)
+        self._learn_recorded_schemas()
+        recorded = self._sink_resume_offsets()
+        committed = self._source.committed(partitions) if self._source else {}
+        starts = {}
+        for tp in partitions:
+            sink_offset = recorded.get(tp)
+            kafka_offset = committed.get(tp)
+            if sink_offset is not None and (kafka_offset is None or sink_offset > kafka_offset):
+                starts[tp] = sink_offset
+        if starts:
+            log.info("resuming %d partition(s) from sink-recorded offsets: %s", len(starts), starts)
+        return starts or None
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        """Flush and commit what can be, then drop the partitions' state (the next owner re-reads it)."""
+        self._flush_and_commit()
+        self.state.revoke(partitions)
+        for tp in partitions:
+            self._resume.pop(tp, None)
+            self._paused.discard(tp)
+
+    # -- stages ----------------------------------------------------------------------------------------
+    def _ingest(self, record: SourceRecord) -> None:
+        self.stats.records += 1
+        location = record.location
+        try:
+            message = self.decoder.decode(record.value)
+        except ConsumerError as exc:
+            self._last_change = time.monotonic()
+            self.state.process_failed(location, exc.with_location(location), record.value)
+            return
+        if not isinstance(message, Watermark):
+            self._last_change = time.monotonic()
+        self.state.process(location, message)
+
+    def _flush_and_commit(self) -> None:
+        units = self.state.resolve()
+        if units:
+            context = self._context()
+            for unit in units:
+                self._apply(unit, context)
+                self.state.confirm(unit)
+        self._commit()
+
+    def _apply(self, unit: Unit, context: CommitContext) -> None:
+        if isinstance(unit, RowBatch):
+            self._write_rows(unit, context)
+        elif isinstance(unit, DDLUnit):
+            schema = unit.ddl.table_schema
+            event = DDLEvent(unit.ddl, schema.database if schema else None, schema.table if schema else None)
+            for sink in self.sinks:
+                sink.apply_ddl(event, context)
+            self.stats.ddls += 1
+        else:
+            self._dead_letter(unit)
+
+    def _write_rows(self, unit: RowBatch, context: CommitContext) -> None:
+        rows = list(unit.rows)
+        codec = self._codec(unit)
+        while rows:
+            try:
+                changes = table_changes(codec, rows)
+            except ValueDecodeError as exc:
+                if self.state.policy == "fail" or exc.row is None:
+                    raise
+                bad_raw, bad_location = rows.pop(exc.row)
+                self._dead_letter(DeadLetter(bad_location, str(exc), bad_raw.payload))
+                continue
+            self._deliver(changes, context)
+            return
+
+    def _deliver(self, changes: TableChanges, context: CommitContext) -> None:
+        for sink in self.sinks:
+            sink.write(changes, context)
+        name = f"{changes.database}.{changes.table}"
+        self.stats.rows += changes.changelog.num_rows
+        self.stats.rows_by_table[name] = self.stats.rows_by_table.get(name, 0) + changes.changelog.num_rows
+
+    def _dead_letter(self, unit: DeadLetter) -> None:
+        self.dead_letters.write(unit)
+        self.stats.dead_letters += 1
+        log.warning("dead-lettered %s: %s", unit.location, unit.reason)
+
+    def _codec(self, unit: RowBatch) -> TableCodec:
+        codec = self._codecs.get(unit.schema.key)
+        if codec is None or codec.schema != unit.schema:
+            codec = self._codecs[unit.schema.key] = TableCodec(unit.schema, self.policy)
+        return codec
+
+    def _commit(self) -> None:
+        offsets = self.state.committable()
+        if not offsets or self._source is None:
+            return
+        try:
+            self._source.commit(offsets)
+        except SourceError as exc:
+            # e.g. a rebalance took the partitions away: the next owner re-reads from the last commit,
+            # so a failed commit can only cause redelivery (recognisable by offset), never loss
+            self.stats.failed_commits += 1
+            log.warning("offset commit failed, records after the last commit will be redelivered: %s", exc)
+            return
+        self._resume.update(offsets)
+        self.stats.commits += 1
+
+    def _backpressure(self) -> None:
+        if self._source is None:
+            return
+        wanted = self.state.paused()
+        if wanted - self._paused:
+            self._source.pause(wanted - self._paused)
+        if self._paused - wanted:
+            self._source.resume(self._paused - wanted)
+        self._paused = set(wanted)
+
+    # -- recorded progress -----------------------------------------------------------------------------
+    def _context(self) -> CommitContext:
+        """What the sinks record with this cycle's commits: the offsets of the last Kafka commit, which are
+        conservative (everything before them is durable); sinks skip replayed rows themselves."""
+        return CommitContext(
+            group=self.group,
+            resume_offsets=dict(self._resume),
+            resolved_ts=self.state.stats().global_watermark or 0,
+            schema_snapshot=self.state.schemas.snapshot(),
+        )
+
+    def _sink_resume_offsets(self) -> dict[TopicPartition, int]:
+        """A partition can resume from a sink-recorded offset only if every sink recorded one (the min)."""
+        if not self.sinks:
+            return {}
+        per_sink = [sink.recorded_offsets(self.group) for sink in self.sinks]
+        common = set(per_sink[0]).intersection(*per_sink[1:])
+        return {tp: min(offsets[tp] for offsets in per_sink) for tp in common}
+
+    def _learn_recorded_schemas(self) -> None:
+        """Schemas recorded with the sinks' commits: a restarted or rebalanced member need not wait for the
+        next BOOTSTRAP, and rows written at a version no BOOTSTRAP will announce again still decode."""
+        self._schemas_refreshed = time.monotonic()
+        for sink in self.sinks:
+            snapshot = sink.recorded_schema_snapshot()
+            if snapshot:
+                self.state.learn_schemas(snapshot_schemas(snapshot))

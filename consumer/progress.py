@@ -1,0 +1,126 @@
+"""What a running consumer shows: a live table on a terminal, structured log lines otherwise, and an
+optional Prometheus endpoint. Called once per pipeline cycle; throttled to about once a second."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from consumer.batches.changes import TSO_PHYSICAL_SHIFT
+
+if TYPE_CHECKING:
+    from consumer.pipeline import Pipeline
+
+log = logging.getLogger("consumer.progress")
+
+
+def watermark_lag_seconds(watermark: int | None, now: float | None = None) -> float | None:
+    if not watermark:
+        return None
+    return max(0.0, (now or time.time()) - (watermark >> TSO_PHYSICAL_SHIFT) / 1000)
+
+
+class _Metrics:
+    def __init__(self, port: int) -> None:
+        self.registry = CollectorRegistry()
+        self.rows = Counter("ticdc_rows", "Changelog rows written", ["table"], registry=self.registry)
+        self.records = Counter("ticdc_records", "Kafka records consumed", registry=self.registry)
+        self.dead_letters = Counter(
+            "ticdc_dead_letters", "Records sent to dead letters", registry=self.registry
+        )
+        self.held = Gauge("ticdc_held_rows", "DMLs waiting for their schema", registry=self.registry)
+        self.watermark = Gauge("ticdc_global_watermark", "Global watermark (TSO)", registry=self.registry)
+        self.lag = Gauge(
+            "ticdc_watermark_lag_seconds", "Now minus the watermark's time", registry=self.registry
+        )
+        start_http_server(port, registry=self.registry)
+        self._seen: dict[str, int] = {}
+
+    def update(self, pipeline: Pipeline) -> None:
+        stats, state = pipeline.stats, pipeline.state.stats()
+        for table, rows in stats.rows_by_table.items():
+            self.rows.labels(table).inc(rows - self._seen.get(table, 0))
+            self._seen[table] = rows
+        self.records.inc(stats.records - self._seen.get("\0records", 0))
+        self._seen["\0records"] = stats.records
+        self.dead_letters.inc(stats.dead_letters - self._seen.get("\0dead", 0))
+        self._seen["\0dead"] = stats.dead_letters
+        self.held.set(state.held_rows)
+        self.watermark.set(state.global_watermark or 0)
+        self.lag.set(watermark_lag_seconds(state.global_watermark) or 0)
+
+
+class ProgressReporter:
+    """Pass as `on_cycle`; call `close()` when the run ends."""
+
+    def __init__(self, *, interactive: bool | None = None, metrics_port: int = 0, every: float = 1.0) -> None:
+        self.interactive = sys.stderr.isatty() if interactive is None else interactive
+        self.every = every
+        self.metrics = _Metrics(metrics_port) if metrics_port else None
+        self._live = Live(console=Console(stderr=True), auto_refresh=False) if self.interactive else None
+        if self._live:
+            self._live.start()
+        self._last = 0.0
+        self._last_rows: dict[str, int] = {}
+
+    def __call__(self, pipeline: Pipeline) -> None:
+        now = time.monotonic()
+        if now - self._last < self.every:
+            return
+        elapsed, self._last = now - self._last if self._last else now - pipeline.stats.started, now
+        if self.metrics:
+            self.metrics.update(pipeline)
+        rates = {
+            t: (n - self._last_rows.get(t, 0)) / elapsed for t, n in pipeline.stats.rows_by_table.items()
+        }
+        self._last_rows = dict(pipeline.stats.rows_by_table)
+        if self._live:
+            self._live.update(self._table(pipeline, rates), refresh=True)
+        else:
+            log.info(json.dumps(self._summary(pipeline, rates)))
+
+    def close(self) -> None:
+        if self._live:
+            self._live.stop()
+
+    @staticmethod
+    def _summary(pipeline: Pipeline, rates: dict[str, float]) -> dict[str, object]:
+        state = pipeline.state.stats()
+        return {
+            "records": pipeline.stats.records,
+            "rows": pipeline.stats.rows,
+            "rows_per_s": {t: round(r) for t, r in rates.items()},
+            "global_watermark": state.global_watermark,
+            "watermark_lag_s": watermark_lag_seconds(state.global_watermark),
+            "held_rows": state.held_rows,
+            "waiting_rows": state.waiting_rows,
+            "dead_letters": pipeline.stats.dead_letters,
+        }
+
+    def _table(self, pipeline: Pipeline, rates: dict[str, float]) -> Table:
+        summary = self._summary(pipeline, rates)
+        lag = summary["watermark_lag_s"]
+        table = Table(
+            title=f"watermark {summary['global_watermark']} (lag {lag:.1f} s)"
+            if lag is not None
+            else "waiting for a watermark on every partition"
+        )
+        table.add_column("table")
+        table.add_column("rows", justify="right")
+        table.add_column("rows/s", justify="right")
+        for name, rows in sorted(pipeline.stats.rows_by_table.items()):
+            table.add_row(name, f"{rows:,}", f"{rates.get(name, 0):,.0f}")
+        table.caption = (
+            f"{summary['records']:,} records, {summary['held_rows']:,} held for a schema, "
+            f"{summary['waiting_rows']:,} waiting for the watermark, "
+            f"{summary['dead_letters']} dead letters"
+        )
+        return table

@@ -1,0 +1,56 @@
+"""The one small interface every sink implements, and what the pipeline tells it with each write.
+
+A sink's `write`/`apply_ddl` must be durable when they return: the pipeline then confirms the unit to the
+state machine, and only confirmed records' offsets are ever committed to Kafka.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from consumer.batches.changes import TableChanges
+from consumer.protocol.model import DDL
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class CommitContext:
+    """Recorded with every sink commit, so the output itself says how far it is consistent.
+
+    `resume_offsets`: per (topic, partition), an offset from which re-reading loses nothing (everything
+    before it is durably applied everywhere). `resolved_ts`: the global watermark the commit is consistent
+    at. `schema_snapshot`: the schema cache, so a restarted consumer need not wait for a BOOTSTRAP.
+    """
+
+    group: str
+    resume_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    resolved_ts: int = 0
+    schema_snapshot: bytes = b""
+
+
+@dataclass(frozen=True)
+class DDLEvent:
+    """A DDL as the sinks see it: the typed DDL plus the name of the table it acted on, if any."""
+
+    ddl: DDL
+    database: str | None
+    table: str | None
+
+
+class Sink(Protocol):
+    def write(self, changes: TableChanges, context: CommitContext) -> None:
+        """Durably apply one resolved batch of one table. Must be idempotent for replayed rows:
+        rows already applied (same table, topic, partition, offset) are skipped."""
+
+    def apply_ddl(self, event: DDLEvent, context: CommitContext) -> None:
+        """Durably apply a DDL barrier (schema evolution, truncate, drop, rename) and log it."""
+
+    def recorded_offsets(self, group: str) -> dict[TopicPartition, int]:
+        """The resume offsets this sink recorded for the group (where to restart after a crash)."""
+
+    def recorded_schema_snapshot(self) -> bytes | None:
+        """The newest schema-cache snapshot recorded with a commit, if any."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,74 @@
+"""Where records the error policy sets aside go: a JSON-lines file or a Kafka topic. Never dropped."""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+from confluent_kafka import Producer
+
+from consumer.errors import SinkError
+from consumer.state.units import DeadLetter
+
+
+class DeadLetterSink(Protocol):
+    def write(self, letter: DeadLetter) -> None:
+        """Durable when it returns: only then is the record's offset committable."""
+
+    def close(self) -> None: ...
+
+
+class _Letter(msgspec.Struct):
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    value: str | None  # standard base64 of the raw record value
+
+
+class DeadLetterFile:
+    """Appends one JSON line per letter and fsyncs it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("ab")
+        self._encoder = msgspec.json.Encoder()
+
+    def write(self, letter: DeadLetter) -> None:
+        value = None if letter.value is None else base64.b64encode(letter.value).decode("ascii")
+        where = letter.location
+        line = _Letter(where.topic, where.partition, where.offset, letter.reason, value)
+        self._file.write(self._encoder.encode(line) + b"\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class DeadLetterTopic:
+    """Produces the raw value to a Kafka topic with the reason and origin in headers; waits for the ack."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, config: dict[str, Any] | None = None) -> None:
+        self.topic = topic
+        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "acks": "all", **(config or {})})
+
+    def write(self, letter: DeadLetter) -> None:
+        errors: list[str] = []
+        where = letter.location
+        headers = {"ticdc.reason": letter.reason.encode(), "ticdc.source": str(where).encode()}
+        self._producer.produce(
+            self.topic,
+            value=letter.value,
+            headers=headers,
+            on_delivery=lambda err, _msg: errors.append(str(err)) if err else None,
+        )
+        if self._producer.flush(30) or errors:
+            raise SinkError(f"dead letter for {where} not acknowledged: {errors or 'timeout'}")
+
+    def close(self) -> None:
+        self._producer.flush(30)

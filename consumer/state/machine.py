@@ -1,0 +1,271 @@
+"""`ConsumerState`: decoded records in, ordered units out, and the offsets that are safe to commit.
+
+A driver loop looks like::
+
+    state.assign(partitions)                       # from the source's rebalance callback
+    state.process(record.location, message)        # or process_failed(...) when decoding failed
+    for unit in state.resolve():
+        sink.apply(unit)
+        state.confirm(unit)                        # once durable
+    source.commit(state.committable())
+    source.pause(state.paused())                   # and resume the rest
+
+Delivery is at least once: offsets never move past a record whose effect is not durable, so a crash or
+a rebalance redelivers it. Within one assignment of a partition, a record is emitted at most once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from consumer.errors import ConsumerError, RecordLocation, SchemaNotFoundError
+from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, RawDML, TableSchema, Watermark
+from consumer.state.offsets import PartitionOffsets
+from consumer.state.pending import (
+    DEFAULT_BUDGET_BYTES,
+    DEFAULT_TIMEOUT_S,
+    PAUSE_AT,
+    PendingBuffer,
+    missing_schema_reason,
+)
+from consumer.state.resolver import Resolver
+from consumer.state.schema_cache import SchemaCache
+from consumer.state.units import DDLUnit, DeadLetter, RowBatch, TopicPartition, Unit, topic_partition
+from consumer.state.watermarks import PartitionWatermarks
+
+ErrorPolicy = Literal["dead-letter", "fail"]
+
+
+@dataclass(frozen=True, slots=True)
+class StateStats:
+    held_rows: int  # waiting for a schema
+    held_bytes: int
+    oldest_held_age: float  # seconds; 0.0 when nothing is held
+    waiting_rows: int  # schema known, waiting for the watermark or a barrier
+    waiting_bytes: int
+    pending_ddls: int
+    in_flight_units: int  # handed out, not confirmed
+    cached_schemas: int
+    global_watermark: int | None
+    paused_partitions: int
+
+
+@dataclass(slots=True, eq=False)
+class _Partition:
+    offsets: PartitionOffsets
+    reported: int | None = None  # last offset `committable` returned
+
+
+class ConsumerState:
+    """The consumer state machine over every partition this consumer owns.
+
+    `budget_bytes` bounds, separately, rows waiting for a schema and rows waiting for the watermark;
+    reaching it pauses partitions (see `paused`), it never drops a row. `policy` decides what happens to
+    undecodable records and to rows whose schema does not arrive within `pending_timeout` seconds:
+    "dead-letter" hands them out as `DeadLetter` units, "fail" raises.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: ErrorPolicy = "dead-letter",
+        budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        pending_timeout: float = DEFAULT_TIMEOUT_S,
+        schemas: SchemaCache | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self.budget_bytes = budget_bytes
+        self.schemas = schemas if schemas is not None else SchemaCache()
+        self._pending = PendingBuffer(budget_bytes=budget_bytes, timeout=pending_timeout, clock=clock)
+        self._resolver = Resolver(self._pending)
+        self._watermarks = PartitionWatermarks()
+        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._failed: list[DeadLetter] = []
+        # Units handed out and not confirmed: the offsets each one applies, per partition. Revoking a
+        # partition removes its entry, so a late confirm cannot touch a later assignment of it.
+        self._claims: dict[Unit, dict[TopicPartition, list[int]]] = {}
+
+    # -- assignment --------------------------------------------------------------------------------
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Start owning `partitions`, from scratch: the first record seen on each is a mid-stream join."""
+        for tp in partitions:
+            if tp not in self._partitions:
+                self._partitions[tp] = _Partition(PartitionOffsets())
+                self._watermarks.assign(tp)
+
+    def revoke(self, partitions: Iterable[TopicPartition]) -> None:
+        """Stop owning `partitions` and forget their unapplied records: Kafka redelivers them to the next
+        owner from the committed offset. Units already handed out stay valid for other partitions."""
+        for tp in partitions:
+            if self._partitions.pop(tp, None) is None:
+                continue
+            self._watermarks.revoke(tp)
+            for row in self._pending.drop_partition(tp):
+                self.schemas.unpin(row.dml.schema_key)
+            for dml in self._resolver.revoke(tp):
+                self.schemas.unpin(dml.schema_key)
+            for unit, claim in self._claims.items():
+                offsets = claim.pop(tp, None)
+                if offsets and isinstance(unit, RowBatch):
+                    self.schemas.unpin(unit.schema.key, len(offsets))
+            self._failed = [dead for dead in self._failed if topic_partition(dead.location) != tp]
+
+    # -- input ---------------------------------------------------------------------------------------
+    def process(self, location: RecordLocation, message: DecodedMessage) -> None:
+        """Take one decoded record; records already seen on this assignment are ignored."""
+        tp = topic_partition(location)
+        offsets = self._owned(tp, location).offsets
+        if not offsets.admit(location.offset):
+            return
+        if isinstance(message, RawDML):
+            offsets.hold(location.offset)
+            self._add_row(message, location)
+        elif isinstance(message, Watermark):
+            self._watermarks.advance(tp, message.commit_ts)
+        elif isinstance(message, Bootstrap):
+            self._learn(message.table_schema)
+        elif isinstance(message, DDL):
+            self._learn(message.table_schema)
+            self._learn(message.pre_table_schema)
+            self._add_ddl(message, location, offsets)
+        else:
+            raise TypeError(f"{location}: not a decoded message: {type(message).__name__}")
+
+    def learn_schemas(self, schemas: Iterable[TableSchema]) -> None:
+        """Schemas known from outside the stream, such as a sink's recorded snapshot written by whichever
+        group member owned a partition before: rows held for them are released like on a BOOTSTRAP."""
+        for schema in schemas:
+            self._learn(schema)
+
+    def process_failed(self, location: RecordLocation, error: ConsumerError, value: bytes | None) -> None:
+        """Take a record that failed to decode: a `DeadLetter`, or `error` raised under policy "fail"."""
+        offsets = self._owned(topic_partition(location), location).offsets
+        if not offsets.admit(location.offset):
+            return
+        if self.policy == "fail":
+            raise error.with_location(location)
+        offsets.hold(location.offset)
+        self._failed.append(DeadLetter(location, f"{type(error).__name__}: {error.reason}", value))
+
+    # -- output --------------------------------------------------------------------------------------
+    def resolve(self) -> list[Unit]:
+        """Every unit ready now, in the order a sink must apply them (dead letters first, unordered)."""
+        units: list[Unit] = [*self._expire(), *self._failed]
+        self._failed = []
+        units += self._resolver.resolve(self._watermarks.global_watermark())
+        for unit in units:
+            self._claims[unit] = _claim(unit)
+        return units
+
+    def confirm(self, unit: Unit) -> None:
+        """The sink durably applied `unit`: its records may be committed. Confirming twice is harmless."""
+        claim = self._claims.pop(unit, None)
+        if claim is None:
+            return
+        if isinstance(unit, DDLUnit):
+            self._resolver.confirm_ddl(unit)
+        for tp, offsets in claim.items():
+            if isinstance(unit, RowBatch):
+                self.schemas.unpin(unit.schema.key, len(offsets))
+            partition = self._partitions.get(tp)
+            if partition is not None:
+                for offset in offsets:
+                    partition.offsets.apply(offset)
+
+    def committable(self) -> dict[TopicPartition, int]:
+        """Per owned partition, the offset to commit (the lowest record not durably applied), when it moved
+        since the previous call. Commits are cumulative, so a caller that misses one loses nothing."""
+        result: dict[TopicPartition, int] = {}
+        for tp, partition in self._partitions.items():
+            offset = partition.offsets.committable()
+            if offset is not None and offset != partition.reported:
+                result[tp] = partition.reported = offset
+        return result
+
+    def paused(self) -> set[TopicPartition]:
+        """Partitions the source should pause now (and resume every other one).
+
+        Rows waiting for a schema near the budget pause the partitions holding them; rows waiting for the
+        watermark near the budget pause the partitions ahead of the global watermark, so the lagging ones
+        catch up. A schema that can only arrive on a paused partition then comes after the pending
+        timeout has expired the rows holding it up: the budget is a safety valve, size it for a BOOTSTRAP
+        interval of traffic.
+        """
+        paused = self._pending.paused()
+        if self._resolver.bytes >= PAUSE_AT * self.budget_bytes:
+            paused |= self._watermarks.ahead()
+        return paused
+
+    def stats(self) -> StateStats:
+        return StateStats(
+            held_rows=self._pending.rows,
+            held_bytes=self._pending.bytes,
+            oldest_held_age=self._pending.oldest_age(),
+            waiting_rows=self._resolver.rows,
+            waiting_bytes=self._resolver.bytes,
+            pending_ddls=self._resolver.pending_ddls,
+            in_flight_units=len(self._claims),
+            cached_schemas=len(self.schemas),
+            global_watermark=self._watermarks.global_watermark(),
+            paused_partitions=len(self.paused()),
+        )
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _owned(self, tp: TopicPartition, location: RecordLocation) -> _Partition:
+        partition = self._partitions.get(tp)
+        if partition is None:
+            raise ValueError(f"{location}: partition is not assigned to this consumer")
+        return partition
+
+    def _add_row(self, dml: RawDML, location: RecordLocation) -> None:
+        key = dml.schema_key
+        self.schemas.pin(key)  # until confirmed: a snapshot taken at commit must cover redelivered rows
+        schema = self.schemas.lookup(key, dml.table_id)
+        if schema is None:
+            self._pending.hold(dml, location)
+        else:
+            self._resolver.add_row(dml, location, schema)
+
+    def _learn(self, schema: TableSchema | None) -> None:
+        if schema is None or not self.schemas.add(schema):
+            return
+        for row in self._pending.release(schema):
+            self._resolver.add_row(row.dml, row.location, self.schemas.alias(schema, row.dml.schema_key))
+
+    def _add_ddl(self, ddl: DDL, location: RecordLocation, offsets: PartitionOffsets) -> None:
+        if self._resolver.ddl_done(ddl):
+            return  # a late copy of a DDL already applied
+        offsets.hold(location.offset)
+        unit = self._resolver.add_ddl(ddl, location)
+        if unit is not None:
+            self._claims[unit].setdefault(topic_partition(location), []).append(location.offset)
+
+    def _expire(self) -> list[DeadLetter]:
+        overdue = self._pending.overdue()
+        if overdue is None:
+            return []
+        if self.policy == "fail":
+            raise SchemaNotFoundError(missing_schema_reason(overdue.dml), location=overdue.location)
+        expired = self._pending.expire()
+        for row in expired:
+            self.schemas.unpin(row.dml.schema_key)
+        return [DeadLetter(row.location, missing_schema_reason(row.dml), row.dml.payload) for row in expired]
+
+
+def _locations(unit: Unit) -> Iterable[RecordLocation]:
+    if isinstance(unit, RowBatch):
+        return (location for _, location in unit.rows)
+    if isinstance(unit, DDLUnit):
+        return unit.locations
+    return (unit.location,)
+
+
+def _claim(unit: Unit) -> dict[TopicPartition, list[int]]:
+    claim: dict[TopicPartition, list[int]] = {}
+    for location in _locations(unit):
+        claim.setdefault(topic_partition(location), []).append(location.offset)
+    return claim

@@ -1,0 +1,42 @@
+"""Per-partition offset bookkeeping: what is safe to commit, and which records are redeliveries."""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class PartitionOffsets:
+    """Tracks one partition's records from assignment on.
+
+    Kafka delivers a partition in offset order, so anything below the next expected offset is a
+    redelivery (a rewind) and is ignored. The committable offset is the lowest record not yet durably
+    applied: committing past it would lose that record on a crash (the reference consumer's weakness 3).
+    """
+
+    __slots__ = ("_applied", "_next", "_unapplied")
+
+    def __init__(self) -> None:
+        self._next: int | None = None
+        self._unapplied: deque[int] = deque()
+        self._applied: set[int] = set()
+
+    def admit(self, offset: int) -> bool:
+        """Record `offset` as seen; False when it was already seen since assignment."""
+        if self._next is not None and offset < self._next:
+            return False
+        self._next = offset + 1
+        return True
+
+    def hold(self, offset: int) -> None:
+        """The record just admitted at `offset` is not applied until `apply(offset)`."""
+        self._unapplied.append(offset)
+
+    def apply(self, offset: int) -> None:
+        self._applied.add(offset)
+
+    def committable(self) -> int | None:
+        """The offset to commit, or None before the first record."""
+        unapplied, applied = self._unapplied, self._applied
+        while unapplied and unapplied[0] in applied:
+            applied.discard(unapplied.popleft())
+        return unapplied[0] if unapplied else self._next

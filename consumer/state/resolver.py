@@ -1,0 +1,240 @@
+"""Orders decodable rows and DDLs into units.
+
+Emission rule:
+
+- A row goes out once the global watermark has reached its commit_ts: by then every owned partition has
+  delivered every row at or below it, so a table's rows can be merged across partitions in
+  (commit_ts, topic, partition, offset) order. Rows are never dropped for being below the watermark.
+- A row also waits while an earlier-or-equal commit_ts row of its table is still held for a schema
+  (a per-table barrier until that row is released or expires), so held rows are never overtaken.
+- A DDL goes out once the global watermark has reached its commit_ts (TiCDC writes a DDL to every
+  partition before any checkpoint at or past it, so by then every owned copy has arrived) and no row of a
+  table it touches with commit_ts <= its own is still held. DDLs go out in (commit_ts, arrival) order.
+  Every row of a table it touches with commit_ts <= the DDL's goes out before it and every later row
+  after it; a DDL without a table schema (CREATE/DROP DATABASE, ...) touches every table. Waiting for the
+  watermark rather than for "a copy on every partition" costs at most one watermark interval (~1 s) and
+  keeps each row batch within the watermark.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
+
+from cachetools import LRUCache
+
+from consumer.errors import RecordLocation
+from consumer.protocol.model import DDL, DDLType, RawDML, TableSchema
+from consumer.state.pending import PendingBuffer, row_size
+from consumer.state.units import (
+    DDLUnit,
+    RowBatch,
+    SchemaKey,
+    TableName,
+    TopicPartition,
+    Unit,
+    topic_partition,
+)
+
+# Confirmed DDLs remembered so a copy redelivered later (a partition re-read after a rebalance, or
+# TiCDC resending after a restart) is recognised as applied instead of running the DDL twice.
+DONE_DDLS_REMEMBERED = 4096
+
+# commit_ts, topic, partition, offset, row, location, schema: sorts in emission order, and the first
+# four fields are unique, so tuple comparison never reaches the objects.
+_Entry = tuple[int, str, int, int, RawDML, RecordLocation, TableSchema]
+_commit_ts = itemgetter(0)
+DDLIdentity = tuple[int, DDLType, str, SchemaKey | None]
+
+
+def ddl_identity(ddl: DDL) -> DDLIdentity:
+    schema = ddl.table_schema
+    return (ddl.commit_ts, ddl.type, ddl.sql, schema.key if schema is not None else None)
+
+
+@dataclass(frozen=True, slots=True)
+class TableScope:
+    """The tables a DDL is a barrier for: by name (RENAME: the new one) or by table id (RENAME: rows under
+    the old name share it); a DDL without any table schema is a barrier for every table."""
+
+    names: frozenset[TableName]
+    table_ids: frozenset[int]
+    everything: bool
+
+    @classmethod
+    def of(cls, ddl: DDL) -> TableScope:
+        schemas = [s for s in (ddl.table_schema, ddl.pre_table_schema) if s is not None]
+        return cls(
+            names=frozenset((s.database, s.table) for s in schemas),
+            table_ids=frozenset(s.table_id for s in schemas),
+            everything=not schemas,
+        )
+
+    def covers(self, table: TableName, table_ids: set[int]) -> bool:
+        return self.everything or table in self.names or not self.table_ids.isdisjoint(table_ids)
+
+
+@dataclass(slots=True, eq=False)
+class _TableRows:
+    entries: list[_Entry]
+    table_ids: set[int]
+    ordered: bool = True  # entries sorted; appends from one partition usually keep them so
+
+    def take(self, limit: int) -> list[_Entry]:
+        """Remove and return the entries with commit_ts <= limit, in emission order."""
+        entries = self.entries
+        if not entries:
+            return []
+        if not self.ordered:
+            entries.sort()
+            self.ordered = True
+        if entries[-1][0] <= limit:
+            self.entries = []
+            return entries
+        cut = bisect_right(entries, limit, key=_commit_ts)
+        taken = entries[:cut]
+        del entries[:cut]
+        return taken
+
+
+@dataclass(slots=True, eq=False)
+class _PendingDDL:
+    ddl: DDL
+    identity: DDLIdentity
+    scope: TableScope
+    seq: int
+    copies: list[RecordLocation]
+
+
+class Resolver:
+    """Rows whose schema is known and DDLs, waiting for the watermark and their barriers."""
+
+    def __init__(self, held: PendingBuffer) -> None:
+        self._held = held
+        self._tables: dict[TableName, _TableRows] = {}
+        self._pending_ddls: dict[DDLIdentity, _PendingDDL] = {}
+        self._in_flight_ddls: dict[DDLIdentity, DDLUnit] = {}
+        self._done_ddls: LRUCache = LRUCache(DONE_DDLS_REMEMBERED)
+        self._ddl_seq = 0
+        self.rows = 0
+        self.bytes = 0
+
+    @property
+    def pending_ddls(self) -> int:
+        return len(self._pending_ddls)
+
+    def add_row(self, dml: RawDML, location: RecordLocation, schema: TableSchema) -> None:
+        name = (dml.database, dml.table)
+        table = self._tables.get(name)
+        if table is None:
+            table = self._tables[name] = _TableRows([], set())
+        entry = (dml.commit_ts, location.topic, location.partition, location.offset, dml, location, schema)
+        entries = table.entries
+        if table.ordered and entries and entry < entries[-1]:
+            table.ordered = False
+        entries.append(entry)
+        table.table_ids.add(dml.table_id)
+        self.rows += 1
+        self.bytes += row_size(dml)
+
+    def ddl_done(self, ddl: DDL) -> bool:
+        """Whether this DDL was already confirmed (a late copy of it is applied on arrival)."""
+        return ddl_identity(ddl) in self._done_ddls
+
+    def add_ddl(self, ddl: DDL, location: RecordLocation) -> DDLUnit | None:
+        """Queue one copy; returns the unit it joins if the DDL was already handed out, unconfirmed."""
+        identity = ddl_identity(ddl)
+        unit = self._in_flight_ddls.get(identity)
+        if unit is not None:
+            return unit
+        pending = self._pending_ddls.get(identity)
+        if pending is None:
+            self._ddl_seq += 1
+            pending = _PendingDDL(ddl, identity, TableScope.of(ddl), self._ddl_seq, [])
+            self._pending_ddls[identity] = pending
+        pending.copies.append(location)
+        return None
+
+    def confirm_ddl(self, unit: DDLUnit) -> None:
+        identity = ddl_identity(unit.ddl)
+        self._in_flight_ddls.pop(identity, None)
+        self._done_ddls[identity] = True
+
+    def revoke(self, tp: TopicPartition) -> list[RawDML]:
+        """Forget a revoked partition's rows and DDL copies; returns the rows dropped."""
+        dropped: list[RawDML] = []
+        for table in self._tables.values():
+            kept = [e for e in table.entries if (e[1], e[2]) != tp]
+            if len(kept) != len(table.entries):
+                dropped += [e[4] for e in table.entries if (e[1], e[2]) == tp]
+                table.entries = kept
+        self.rows -= len(dropped)
+        self.bytes -= sum(map(row_size, dropped))
+        for identity, pending in list(self._pending_ddls.items()):
+            pending.copies = [loc for loc in pending.copies if topic_partition(loc) != tp]
+            if not pending.copies:
+                del self._pending_ddls[identity]
+        return dropped
+
+    def resolve(self, watermark: int | None) -> list[Unit]:
+        """Every unit that may go out under `watermark`, in order (see the module docstring)."""
+        if watermark is None:
+            return []
+        units: list[Unit] = []
+        floors = self._held.floors()
+        queue = sorted(self._pending_ddls.values(), key=lambda d: (d.ddl.commit_ts, d.seq))
+        for index, pending in enumerate(queue):
+            if pending.ddl.commit_ts > watermark or self._waits_for_held_rows(pending):
+                barriers = [d for d in queue[index:] if d.ddl.commit_ts <= watermark]
+                return units + self._flush(watermark, floors, barriers)
+            units += self._flush(pending.ddl.commit_ts, floors, [])
+            units.append(self._emit(pending))
+        return units + self._flush(watermark, floors, [])
+
+    def _waits_for_held_rows(self, pending: _PendingDDL) -> bool:
+        earliest = self._held.earliest(pending.scope.covers)
+        return earliest is not None and earliest <= pending.ddl.commit_ts
+
+    def _emit(self, pending: _PendingDDL) -> DDLUnit:
+        del self._pending_ddls[pending.identity]
+        unit = DDLUnit(pending.ddl, tuple(pending.copies))
+        self._in_flight_ddls[pending.identity] = unit
+        return unit
+
+    def _flush(self, limit: int, floors: dict[TableName, int], barriers: list[_PendingDDL]) -> list[Unit]:
+        """Rows up to `limit`, less what held rows (`floors`) or DDLs not yet out (`barriers`, sorted)
+        hold back."""
+        firsts: list[tuple[tuple[int, str, int, int], RowBatch]] = []
+        for name, table in list(self._tables.items()):
+            taken = table.take(_cut(name, table, limit, floors.get(name), barriers))
+            if not table.entries:
+                del self._tables[name]
+            if taken:
+                self.rows -= len(taken)
+                self.bytes -= sum(row_size(e[4]) for e in taken)
+                firsts += _batches(taken)
+        firsts.sort(key=itemgetter(0))
+        return [batch for _, batch in firsts]
+
+
+def _cut(
+    name: TableName, table: _TableRows, limit: int, floor: int | None, barriers: list[_PendingDDL]
+) -> int:
+    """The highest commit_ts of `table` that may go out now."""
+    if floor is not None:
+        limit = min(limit, floor - 1)
+    barrier = next((d for d in barriers if d.scope.covers(name, table.table_ids)), None)
+    return limit if barrier is None else min(limit, barrier.ddl.commit_ts)
+
+
+def _batches(entries: list[_Entry]) -> list[tuple[tuple[int, str, int, int], RowBatch]]:
+    """Runs of one schema version; each with the sort key of its first row."""
+    runs: list[tuple[tuple[int, str, int, int], RowBatch]] = []
+    for _, group in groupby(entries, key=lambda e: id(e[6])):
+        run = list(group)
+        first = run[0]
+        rows = tuple(zip(map(itemgetter(4), run), map(itemgetter(5), run), strict=True))
+        runs.append(((first[0], first[1], first[2], first[3]), RowBatch(first[6], rows)))
+    return runs
