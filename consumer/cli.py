@@ -20,6 +20,7 @@ from consumer.protocol.rows import TableCodec
 from consumer.render import message_object
 from consumer.simulate.output import produce_to_kafka, write_capture_file, write_ground_truth
 from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sources.capture import capture_topic
 
 EXIT_BAD_INPUT = 2
 EXIT_SCHEMA_MISSING = 3
@@ -157,6 +158,22 @@ def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | No
     write_ground_truth(workload, truth_path)
     kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(report.by_kind.items()))
     click.echo(f"produced {report.records} records to {out or topic} ({kinds}); ground truth in {truth_path}")
+
+
+@main.command()
+@click.option("--brokers", required=True, help="Kafka bootstrap servers HOST:PORT")
+@click.option("--topic", required=True)
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--idle-seconds", type=float, default=5.0, show_default=True, help="stop after this long without records"
+)
+@click.option(
+    "--from-group", help="start from this consumer group's committed offsets instead of the beginning"
+)
+def capture(brokers: str, topic: str, out: Path, idle_seconds: float, from_group: str | None) -> None:
+    """Write a topic's records (all partitions) to a JSON-lines capture file, for offline replay."""
+    count = capture_topic(brokers, topic, out, idle_seconds=idle_seconds, from_committed_group=from_group)
+    click.echo(f"captured {count} records of {topic} to {out}")
 
 
 @main.command("run")
