@@ -99,9 +99,9 @@ def test_malformed_record_values(value: bytes, error: type, words: str) -> None:
 @pytest.mark.parametrize(
     ("data", "column", "words"),
     [
-        ({"id": "12x"}, "id", "not a valid int"),
+        ({"id": "12x"}, "id", "Expected `int | null`, got `str`"),
         ({"id": "2147483648"}, "id", "not a valid int"),
-        ({"id": 5}, "id", "Expected `str | null`"),
+        ({"blob": 5}, "blob", "Expected `str | null`, got `int`"),
         ({"blob": "***"}, "blob", "not a valid blob"),
         ({"kind": "3"}, "kind", "enum index outside 0..2"),
         ({"born": "2026-02-30"}, "born", "not a valid date"),

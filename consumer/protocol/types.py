@@ -97,6 +97,9 @@ class ColumnType:
     """Conversions for one column. Subclasses set the Arrow type and the wire rules of their family."""
 
     family: ClassVar[str] = ""
+    # What the per-table JSON Struct decodes this column's string into: msgspec converts numeric text to
+    # int/float in C (lax mode), which is cheaper than building a string array and casting it.
+    json_wire: ClassVar[Any] = str
 
     def __init__(self, column: Column, policy: ValuePolicy) -> None:
         self.column = column
@@ -118,10 +121,15 @@ class ColumnType:
         return array.to_pylist()
 
     def _json_array(self, values: Sequence[Any]) -> pa.Array:
+        if self.json_wire is not str and not _holds_text(values):
+            return self._from_numbers(values)
         return self._from_text(pa.array(values, pa.string()))
 
     def _avro_array(self, values: Sequence[Any]) -> pa.Array:
         return self._json_array(values)
+
+    def _from_numbers(self, values: Sequence[Any]) -> pa.Array:
+        raise TypeError(f"{self.family} values are text on the wire")
 
     def _from_text(self, text: pa.Array) -> pa.Array:
         return pc.cast(text, self.arrow_type)
@@ -233,6 +241,11 @@ def _SPARK_FROM_ARROW(T: Any, arrow_type: pa.DataType) -> Any:
     raise UnsupportedTypeError(f"no Spark type for Arrow {arrow_type}")
 
 
+def _holds_text(values: Sequence[Any]) -> bool:
+    """Whether a batch came as text (the dict fallback, or `decode` on a single value) or as numbers."""
+    return isinstance(next((v for v in values if v is not None), ""), str)
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -284,9 +297,14 @@ class IntegerColumn(ColumnType):
     def _from_text(self, text: pa.Array) -> pa.Array:
         return self._checked(pc.cast(text, self._exact_type()))
 
+    json_wire = int
+
     def _avro_array(self, values: Sequence[Any]) -> pa.Array:
         if self.data_type.unsigned and self._bits == 64:
             values = [_avro_unsigned_bigint(v) for v in values]
+        return self._from_numbers(values)
+
+    def _from_numbers(self, values: Sequence[Any]) -> pa.Array:
         return self._checked(pa.array(values, self._exact_type()))
 
     def _checked(self, exact: pa.Array) -> pa.Array:
@@ -339,7 +357,12 @@ class YearColumn(ColumnType):
     def _arrow_type(self) -> pa.DataType:
         return pa.int32()
 
+    json_wire = int
+
     def _avro_array(self, values: Sequence[Any]) -> pa.Array:
+        return self._from_numbers(values)
+
+    def _from_numbers(self, values: Sequence[Any]) -> pa.Array:
         return pa.array(values, pa.int32())
 
     def _json_value(self, value: Any) -> Any:
@@ -362,9 +385,14 @@ class FloatColumn(ColumnType):
     def _from_text(self, text: pa.Array) -> pa.Array:
         return pc.cast(pc.cast(text, pa.float64()), self.arrow_type)
 
+    json_wire = float
+
     def _avro_array(self, values: Sequence[Any]) -> pa.Array:
         if any(isinstance(v, bool | str | bytes) for v in values):
             raise TypeError("expected an Avro float/double")
+        return self._from_numbers(values)
+
+    def _from_numbers(self, values: Sequence[Any]) -> pa.Array:
         return pa.array(values, self.arrow_type)
 
     def _json_value(self, value: Any) -> Any:
@@ -463,9 +491,15 @@ class JsonColumn(ColumnType):
         return pa.string()
 
     def _json_array(self, values: Sequence[Any]) -> pa.Array:
-        for value in values:
-            if value is not None:
+        documents = [v for v in values if v is not None]
+        try:  # one parse validates the whole column; only a failure pays for finding the bad value
+            parsed = len(_JSON_ARRAY.decode(("[" + ",".join(documents) + "]").encode()))
+        except msgspec.DecodeError:
+            parsed = -1
+        if parsed != len(documents):  # invalid, or a value that was several documents ("1,2")
+            for value in documents:
                 msgspec.json.decode(value)
+            raise ValueError("a value holds more than one JSON document")
         return pa.array(values, pa.string())
 
     def to_python(self, array: pa.Array) -> list[Any]:
@@ -473,6 +507,9 @@ class JsonColumn(ColumnType):
 
     def _json_value(self, value: Any) -> Any:
         return json_document_text(value)
+
+
+_JSON_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 def _parse_json_document(text: str) -> Any:
@@ -522,7 +559,12 @@ class EnumColumn(ColumnType):
     def _from_text(self, text: pa.Array) -> pa.Array:
         return self._from_index(pc.cast(text, pa.int64()))
 
+    json_wire = int
+
     def _avro_array(self, values: Sequence[Any]) -> pa.Array:
+        return self._from_numbers(values)
+
+    def _from_numbers(self, values: Sequence[Any]) -> pa.Array:
         return self._from_index(pa.array(values, pa.int64()))
 
     def _from_index(self, index: pa.Array) -> pa.Array:
@@ -554,7 +596,12 @@ class SetColumn(ColumnType):
     def _from_text(self, text: pa.Array) -> pa.Array:
         return self._from_masks(pc.cast(text, pa.uint64()).to_pylist())
 
+    json_wire = int
+
     def _avro_array(self, values: Sequence[Any]) -> pa.Array:
+        return self._from_numbers(values)
+
+    def _from_numbers(self, values: Sequence[Any]) -> pa.Array:
         return self._from_masks([None if v is None else _exact_int(v) & _U64 for v in values])
 
     def _from_masks(self, masks: list[int | None]) -> pa.Array:
@@ -603,12 +650,15 @@ class BitColumn(ColumnType):
     def _from_text(self, text: pa.Array) -> pa.Array:
         return self._from_unsigned(pc.cast(text, pa.uint64()))
 
+    json_wire = int
+
     def _avro_array(self, values: Sequence[Any]) -> pa.Array:
-        if all(v is None or isinstance(v, str) for v in values):  # ticdc sends decimal text
+        if _holds_text(values):  # ticdc sends decimal text; tiflow a long holding the bits as signed
             return self._from_text(pa.array(values, pa.string()))
-        return self._from_unsigned(
-            pa.array([None if v is None else _exact_int(v) & _U64 for v in values], pa.uint64())
-        )
+        return self._from_numbers([None if v is None else _exact_int(v) & _U64 for v in values])
+
+    def _from_numbers(self, values: Sequence[Any]) -> pa.Array:
+        return self._from_unsigned(pa.array(values, pa.uint64()))
 
     def _from_unsigned(self, bits: pa.Array) -> pa.Array:
         limit = pa.scalar(1 << self._width, pa.uint64()) if self._width < 64 else None
