@@ -11,6 +11,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
+from consumer.protocol.model import TableSchema
+from consumer.protocol.rows import TableCodec
+from consumer.render import value_object
+
 TableRows = dict[Any, dict[str, Any]]
 
 _DDL_BEFORE_ROWS = 0  # at equal commit_ts a DDL applies first: rows of its commit already use it
@@ -87,3 +93,23 @@ def differences(state: Mapping[str, TableRows], truth: Mapping[str, Any], key: s
                 found.append(f"{name} row {row_key}: (expected, found) {diff}")
                 break
     return found
+
+
+def arrow_table_rows(table: pa.Table, schema: TableSchema, key: str = "id") -> TableRows:
+    """Rows of a stored table (e.g. a Delta mirror) in rendered form, typed through the table's columns.
+
+    Storage may widen a type (Delta keeps TIME as int64 microseconds), so each column is cast back to the
+    codec's Arrow type first; columns the schema no longer has (dropped) are ignored.
+    """
+    codec = TableCodec(schema)
+    columns = {}
+    for column in codec.columns:
+        if column.name not in table.column_names:
+            continue
+        stored = table.column(column.name).combine_chunks()
+        if pa.types.is_duration(column.arrow_type) and pa.types.is_integer(stored.type):
+            stored = stored.cast(pa.int64()).view(column.arrow_type)
+        columns[column.name] = [value_object(v) for v in column.to_python(stored.cast(column.arrow_type))]
+    names = list(columns)
+    rows = [dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+    return {row[key]: row for row in rows}

@@ -50,6 +50,7 @@ Mode = Literal["changelog", "mirror", "both"]
 KINDS = ("changelog", "mirror")
 MIRROR_META = ("_commit_ts", "_schema_version")
 DROPPED_PROPERTY = "ticdc.dropped_at"
+TRUNCATED_PROPERTY = "ticdc.truncated_at"
 """Table property set on both tables of a dropped upstream table: the DROP TABLE's commit ts."""
 
 DDL_LOG = "_ddl"
@@ -94,12 +95,28 @@ class DeltaSink:
         self.max_commit_retries = max_commit_retries
         self.retry_backoff = retry_backoff
         self._warned_keyless: set[tuple[str, str]] = set()
+        self._renames: list[tuple[tuple[str, str], tuple[str, str], int]] | None = None
+        self._writing: tuple[str, str, int] | None = None  # the rows being written: name and newest commit ts
 
     # -- Sink ------------------------------------------------------------------------------------------
     def write(self, changes: TableChanges, context: CommitContext) -> None:
+        """Rows go to their table's location at their commit ts: another group member may already have
+        applied a later RENAME, in which case these (older) rows follow it to the new name."""
         if changes.changelog.num_rows == 0:
             return
-        table_dir = self._table_dir(changes.database, changes.table)
+        self._writing = (changes.database, changes.table, pc.max(changes.changelog["_commit_ts"]).as_py())
+        try:
+            for _ in range(self.max_commit_retries):
+                try:
+                    self._write_at(self._located(*self._writing), changes, context)
+                    return
+                except _Moved:
+                    self._renames = None  # re-read the rename log and follow the table
+        finally:
+            self._writing = None
+        raise SinkError(f"{changes.database}.{changes.table}: its directory kept moving during the write")
+
+    def _write_at(self, table_dir: Path, changes: TableChanges, context: CommitContext) -> None:
         if self.mode in ("changelog", "both"):
             self._append_changelog(table_dir / "changelog", changes.changelog, context)
         if self.mode in ("mirror", "both"):
@@ -138,7 +155,9 @@ class DeltaSink:
                 if ddl.type is DDLType.ERASE:
                     self._mark_dropped(table_dir, ddl.commit_ts, context)
             elif ddl.type is DDLType.RENAME:
+                self._log_ddl(event, context)  # first: writers behind it follow the log to the new name
                 self._rename(event, table_dir)
+                self._renames = None
             elif ddl.type is DDLType.CREATE:
                 self._retire_dropped(table_dir)
         self._log_ddl(event, context)
@@ -172,7 +191,7 @@ class DeltaSink:
     # -- rows ------------------------------------------------------------------------------------------
     def _append_changelog(self, path: Path, changelog: pa.Table, context: CommitContext) -> None:
         def attempt() -> None:
-            table = self._open(path)
+            table = self._open_or_claim(path)
             pending = _unapplied(changelog, table, context.group)
             if pending.num_rows == 0:
                 return
@@ -200,11 +219,13 @@ class DeltaSink:
         schema = pa.schema([_storable(field) for field in changes.changelog.select(columns).schema])
 
         def attempt() -> None:
-            table = self._open(path)
+            table = self._open_or_claim(path)
             if table is None:  # MERGE needs a table; "ignore": another member may create it first
                 DeltaTable.create(str(path), schema, mode="ignore", storage_options=self.storage_options)
                 table = DeltaTable(str(path), storage_options=self.storage_options)
+            floor = truncated_at(table) or 0  # rows from before a TRUNCATE/DROP another member applied
             pending = _unapplied(changes.changelog, table, context.group)
+            pending = pending.filter(pc.greater_equal(pending["_commit_ts"], floor)) if floor else pending
             if pending.num_rows == 0:
                 return
             latest = latest_per_key(pending, keys)
@@ -260,10 +281,20 @@ class DeltaSink:
             table.alter.add_columns(added, commit_properties=_properties(context))
 
     def _empty_mirror(self, path: Path, commit_ts: int, context: CommitContext) -> None:
+        """Delete the rows older than the DDL and record it as the mirror's floor: a member still behind
+        the DDL must not bring those rows back."""
+
         def attempt() -> None:
             table = self._open(path)
-            if table is not None:
-                table.delete(f"_commit_ts < {commit_ts}", commit_properties=_properties(context))
+            if table is None:
+                return
+            table.delete(f"_commit_ts < {commit_ts}", commit_properties=_properties(context))
+            if (truncated_at(table) or 0) < commit_ts:
+                table.alter.set_table_properties(
+                    {TRUNCATED_PROPERTY: str(commit_ts)},
+                    raise_if_not_exists=False,
+                    commit_properties=_properties(context),
+                )
 
         self._commit(f"emptying {path}", attempt)
 
@@ -344,10 +375,55 @@ class DeltaSink:
                 log.info("%s: concurrent commit, retrying (%d)", what, retry + 1)
                 time.sleep(random.uniform(delay / 2, delay))
             except (DeltaError, OSError, pa.ArrowException) as exc:
+                if _vanished(exc):
+                    raise _Moved(f"{what}: the table moved: {exc}") from exc
                 raise SinkError(f"{what}: {exc}") from exc
 
     def _table_dir(self, database: str, table: str) -> Path:
         return table_dir(self.root, database, table)
+
+    def _located(self, database: str, table: str, commit_ts: int) -> Path:
+        """Where rows of `database.table` committed at `commit_ts` live now.
+
+        Follow every logged RENAME of that name after them (the name may be reused by a later CREATE, hence
+        the ts). A RENAME is logged before its directory moves, so the newest name whose directory exists
+        wins; if none exists yet the table is new and is created under the newest name.
+        """
+        chain = [(database, table)]
+        for _ in range(64):  # bounded against a corrupt log
+            later = [r for r in self._rename_log() if r[0] == chain[-1] and r[2] > commit_ts]
+            if not later:
+                break
+            chain.append(min(later, key=lambda r: r[2])[1])
+        existing = (self._table_dir(*name) for name in reversed(chain))
+        return next((path for path in existing if path.is_dir()), self._table_dir(*chain[-1]))
+
+    def _rename_log(self) -> list[tuple[tuple[str, str], tuple[str, str], int]]:
+        if self._renames is None:
+            log_table = self._open(self.root / DDL_LOG)
+            rows = (
+                []
+                if log_table is None
+                else log_table.to_pyarrow_table(
+                    columns=["commit_ts", "type", "sql", "database", "table"],
+                    filters=[("type", "=", "RENAME")],
+                ).to_pylist()
+            )
+            self._renames = [
+                (_renamed_from_sql(r["sql"], r["database"]), (r["database"], r["table"]), r["commit_ts"])
+                for r in rows
+            ]
+        return self._renames
+
+    def _open_or_claim(self, path: Path) -> DeltaTable | None:
+        """The table at `path`; None only when it may be created there. If another member renamed it away
+        meanwhile, the write restarts at the new location instead of re-creating the old name."""
+        table = self._open(path)
+        if table is None and self._writing is not None:
+            self._renames = None
+            if self._located(*self._writing) != path.parent:
+                raise _Moved(f"{path}: renamed away by another writer")
+        return table
 
     def _open(self, path: Path) -> DeltaTable | None:
         try:
@@ -369,6 +445,22 @@ def table_paths(root: str | Path, *, include_ddl_log: bool = True) -> list[Path]
     if include_ddl_log:
         found.append(base / DDL_LOG)
     return sorted(path for path in found if (path / "_delta_log").is_dir())
+
+
+class _Moved(SinkError):
+    """The table's directory moved (another member applied a RENAME) while we were writing to it."""
+
+
+def _vanished(exc: Exception) -> bool:
+    """Errors delta-rs gives when a table's files move away mid-operation."""
+    text = str(exc).lower()
+    return isinstance(exc, FileNotFoundError) or "not found" in text or "invalid table version" in text
+
+
+def truncated_at(table: DeltaTable) -> int | None:
+    """The commit ts of the latest TRUNCATE/DROP the mirror applied: older rows no longer belong in it."""
+    value = table.metadata().configuration.get(TRUNCATED_PROPERTY)
+    return int(value) if value else None
 
 
 def dropped_at(table: DeltaTable) -> int | None:
@@ -543,11 +635,17 @@ def _renamed_from(event: DDLEvent) -> tuple[str, str]:
     pre = event.ddl.pre_table_schema
     if pre is not None and (pre.database, pre.table) != (event.database, event.table):
         return pre.database, pre.table
-    found = _RENAME.match(event.ddl.sql)
-    if found is None or event.database is None:
+    if event.database is None:
         raise SinkError(f"cannot tell the renamed table from {event.ddl.sql!r}")
+    return _renamed_from_sql(event.ddl.sql, event.database)
+
+
+def _renamed_from_sql(sql: str, database: str) -> tuple[str, str]:
+    found = _RENAME.match(sql)
+    if found is None:
+        raise SinkError(f"cannot tell the renamed table from {sql!r}")
     first, second = found.groups()
-    return (_unquote(first), _unquote(second)) if second else (event.database, _unquote(first))
+    return (_unquote(first), _unquote(second)) if second else (database, _unquote(first))
 
 
 def _unquote(identifier: str) -> str:
