@@ -87,6 +87,4 @@ def run(config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = N
         return pipeline.run(source, until_idle=until_idle, on_cycle=on_cycle)
     finally:
         source.close()
-        for sink in pipeline.sinks:
-            sink.close()
-        pipeline.dead_letters.close()
+        pipeline.close()

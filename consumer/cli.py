@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,28 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
         f"{stats.records} records, {stats.rows} changelog rows, {stats.ddls} DDLs, "
         f"{stats.dead_letters} dead letters"
     )
+
+
+@main.command()
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("demo-output"),
+    show_default=True,
+    help="each run writes to a fresh run-<time> directory under it",
+)
+@click.option("--rows", type=int, default=20_000, show_default=True, help="DML events to simulate")
+@click.option("--encoding", type=click.Choice(["json", "avro"]), default="json", show_default=True)
+@click.option("--compression", type=click.Choice(["none", "snappy", "lz4"]), default="lz4", show_default=True)
+def demo(workdir: Path, rows: int, encoding: str, compression: str) -> None:
+    """Embedded broker, simulated TiCDC, a mid-stream joiner, Delta and Parquet, checked against the truth."""
+    from consumer.demo import DemoSettings, run_demo  # Spark and Delta load only for the demo
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    run_dir = workdir / time.strftime("run-%Y%m%d-%H%M%S")
+    report = run_demo(run_dir, DemoSettings(rows=rows, encoding=encoding, compression=compression))
+    if report.mirror_differences or report.late_join.delivered_rows != report.late_join.expected_rows:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

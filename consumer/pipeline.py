@@ -28,6 +28,7 @@ from consumer.state.units import DDLUnit, DeadLetter, RowBatch, Unit
 
 log = logging.getLogger(__name__)
 SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the sinks' records this often
+JOIN_GRACE_SECONDS = 30.0  # an unassigned member waits this much longer before judging the topic idle
 
 
 @dataclass
@@ -73,7 +74,8 @@ class Pipeline:
         self._resume: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
         self._schemas_refreshed = 0.0
-        self._last_change = time.monotonic()
+        self._idle = 0.0  # seconds spent waiting in polls since the last change record
+        self._changed = False  # a change record arrived in the current cycle
         self._learn_recorded_schemas()
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -88,20 +90,38 @@ class Pipeline:
         that many seconds (TiCDC keeps broadcasting WATERMARKs while the upstream is idle: those don't count);
         everything resolved by then is applied and committed."""
         self._source = source
-        self._last_change = time.monotonic()
+        self._idle = 0.0
         try:
             while True:
-                self.step(source.poll_batch(self.max_batch_records, self.poll_timeout))
+                polled = time.monotonic()
+                records = source.poll_batch(self.max_batch_records, self.poll_timeout)
+                waited = time.monotonic() - polled
+                self.step(records)
+                self._idle = 0.0 if self._changed else self._idle + waited
                 if on_cycle:
                     on_cycle(self)
-                if until_idle is not None and time.monotonic() - self._last_change >= until_idle:
+                if until_idle is not None and self._idle_for(source) >= until_idle:
                     break
         finally:
             self._flush_and_commit()
         return self.stats
 
+    def close(self) -> None:
+        """Release the sinks and the dead-letter destination (after `run` has flushed and committed)."""
+        for sink in self.sinks:
+            sink.close()
+        self.dead_letters.close()
+
+    def _idle_for(self, source: Source) -> float:
+        """Seconds spent waiting for records without a change record arriving: time spent writing is not
+        idleness (records may have queued meanwhile). While joining a group (no partitions yet) a grace
+        period first applies, so a slow join is not mistaken for an idle topic, but a member never assigned
+        still stops."""
+        return self._idle if source.assignment() else self._idle - JOIN_GRACE_SECONDS
+
     def step(self, records: Sequence[SourceRecord]) -> None:
         """One cycle: ingest, apply what resolved, commit, adjust backpressure."""
+        self._changed = False
         for record in records:
             self._ingest(record)
         if (
@@ -117,6 +137,7 @@ class Pipeline:
         """A fresh assignment is a mid-stream join; resume from the sinks' records where they are ahead, and
         learn the schemas the partitions' previous owner recorded (BOOTSTRAPs only announce the latest)."""
         self.state.assign(partitions)
+        self._idle = 0.0  # joining a group is not idleness
         self._learn_recorded_schemas()
         recorded = self._sink_resume_offsets()
         committed = self._source.committed(partitions) if self._source else {}
@@ -145,11 +166,11 @@ class Pipeline:
         try:
             message = self.decoder.decode(record.value)
         except ConsumerError as exc:
-            self._last_change = time.monotonic()
+            self._changed = True
             self.state.process_failed(location, exc.with_location(location), record.value)
             return
         if not isinstance(message, Watermark):
-            self._last_change = time.monotonic()
+            self._changed = True
         self.state.process(location, message)
 
     def _flush_and_commit(self) -> None:

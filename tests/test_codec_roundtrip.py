@@ -97,3 +97,19 @@ def test_json_dml_bytes_are_go_encoding_json() -> None:
 def test_decimal_keeps_column_scale() -> None:
     decoded = TableCodec(SCHEMA).decode(MessageDecoder().decode(MessageEncoder().encode(DML_UPDATE, SCHEMA)))
     assert str(decoded.data["d"]) == "1.500000"
+
+
+@pytest.mark.parametrize(("encoding", "plain_size"), [("json", ord("{")), ("avro", 0x16)])
+def test_auto_detection_reads_snappy_blocks_that_start_like_plain_messages(
+    encoding: str, plain_size: int
+) -> None:
+    """A raw snappy block opens with its uncompressed size: 123 reads as `{`, 22 as Avro's first byte."""
+    for sql_size in range(200):
+        message = DDL(type=DDLType.QUERY, sql="x" * sql_size, commit_ts=9, build_ts=1)
+        if len(MessageEncoder(encoding, "none").encode(message)) == plain_size:  # type: ignore[arg-type]
+            break
+    else:
+        pytest.skip(f"no {encoding} QUERY DDL is {plain_size} bytes long")
+    value = MessageEncoder(encoding, "snappy").encode(message)  # type: ignore[arg-type]
+    assert value[0] == plain_size
+    assert MessageDecoder().decode(value) == message

@@ -33,7 +33,7 @@ from consumer.sources.kafka import KafkaSource
 from consumer.state.machine import ConsumerState
 from consumer.testing.broker import EmbeddedBroker
 
-FAST_GROUP = {"session.timeout.ms": "1000", "heartbeat.interval.ms": "100"}
+FAST_GROUP = {"session.timeout.ms": "3000", "heartbeat.interval.ms": "300"}
 Offsets = set[tuple[str, int, int]]
 
 
@@ -196,29 +196,37 @@ def test_three_members_joining_and_leaving_lose_nothing(
     )
     heartbeat = WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic)
     root = tmp_path / "out"  # members of one group share the output, as they share the lakehouse
+    joined = [threading.Event() for _ in range(3)]
     left = threading.Event()
     delivered_by: dict[int, int] = {}
 
     def member(index: int, delay: float) -> None:
         time.sleep(delay)
         pipeline = _pipeline(root, "trio", max_batch_records=300)
+
+        def on_assign(partitions: list[tuple[str, int]]) -> Any:
+            joined[index].set()
+            return pipeline.on_assign(partitions)
+
         source = KafkaSource(
             kafka_broker.bootstrap_servers,
             [topic],
             "trio",
             config=FAST_GROUP,
-            on_assign=pipeline.on_assign,
+            on_assign=on_assign,
             on_revoke=pipeline.on_revoke,
         )
 
-        def slow_and_maybe_leave(p: Pipeline) -> None:
-            time.sleep(0.02)  # keep the run long enough for rebalances to happen mid-stream
-            if index == 1 and p.stats.rows > 1500:
+        def pace_and_maybe_leave(p: Pipeline) -> None:
+            everyone_in = all(event.is_set() for event in joined)
+            # hold back until all three have joined, so rebalances happen with most of the stream unread
+            time.sleep(0.02 if everyone_in else 0.2)
+            if index == 1 and everyone_in and p.stats.rows > 300:
                 left.set()
                 raise _Leave
 
         try:
-            pipeline.run(source, until_idle=4.0, on_cycle=slow_and_maybe_leave)
+            pipeline.run(source, until_idle=4.0, on_cycle=pace_and_maybe_leave)
         except _Leave:
             pass
         finally:
@@ -230,7 +238,8 @@ def test_three_members_joining_and_leaving_lose_nothing(
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(120)
+            thread.join(180)
+    assert all(event.is_set() for event in joined), "a member never got partitions"
     assert left.is_set(), "the second member never left mid-run"
     assert all(delivered_by.get(i) for i in range(3)), f"a member delivered nothing: {delivered_by}"
     union = _unique_images(_delivered(root))
@@ -263,7 +272,7 @@ def test_sigkill_and_restart_resumes_from_committed_offsets_without_loss(
     ]
     env = {
         **os.environ,
-        "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": "1000",
+        "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": "3000",
         "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "500",
     }
     first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -16,15 +16,16 @@ import pytest
 from deltalake import DeltaTable
 
 from consumer.protocol.codec import MessageEncoder
-from consumer.simulate.output import produce_to_kafka, write_ground_truth
-from consumer.simulate.truth import arrow_table_rows, differences
+from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
+from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.delta import consistent_ts, table_dir, table_paths
+from consumer.sinks.delta import consistent_ts, table_paths
 from consumer.testing.broker import EmbeddedBroker
 
+SESSION_TIMEOUT_S = 3
 FAST_GROUP_ENV = {
-    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": "1000",
-    "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "100",
+    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_S * 1000),
+    "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
 }
 
 
@@ -37,8 +38,9 @@ def _produce(
 
 
 def _run(
-    broker: EmbeddedBroker, topic: str, root: Path, group: str, *extra: str, wait: bool = True
-) -> subprocess.Popen[str] | subprocess.CompletedProcess[str]:
+    broker: EmbeddedBroker, topic: str, root: Path, group: str, *, wait: bool = True
+) -> subprocess.Popen[str]:
+    """A `run` process; its log goes next to the output, to read when a test fails."""
     command = [
         sys.executable,
         "-m",
@@ -52,28 +54,18 @@ def _run(
         f"delta:{root}",
         "--until-idle",
         "3",
-        *extra,
     ]
     env = {**os.environ, **FAST_GROUP_ENV, "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "1000"}
-    if not wait:
-        return subprocess.Popen(
-            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True
-        )
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+    log_path = root.parent / f"{group}-{time.monotonic_ns()}.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    if wait:
+        assert process.wait(300) == 0, log_path.read_text()[-3000:]
+    return process
 
 
 def _mirror_state(root: Path, workload: Workload) -> dict[str, Any]:
-    state = {}
-    for table in workload.tables:
-        schema = table.schema
-        path = table_dir(root, schema.database, schema.table) / "mirror"
-        rows = DeltaTable(str(path)).to_pyarrow_table() if path.exists() else None
-        state[f"{schema.database}.{schema.table}"] = (
-            arrow_table_rows(rows, schema) if rows is not None else {}
-        )
-    return state
+    return delta_mirror_state(root, (table.schema for table in workload.tables))
 
 
 def _changelog_duplicates(root: Path) -> int:
@@ -119,8 +111,34 @@ def test_sigkill_at_several_points_then_restart_ends_exact(
     for delay in (2.0, 3.5, 5.0):  # Spark-free startup ~1 s; kills land before, between and during commits
         process = _run(kafka_broker, topic, root, "killed", wait=False)
         time.sleep(delay)
-        process.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
-        process.wait()  # type: ignore[union-attr]
-    _run(kafka_broker, topic, root, "killed")
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    # the last killed member keeps its partitions until its session expires; a restart joining before
+    # that owns only the others and, with --until-idle, would stop without them
+    time.sleep(SESSION_TIMEOUT_S + 1.5)
+    # a partition the killed runs applied to its end has no WATERMARK after the resume offset: TiCDC's
+    # periodic checkpoint broadcast supplies one
+    with WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic):
+        _run(kafka_broker, topic, root, "killed")
     assert differences(_mirror_state(root, workload), truth) == []
     assert _changelog_duplicates(root) == 0
+
+
+def test_three_run_processes_in_one_group_equal_one_process(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    topic = kafka_topic(6)
+    # every DDL type, RENAME included: it re-hashes keys to other partitions, so members apply both sides
+    # of it at different times (the mirror's tombstones and the rename log keep that exact)
+    workload = _produce(kafka_broker, topic, rows=9000, partitions=6, dispatch="primary-key")
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    single, shared = tmp_path / "single", tmp_path / "shared"
+    with WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic):
+        _run(kafka_broker, topic, single, "single")
+        members = [_run(kafka_broker, topic, shared, "trio", wait=False) for _ in range(3)]
+        for member in members:
+            assert member.wait(300) == 0
+    assert differences(_mirror_state(single, workload), truth) == []
+    assert differences(_mirror_state(shared, workload), truth) == []
+    assert _mirror_state(shared, workload) == _mirror_state(single, workload)
+    assert _changelog_duplicates(shared) == 0

@@ -15,11 +15,11 @@ from deltalake import DeltaTable
 
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.errors import RecordLocation, SinkError
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
-from consumer.protocol.model import DDL, DML, Column, DataType, DDLType, DMLType, Index, RawDML, TableSchema
+from consumer.protocol.model import DDL, Column, DataType, DDLType, DMLType, Index, RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
-from consumer.sinks.delta import DeltaSink, consistent_ts, dropped_at, table_dir
+from consumer.sinks.delta import DeltaSink, consistent_ts, dropped_at, live_mirror, table_dir
+from consumer.testing.messages import raw_dml
 
 TS = 449512873440575500
 SCHEMA = TableSchema(
@@ -41,19 +41,7 @@ CONTEXT = CommitContext(group="g", resume_offsets={("t", 0): 3}, resolved_ts=TS,
 def _raw(
     kind: DMLType, ts: int, data: dict | None = None, old: dict | None = None, schema: TableSchema = SCHEMA
 ) -> RawDML:
-    dml = DML(
-        type=kind,
-        database=schema.database,
-        table=schema.table,
-        table_id=schema.table_id,
-        commit_ts=ts,
-        build_ts=0,
-        schema_version=schema.version,
-        data=data,
-        old=old,
-    )
-    raw = MessageDecoder().decode(MessageEncoder("json").encode(dml, schema))
-    assert isinstance(raw, RawDML)
+    raw = raw_dml(schema, kind, data, old, commit_ts=ts)
     return raw
 
 
@@ -97,7 +85,7 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _mirror(root: Path, table: str = "orders") -> dict[int, dict[str, Any]]:
-    return {row["id"]: row for row in _rows(root / "shop" / table / "mirror")}
+    return {row["id"]: row for row in live_mirror(root / "shop" / table / "mirror").to_pylist()}
 
 
 def _changelog(root: Path, table: str = "orders") -> list[dict[str, Any]]:
@@ -143,7 +131,9 @@ def test_time_columns_are_stored_as_microseconds(tmp_path: Path) -> None:
     sink.write(
         _changes([_insert(1, TS, 0, schema=schema, took=dt.timedelta(hours=-2, seconds=1))], schema), CONTEXT
     )
-    assert _mirror(tmp_path)[1]["took"] == -7_199_000_000
+    mirror = tmp_path / "shop" / "orders" / "mirror"
+    assert DeltaTable(str(mirror)).to_pyarrow_table()["took"].to_pylist() == [-7_199_000_000]
+    assert _mirror(tmp_path)[1]["took"] == dt.timedelta(hours=-2, seconds=1)  # given back as a duration
 
 
 # -- mirror --------------------------------------------------------------------------------------------
@@ -216,13 +206,16 @@ def test_add_column_evolves_both_tables_and_earlier_rows_are_null(tmp_path: Path
 
 def test_drop_column_keeps_it_in_delta_and_null_from_then_on(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
-    sink.write(_changes([_insert(1, TS, 0, qty=4)]), CONTEXT)
+    sink.write(_changes([_insert(1, TS, 0, qty=4), _insert(3, TS, 1), _delete(3, TS, 2)]), CONTEXT)
     v6 = _evolved(6, *SCHEMA.columns[:2])
     sink.apply_ddl(_ddl(DDLType.ALTER, "ALTER TABLE orders DROP COLUMN qty", TS + 1, v6), CONTEXT)
     raw = _raw(DMLType.INSERT, TS + 2, {"id": 2, "name": "n2"}, schema=v6)
-    sink.write(_changes([(raw, 0, 1)], v6), CONTEXT)
-    assert [(r["id"], r["qty"]) for r in _changelog(tmp_path)] == [(1, 4), (2, None)]  # history kept
+    sink.write(_changes([(raw, 0, 3)], v6), CONTEXT)
+    changelog = [(r["id"], r["_change_type"], r["qty"]) for r in _changelog(tmp_path)]
+    assert changelog == [(1, "insert", 4), (3, "insert", 1), (3, "delete", 1), (2, "insert", None)]  # history
     assert {k: r["qty"] for k, r in _mirror(tmp_path).items()} == {1: None, 2: None}  # the column is gone
+    tombstone = DeltaTable(str(tmp_path / "shop/orders/mirror")).to_pyarrow_table(filters=[("id", "=", 3)])
+    assert tombstone["_deleted"].to_pylist() == [True]  # not mistaken for a dropped user column
 
 
 def test_widening_modify_keeps_the_delta_type_while_values_fit(tmp_path: Path) -> None:
@@ -390,8 +383,8 @@ def _member(root: str, partition: int, start: Any, conflicts: Any) -> None:
         )
         for b in range(BATCHES)
     ]
-    start.wait()
     for batch in batches:
+        start.wait()  # both members commit each batch at the same moment: they collide
         sink.write(batch, context)
     conflicts.put(counter.count)
 

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from consumer.errors import EncodeError, MalformedMessageError
+from consumer.errors import CompressionError, DecodeError, EncodeError, MalformedMessageError
 from consumer.protocol import avro_codec, json_codec
 from consumer.protocol.avro_codec import AvroVariant
-from consumer.protocol.compression import Compression, CompressionSetting, compress, decompress
+from consumer.protocol.compression import (
+    PLAIN_FIRST_BYTES,
+    Compression,
+    CompressionSetting,
+    compress,
+    decompress,
+)
 from consumer.protocol.model import DML, DecodedMessage, Message, TableSchema
 from consumer.protocol.rows import Encoding, TableCodec
 from consumer.protocol.types import ValuePolicy
@@ -25,18 +31,28 @@ class MessageDecoder:
     def decode(self, value: bytes | None) -> DecodedMessage:
         if not value:
             raise MalformedMessageError("empty record value")
-        first = value[0]
-        if self.compression == "auto" and first in _PLAIN_FIRST_BYTES:  # the common case, sniffed once
-            payload = value
-        else:
-            payload = decompress(value, self.compression)
-            first = payload[0] if payload else -1
-        encoding = self.encoding if self.encoding != "auto" else _sniffed(first)
+        if self.compression == "auto" and value[0] in PLAIN_FIRST_BYTES:  # the common case, sniffed once
+            try:
+                return self._decode_plain(value)
+            except DecodeError as error:
+                return self._decode_snappy_lookalike(value, error)
+        return self._decode_plain(decompress(value, self.compression))
+
+    def _decode_plain(self, payload: bytes) -> DecodedMessage:
+        encoding = self.encoding if self.encoding != "auto" else _sniffed(payload[0] if payload else -1)
         return json_codec.decode(payload) if encoding == "json" else avro_codec.decode(payload)
+
+    def _decode_snappy_lookalike(self, value: bytes, plain_error: DecodeError) -> DecodedMessage:
+        """A snappy block starts with its uncompressed length as a varint: 123 bytes look like `{`, 22 like
+        Avro's 0x16. When the plain reading fails, the snappy reading gets its chance."""
+        try:
+            payload = decompress(value, "snappy")
+        except CompressionError:
+            raise plain_error from None
+        return self._decode_plain(payload)
 
 
 _JSON_START = ord("{")
-_PLAIN_FIRST_BYTES = (_JSON_START, avro_codec.MESSAGE_BRANCH)
 
 
 def _sniffed(first: int) -> Encoding:

@@ -13,7 +13,7 @@ Compression = Literal["none", "snappy", "lz4"]
 CompressionSetting = Literal["auto", "none", "snappy", "lz4"]
 
 LZ4_MAGIC = b"\x04\x22\x4d\x18"
-_PLAIN_FIRST_BYTES = (ord("{"), 0x16)  # JSON object, Avro union branch 11
+PLAIN_FIRST_BYTES = (ord("{"), 0x16)  # JSON object, Avro union branch 11
 
 
 def compress(value: bytes, compression: Compression) -> bytes:
@@ -53,7 +53,7 @@ def decompress(value: bytes, compression: CompressionSetting = "auto") -> bytes:
 def _sniff(value: bytes) -> Compression:
     if value.startswith(LZ4_MAGIC):
         return "lz4"
-    if value and value[0] in _PLAIN_FIRST_BYTES:
+    if value and value[0] in PLAIN_FIRST_BYTES:
         return "none"
     return "snappy"
 

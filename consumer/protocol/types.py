@@ -203,13 +203,14 @@ class ColumnType:
         raise NotImplementedError  # every registered subclass defines it
 
     def spark_type(self) -> Any:
-        """The pyspark.sql.types type (imported lazily: pyspark is heavy and optional for decoding)."""
-        from pyspark.sql import types as T
-
-        return _SPARK_FROM_ARROW(T, self.arrow_type)
+        return spark_type_of(self.arrow_type)
 
 
-def _SPARK_FROM_ARROW(T: Any, arrow_type: pa.DataType) -> Any:
+def spark_type_of(arrow_type: pa.DataType) -> Any:
+    """The pyspark.sql.types type of an SDK Arrow type (pyspark imported lazily: heavy, and optional for
+    decoding)."""
+    from pyspark.sql import types as T
+
     if pa.types.is_boolean(arrow_type):
         return T.BooleanType()
     if pa.types.is_int8(arrow_type):
@@ -237,7 +238,7 @@ def _SPARK_FROM_ARROW(T: Any, arrow_type: pa.DataType) -> Any:
     if pa.types.is_duration(arrow_type):
         return T.DayTimeIntervalType(T.DayTimeIntervalType.DAY, T.DayTimeIntervalType.SECOND)
     if pa.types.is_list(arrow_type):
-        return T.ArrayType(_SPARK_FROM_ARROW(T, arrow_type.value_type), containsNull=False)
+        return T.ArrayType(spark_type_of(arrow_type.value_type), containsNull=False)
     raise UnsupportedTypeError(f"no Spark type for Arrow {arrow_type}")
 
 

@@ -22,13 +22,22 @@ from consumer.sources.record import SourceRecord
 
 @dataclass
 class SimulationReport:
+    """What was produced, with the offsets a partition's records get in produce order (one producer)."""
+
     records: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
+    end_offsets: dict[int, int] = field(default_factory=dict)
+    offsets: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (kind, partition) -> offsets
 
-    def count(self, record: StreamRecord) -> None:
+    def count(self, record: StreamRecord) -> int:
+        """Count one record; returns its offset in its partition."""
         self.records += 1
         kind = type(record.message).__name__
         self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+        offset = self.end_offsets.get(record.partition, 0)
+        self.end_offsets[record.partition] = offset + 1
+        self.offsets.setdefault((kind, record.partition), []).append(offset)
+        return offset
 
 
 def record_key(record: StreamRecord) -> bytes | None:
@@ -112,17 +121,13 @@ def write_capture_file(
 ) -> SimulationReport:
     """The same stream as a capture file, with the offsets a broker would have assigned."""
     report = SimulationReport()
-    offsets = [0] * workload.config.partitions
 
     def records() -> Iterable[SourceRecord]:
         for record, value in encoded(workload, encoder):
-            offset = offsets[record.partition]
-            offsets[record.partition] += 1
-            report.count(record)
             yield SourceRecord(
                 topic=topic,
                 partition=record.partition,
-                offset=offset,
+                offset=report.count(record),
                 key=record_key(record),
                 value=value,
                 timestamp=None,

@@ -16,6 +16,7 @@ import pyarrow as pa
 from consumer.protocol.model import TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.render import value_object
+from consumer.sinks.delta import live_mirror, table_dir
 
 TableRows = dict[Any, dict[str, Any]]
 
@@ -113,3 +114,14 @@ def arrow_table_rows(table: pa.Table, schema: TableSchema, key: str = "id") -> T
     names = list(columns)
     rows = [dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)]
     return {row[key]: row for row in rows}
+
+
+def delta_mirror_state(root: str | Path, schemas: Iterable[TableSchema]) -> dict[str, TableRows]:
+    """The rows of the Delta mirrors under `root` (tombstones left out), for `differences`; a table without
+    a mirror directory has no rows."""
+    state = {}
+    for schema in schemas:
+        path = table_dir(root, schema.database, schema.table) / "mirror"
+        rows = arrow_table_rows(live_mirror(path), schema) if path.exists() else {}
+        state[f"{schema.database}.{schema.table}"] = rows
+    return state

@@ -13,8 +13,9 @@ applied in offset order, so rows of a replayed batch below that version are alre
 Each commit also records `ticdc.*` commit metadata (group, resume offsets, resolved ts, schema cache), so
 the output itself says where a restarted consumer resumes and how far it is consistent.
 
-Type mapping: MySQL TIME (an Arrow duration, which Delta lacks) is stored as int64 microseconds. User
-columns are nullable in Delta, so a dropped column can be null from then on.
+Type mapping: MySQL TIME (an Arrow duration, which Delta lacks) is stored as int64 microseconds, marked in
+the field's metadata so `live_mirror` and the Spark readers give it back as a duration. User columns are
+nullable in Delta, so a dropped column can be null from then on.
 """
 
 from __future__ import annotations
@@ -48,9 +49,11 @@ log = logging.getLogger(__name__)
 Mode = Literal["changelog", "mirror", "both"]
 
 KINDS = ("changelog", "mirror")
-MIRROR_META = ("_commit_ts", "_schema_version")
+MIRROR_META = ("_commit_ts", "_schema_version", "_deleted")
+DELETED_FIELD = pa.field("_deleted", pa.bool_())  # null (mirrors from before tombstones) means live
 DROPPED_PROPERTY = "ticdc.dropped_at"
 TRUNCATED_PROPERTY = "ticdc.truncated_at"
+STORED_AS, STORED_DURATION = "ticdc.stored_as", "duration[us]"  # field metadata of a stored TIME column
 """Table property set on both tables of a dropped upstream table: the DROP TABLE's commit ts."""
 
 DDL_LOG = "_ddl"
@@ -207,16 +210,19 @@ class DeltaSink:
         self._commit(f"changelog {path}", attempt)
 
     def _merge_mirror(self, path: Path, changes: TableChanges, context: CommitContext) -> None:
-        """Stale changes (older than the mirror's row) never win; a delete removes the row; an upsert of a
-        key the mirror lacks inserts it (a consumer that joined mid-stream never saw its INSERT).
+        """Stale changes (older than the mirror's row) never win; an upsert of a key the mirror lacks inserts
+        it (a consumer that joined mid-stream never saw its INSERT).
 
-        The mirror keeps no tombstones, so a stale upsert of a deleted key would re-insert it; the app
-        transactions keep replays out. A MERGE that changes nothing commits nothing (delta-rs), so its
-        versions are not recorded; replayed, such rows are judged by the same commit-ts rules again.
+        A delete leaves a tombstone (`_deleted` true, with its `_commit_ts`) in the same MERGE: a key can move
+        to another partition (a RENAME changes the dispatcher's hash), so another group member may still
+        apply an older upsert of it later, and it must lose. Readers filter tombstones (`live_mirror`,
+        `consumer.spark.readers.read_mirror`); a MERGE that changes nothing commits nothing (delta-rs).
         """
         keys = changes.key_columns
-        columns = [*(n for n in changes.changelog.column_names if n not in META_COLUMNS), *MIRROR_META]
-        schema = pa.schema([_storable(field) for field in changes.changelog.select(columns).schema])
+        columns = [*(n for n in changes.changelog.column_names if n not in META_COLUMNS), *MIRROR_META[:-1]]
+        schema = pa.schema(
+            [*(_storable(field) for field in changes.changelog.select(columns).schema), DELETED_FIELD]
+        )
 
         def attempt() -> None:
             table = self._open_or_claim(path)
@@ -229,9 +235,11 @@ class DeltaSink:
             if pending.num_rows == 0:
                 return
             latest = latest_per_key(pending, keys)
-            source = _conform(latest.select(columns), _arrow_schema(table))
-            source = source.append_column("_change_type", latest["_change_type"])
-            newer, upsert = "s._commit_ts >= t._commit_ts", "s._change_type <> 'delete'"
+            deleted = pc.equal(latest["_change_type"], "delete")
+            source = _conform(
+                latest.select(columns).append_column(DELETED_FIELD, deleted), _arrow_schema(table)
+            )
+            newer = "s._commit_ts >= t._commit_ts"
             (
                 table.merge(
                     source,
@@ -241,9 +249,8 @@ class DeltaSink:
                     merge_schema=True,
                     commit_properties=_properties(context, _offset_transactions(pending, context.group)),
                 )
-                .when_matched_delete(f"s._change_type = 'delete' AND {newer}")
-                .when_matched_update_all(f"{upsert} AND {newer}", except_cols=["_change_type"])
-                .when_not_matched_insert_all(upsert, except_cols=["_change_type"])
+                .when_matched_update_all(newer)
+                .when_not_matched_insert_all()
                 .execute()
             )
 
@@ -269,7 +276,7 @@ class DeltaSink:
                     f"Delta type {current.field(field.name).type}"
                 )
         wanted = {field.name for field in fields}
-        dropped = [n for n in current.names if n not in wanted and n not in META_COLUMNS]
+        dropped = [n for n in current.names if n not in wanted and n not in (*META_COLUMNS, *MIRROR_META)]
         if dropped and path.name == "mirror":
             table.update(
                 updates={_quote(n): "NULL" for n in dropped},
@@ -457,6 +464,23 @@ def _vanished(exc: Exception) -> bool:
     return isinstance(exc, FileNotFoundError) or "not found" in text or "invalid table version" in text
 
 
+def live_mirror(path: str | Path, columns: list[str] | None = None) -> pa.Table:
+    """A mirror's current rows, typed as decoded (TIME as a duration again), tombstones (`_deleted`) filtered
+    out and the column dropped."""
+    delta = DeltaTable(str(path))
+    tombstones = DELETED_FIELD.name in {f.name for f in delta.schema().fields}
+    table = delta.to_pyarrow_table(columns=columns and [*columns, *[DELETED_FIELD.name] * tombstones])
+    for name in stored_durations(delta):
+        if name in table.column_names:
+            index = table.column_names.index(name)
+            restored = table[name].cast(pa.int64()).combine_chunks().view(pa.duration("us"))
+            table = table.set_column(index, pa.field(name, restored.type), restored)
+    if not tombstones:  # written before tombstones existed
+        return table
+    live = pc.invert(pc.fill_null(table[DELETED_FIELD.name], False))
+    return table.filter(live).drop_columns([DELETED_FIELD.name])
+
+
 def truncated_at(table: DeltaTable) -> int | None:
     """The commit ts of the latest TRUNCATE/DROP the mirror applied: older rows no longer belong in it."""
     value = table.metadata().configuration.get(TRUNCATED_PROPERTY)
@@ -547,9 +571,17 @@ def _arrow_schema(table: DeltaTable | None) -> pa.Schema | None:
 
 
 def _storable(field: pa.Field) -> pa.Field:
-    """How a new column is stored: nullable (unless bookkeeping), durations as int64 microseconds."""
-    kind = pa.int64() if pa.types.is_duration(field.type) else field.type
-    return pa.field(field.name, kind, nullable=field.nullable or field.name not in META_COLUMNS)
+    """How a new column is stored: nullable (unless bookkeeping), durations as int64 microseconds marked
+    in the field's metadata, so readers can give TIME back as a duration."""
+    nullable = field.nullable or field.name not in META_COLUMNS
+    if pa.types.is_duration(field.type):
+        return pa.field(field.name, pa.int64(), nullable, metadata={STORED_AS: STORED_DURATION})
+    return pa.field(field.name, field.type, nullable)
+
+
+def stored_durations(table: DeltaTable) -> list[str]:
+    """The table's columns that hold MySQL TIME values as int64 microseconds."""
+    return [f.name for f in table.schema().fields if f.metadata.get(STORED_AS) == STORED_DURATION]
 
 
 def _conform(data: pa.Table, target: pa.Schema | None) -> pa.Table:

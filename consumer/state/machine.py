@@ -43,6 +43,7 @@ ErrorPolicy = Literal["dead-letter", "fail"]
 class StateStats:
     held_rows: int  # waiting for a schema
     held_bytes: int
+    held_total: int  # rows that ever waited for a schema (a mid-stream join's, until the BOOTSTRAP)
     oldest_held_age: float  # seconds; 0.0 when nothing is held
     waiting_rows: int  # schema known, waiting for the watermark or a barrier
     waiting_bytes: int
@@ -204,6 +205,7 @@ class ConsumerState:
         return StateStats(
             held_rows=self._pending.rows,
             held_bytes=self._pending.bytes,
+            held_total=self._pending.held_total,
             oldest_held_age=self._pending.oldest_age(),
             waiting_rows=self._resolver.rows,
             waiting_bytes=self._resolver.bytes,

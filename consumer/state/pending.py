@@ -75,6 +75,7 @@ class PendingBuffer:
         self._bytes_by_partition: Counter[TopicPartition] = Counter()
         self.rows = 0
         self.bytes = 0
+        self.held_total = 0  # rows that ever had to wait for their schema
 
     def hold(self, dml: RawDML, location: RecordLocation) -> None:
         key = dml.schema_key
@@ -92,6 +93,7 @@ class PendingBuffer:
         self._bytes_by_partition[topic_partition(location)] += size
         self.rows += 1
         self.bytes += size
+        self.held_total += 1
 
     def release(self, schema: TableSchema) -> list[HeldRow]:
         """Rows `schema` decodes: its exact key, or the same table id and version under another name."""

@@ -54,6 +54,10 @@ def _free_port() -> int:
 class EmbeddedBroker:
     """A running tansu broker on 127.0.0.1; starts in the constructor, `stop()` (or `with`) ends it."""
 
+    # tansu completes a consumer-group join after about half the session timeout: with librdkafka's 45 s
+    # default a member waits ~23 s for partitions, with this ~3 s (real Kafka's minimum session is 6 s).
+    GROUP_CONFIG: dict[str, str] = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "500"}
+
     def __init__(self, *, binary: Path | None = None, startup_timeout: float = 10.0) -> None:
         executable = _checked_executable(binary) if binary else tansu_binary()
         self.port = _free_port()

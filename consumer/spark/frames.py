@@ -1,0 +1,51 @@
+"""Typed changelog batches (Arrow) -> Spark DataFrames with an explicit schema, without per-row Python.
+
+The Spark type of every column comes from the mysqlType table (`consumer.protocol.types`), so a column has
+the same Spark type whether it arrives through a DataFrame, a Parquet file or a Delta table.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from consumer.batches.changes import TableChanges
+from consumer.protocol.types import spark_type_of
+from consumer.sinks.base import TopicPartition
+
+
+def spark_schema(arrow_schema: pa.Schema) -> T.StructType:
+    """The Spark schema of an SDK Arrow schema; a field is nullable exactly when its Arrow field is."""
+    return T.StructType(
+        [T.StructField(f.name, spark_type_of(f.type), nullable=f.nullable) for f in arrow_schema]
+    )
+
+
+def to_dataframe(spark: SparkSession, changes: TableChanges) -> DataFrame:
+    """One batch as a DataFrame. Arrow goes to the JVM in record batches; no value passes through Python."""
+    table = changes.changelog
+    return spark.createDataFrame(table, schema=spark_schema(_nullable_where_null(table)))
+
+
+def _nullable_where_null(table: pa.Table) -> pa.Schema:
+    """Relax NOT NULL columns that hold nulls in this batch, which PySpark would otherwise reject.
+
+    A key-only image (TiCDC's handle-key-only large-message mode) leaves non-key NOT NULL columns empty.
+    """
+    schema = table.schema
+    for index, field in enumerate(schema):
+        if not field.nullable and table.column(index).null_count:
+            schema = schema.set(index, field.with_nullable(True))
+    return schema
+
+
+def offset_ranges(changes: TableChanges) -> dict[TopicPartition, tuple[int, int]]:
+    """Per (topic, partition), the first and last offset the batch's rows came from."""
+    ranges = changes.changelog.group_by(["_topic", "_partition"], use_threads=False).aggregate(
+        [("_offset", "min"), ("_offset", "max")]
+    )
+    return {
+        (row["_topic"], row["_partition"]): (row["_offset_min"], row["_offset_max"])
+        for row in ranges.to_pylist()
+    }

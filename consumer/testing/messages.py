@@ -1,0 +1,37 @@
+"""Records as a consumer receives them, for tests of the stages after the codec (users' tests too)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from consumer.protocol.codec import MessageDecoder, MessageEncoder
+from consumer.protocol.model import DML, DMLType, RawDML, TableSchema
+from consumer.protocol.rows import Encoding
+
+
+def raw_dml(
+    schema: TableSchema,
+    kind: DMLType,
+    data: dict[str, Any] | None = None,
+    old: dict[str, Any] | None = None,
+    *,
+    commit_ts: int,
+    encoding: Encoding = "json",
+) -> RawDML:
+    """A DML of `schema`'s table encoded as TiCDC would send it, then decoded to its routing header: the
+    values go through the real wire forms, as in production."""
+    dml = DML(
+        type=kind,
+        database=schema.database,
+        table=schema.table,
+        table_id=schema.table_id,
+        commit_ts=commit_ts,
+        build_ts=0,
+        schema_version=schema.version,
+        data=data,
+        old=old,
+    )
+    raw = MessageDecoder(encoding).decode(MessageEncoder(encoding).encode(dml, schema))
+    if not isinstance(raw, RawDML):
+        raise TypeError(f"a DML decoded as {type(raw).__name__}")
+    return raw
