@@ -45,7 +45,7 @@ class ErrorsConfig(msgspec.Struct, forbid_unknown_fields=True):
 class BudgetConfig(msgspec.Struct, forbid_unknown_fields=True):
     pending_bytes: int = 256 * 1024 * 1024
     pending_timeout_s: float = 240.0
-    max_batch_records: int = 20_000
+    max_batch_records: int = 100_000  # records per cycle: fewer, larger commits and MERGEs
 
 
 class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):

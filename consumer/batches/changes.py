@@ -75,50 +75,44 @@ def table_changes(codec: TableCodec, rows: Sequence[tuple[RawDML, RecordLocation
         if exc.row is not None:
             exc.with_location(rows[exc.row][1])
         raise
-    pick_old: list[int] = []
+    pick_old: list[int] = []  # the DML each image comes from
     pick_from: list[int] = []  # index into concat(old, data)
+    kinds: list[str] = []
     count = len(raws)
     for row, raw in enumerate(raws):
         if raw.type is DMLType.UPDATE:
             pick_from.extend((row, count + row))
             pick_old.extend((row, row))
+            kinds.extend(("update_preimage", "update_postimage"))
         elif raw.type is DMLType.INSERT:
             pick_from.append(count + row)
             pick_old.append(row)
+            kinds.append("insert")
         else:
             pick_from.append(row)
             pick_old.append(row)
+            kinds.append("delete")
     both = pa.concat_tables([pa.Table.from_batches([images.old]), pa.Table.from_batches([images.data])])
     user = both.take(pa.array(pick_from, pa.int64()))
-    meta = _metadata(rows, pick_old, pick_from, count)
+    meta = _metadata(rows, pa.array(pick_old, pa.int64()), kinds)
     schema = changelog_schema(codec)
     return TableChanges(codec.schema, pa.Table.from_arrays([*user.columns, *meta], schema=schema))
 
 
 def _metadata(
-    rows: Sequence[tuple[RawDML, RecordLocation]], source_row: list[int], pick_from: list[int], count: int
+    rows: Sequence[tuple[RawDML, RecordLocation]], source_row: pa.Array, kinds: list[str]
 ) -> list[pa.Array]:
-    kinds, commit_ts, versions, topics, partitions, offsets = [], [], [], [], [], []
-    for source, picked in zip(source_row, pick_from, strict=True):
-        raw, location = rows[source]
-        kinds.append(_change_type(raw.type, is_old=picked < count))
-        commit_ts.append(raw.commit_ts)
-        versions.append(raw.schema_version)
-        topics.append(location.topic)
-        partitions.append(location.partition)
-        offsets.append(location.offset)
-    ts = pa.array(commit_ts, pa.int64())
+    """Per-DML columns built once, then taken per image (an UPDATE has two)."""
+    ts = pa.array([raw.commit_ts for raw, _ in rows], pa.int64()).take(source_row)
     physical_ms = pc.shift_right(ts, TSO_PHYSICAL_SHIFT)
     commit_time = pc.cast(pc.cast(physical_ms, pa.timestamp("ms", tz="UTC")), pa.timestamp("us", tz="UTC"))
-    return [
-        pa.array(kinds, pa.string()),
-        ts,
-        commit_time,
-        pa.array(versions, pa.int64()),
-        pa.array(topics, pa.string()),
-        pa.array(partitions, pa.int32()),
-        pa.array(offsets, pa.int64()),
+    per_dml = [
+        pa.array([raw.schema_version for raw, _ in rows], pa.int64()),
+        pa.array([location.topic for _, location in rows], pa.string()),
+        pa.array([location.partition for _, location in rows], pa.int32()),
+        pa.array([location.offset for _, location in rows], pa.int64()),
     ]
+    return [pa.array(kinds, pa.string()), ts, commit_time, *(column.take(source_row) for column in per_dml)]
 
 
 def _change_type(kind: DMLType, *, is_old: bool) -> str:

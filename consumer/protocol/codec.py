@@ -33,6 +33,8 @@ class MessageDecoder:
             raise MalformedMessageError("empty record value")
         if self.compression == "auto" and value[0] in PLAIN_FIRST_BYTES:  # the common case, sniffed once
             try:
+                if value[0] == _JSON_START and self.encoding != "avro":  # the hottest case, fewest calls
+                    return json_codec.decode(value)
                 return self._decode_plain(value)
             except DecodeError as error:
                 return self._decode_snappy_lookalike(value, error)

@@ -80,8 +80,23 @@ def decode(payload: bytes) -> DecodedMessage:
         envelope = _ENVELOPE.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise MalformedMessageError(f"invalid JSON message: {exc}") from exc
-    if envelope.type in _DML_TYPES:
-        return _raw_dml(envelope, payload)
+    kind = _DML_TYPES.get(envelope.type)
+    if kind is not None:  # inlined: DMLs are nearly every message
+        if not envelope.database:
+            raise MalformedMessageError(
+                "DML without `database` (a pre-v8.0 TiCDC message shape, which this SDK does not read)"
+            )
+        return RawDML(
+            type=kind,
+            database=envelope.database,
+            table=envelope.table,
+            table_id=envelope.table_id,
+            commit_ts=envelope.commit_ts,
+            build_ts=envelope.build_ts,
+            schema_version=envelope.schema_version,
+            payload=payload,
+            encoding="json",
+        )
     try:
         wire = _WIRE.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -89,24 +104,6 @@ def decode(payload: bytes) -> DecodedMessage:
     if _ABSENT in (wire.commit_ts, wire.build_ts):
         raise MalformedMessageError(f"{wire.type} message without commitTs/buildTs")
     return _schema_or_watermark(wire)
-
-
-def _raw_dml(envelope: _Envelope, payload: bytes) -> RawDML:
-    if not envelope.database:
-        raise MalformedMessageError(
-            "DML without `database` (a pre-v8.0 TiCDC message shape, which this SDK does not read)"
-        )
-    return RawDML(
-        type=_DML_TYPES[envelope.type],
-        database=envelope.database,
-        table=envelope.table,
-        table_id=envelope.table_id,
-        commit_ts=envelope.commit_ts,
-        build_ts=envelope.build_ts,
-        schema_version=envelope.schema_version,
-        payload=payload,
-        encoding="json",
-    )
 
 
 def _schema_or_watermark(wire: _Wire) -> Watermark | Bootstrap | DDL:

@@ -10,6 +10,7 @@ import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Literal
 
 import msgspec
@@ -21,6 +22,7 @@ from consumer.protocol.model import DML, Checksum, DMLType, RawDML, TableSchema
 from consumer.protocol.types import ColumnType, ValuePolicy, column_type
 
 Encoding = Literal["json", "avro"]
+_CHUNK_BYTES = 1 << 20  # payload decoded at a time by `decode_batch`, so its parsed rows stay in cache
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,31 @@ class TableCodec:
 
     # -- fast path: many DMLs -> Arrow ---------------------------------------------------------------
     def decode_batch(self, raws: Sequence[RawDML]) -> RowImages:
-        """Typed Arrow images of many DMLs of this table version. Errors carry `.row` = index in raws."""
+        """Typed Arrow images of many DMLs of this table version. Errors carry `.row` = index in raws.
+
+        Big batches decode in chunks of about `_CHUNK_BYTES` of payload: a chunk's parsed rows are still in
+        the CPU cache when its columns are built, which more than pays for concatenating the chunks.
+        """
+        sample = raws[:64]
+        size = max(1, _CHUNK_BYTES * len(sample) // max(1, sum(len(raw.payload) for raw in sample)))
+        if len(raws) <= size:
+            return self._decode_chunk(raws)
+        chunks = []
+        for start in range(0, len(raws), size):
+            try:
+                chunks.append(self._decode_chunk(raws[start : start + size]))
+            except ValueDecodeError as exc:
+                if exc.row is not None:
+                    exc.row += start
+                raise
+        return RowImages(
+            data=pa.concat_batches([c.data for c in chunks]),
+            old=pa.concat_batches([c.old for c in chunks]),
+            has_data=list(chain.from_iterable(c.has_data for c in chunks)),
+            has_old=list(chain.from_iterable(c.has_old for c in chunks)),
+        )
+
+    def _decode_chunk(self, raws: Sequence[RawDML]) -> RowImages:
         datas, olds = self._wire_images(raws)
         return RowImages(
             data=self._image(datas, raws),
@@ -216,8 +242,9 @@ def _json_body(
     msgspec cannot name fields with `\\`, `"` or control characters; such tables decode rows as dicts.
     """
     fields = []
-    for i, column in enumerate(columns):
-        kind = dict[str, str] | None if column.family == "timestamp" else column.json_wire | None
+    # Declared in the wire's key order (Go sorts map keys bytewise): msgspec matches in-order keys fastest.
+    for i in sorted(range(len(columns)), key=lambda i: columns[i].name.encode()):
+        kind = columns[i].json_wire | None
         fields.append((f"c{i}", kind | msgspec.UnsetType if missing is msgspec.UNSET else kind, missing))
     try:
         row: Any = msgspec.defstruct(

@@ -151,9 +151,9 @@ class Workload:
         size = min(budget, self.rng.randint(1, self.config.max_txn_rows))
         changes: list[tuple[_Table, DML]] = []
         touched: set[tuple[int, int]] = set()  # TiDB emits one final change per row per transaction
-        for _ in range(size):
+        while len(changes) < size:
             table = self.rng.choice(live)
-            for dml in self._change(table, commit_ts, touched):
+            for dml in self._change(table, commit_ts, touched, room=size - len(changes)):
                 touched.add((id(table), (dml.data or dml.old or {})["id"]))
                 changes.append((table, dml))
         # TiCDC emits a transaction's split DELETEs before its INSERTs (spec §3.3)
@@ -163,17 +163,30 @@ class Workload:
             table.rows_since_bootstrap += 1
             yield StreamRecord(self._partition(table, dml), dml, table.schema)
 
-    def _change(self, table: _Table, commit_ts: int, touched: set[tuple[int, int]]) -> list[DML]:
+    def _change(self, table: _Table, commit_ts: int, touched: set[tuple[int, int]], room: int) -> list[DML]:
+        """One row change: at most `room` DMLs (a key change takes two), so `rows` is produced exactly."""
         roll = self.rng.random()
-        untouched = [k for k in table.rows if (id(table), k) not in touched] if roll >= 0.5 else []
-        if not untouched:
+        key = self._untouched_key(table, touched) if roll >= 0.5 else None
+        if key is None:
             return [self._insert(table, commit_ts)]
-        key = self.rng.choice(untouched)
-        if roll < 0.8:
+        if roll < 0.8 or (roll >= 0.92 and room < 2):
             return [self._update(table, key, commit_ts)]
         if roll < 0.92:
             return [self._delete(table, key, commit_ts)]
         return self._change_key(table, key, commit_ts)
+
+    def _untouched_key(self, table: _Table, touched: set[tuple[int, int]]) -> int | None:
+        """A live key the transaction has not changed yet, uniformly: sampled by id (ids run 1..next_id-1,
+        mostly live), so a stream's generation stays linear in its length; a sparse table (after a TRUNCATE)
+        falls back to listing its keys."""
+        for _ in range(64):
+            if table.next_id <= 1:
+                return None
+            key = self.rng.randrange(1, table.next_id)
+            if key in table.rows and (id(table), key) not in touched:
+                return key
+        untouched = [k for k in table.rows if (id(table), k) not in touched]
+        return self.rng.choice(untouched) if untouched else None
 
     def _dml(self, table: _Table, kind: DMLType, commit_ts: int, data: Any = None, old: Any = None) -> DML:
         schema = table.schema
