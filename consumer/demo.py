@@ -23,6 +23,7 @@ from consumer.config import RunConfig, SinkConfig, SourceConfig
 from consumer.pipeline import PipelineStats
 from consumer.progress import ProgressReporter
 from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.model import TableSchema
 from consumer.simulate.output import SimulationReport, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
@@ -73,6 +74,8 @@ class DemoReport:
 def run_demo(
     workdir: Path, settings: DemoSettings = DemoSettings(), console: Console | None = None
 ) -> DemoReport:
+    """Run every stage in order and check the result; `workdir` must be new (the sinks would resume from
+    offsets an earlier run recorded, which a fresh broker does not have)."""
     console = console or Console()
     workdir.mkdir(parents=True, exist_ok=True)
     with EmbeddedBroker() as broker:
@@ -215,7 +218,7 @@ def _delta_changelog_rows(root: Path) -> int:
     )
 
 
-def _parquet_changelog_rows(spark: SparkSession, root: Path, schemas: list[Any]) -> int:
+def _parquet_changelog_rows(spark: SparkSession, root: Path, schemas: list[TableSchema]) -> int:
     total = 0
     for schema in schemas:
         if (table_dir(root, schema.database, schema.table) / "changelog").exists():
@@ -223,7 +226,7 @@ def _parquet_changelog_rows(spark: SparkSession, root: Path, schemas: list[Any])
     return total
 
 
-def _print_summary(report: DemoReport, schemas: list[Any], workdir: Path, console: Console) -> None:
+def _print_summary(report: DemoReport, schemas: list[TableSchema], workdir: Path, console: Console) -> None:
     console.rule("[bold]result")
     stats = report.lakehouse
     table = Table("upstream table", "changelog rows applied")
