@@ -74,6 +74,7 @@ def _consume(
     until_idle: float = 3.0,
     starts: dict[tuple[str, int], int] | None = None,
 ) -> Pipeline:
+    group = f"{topic}.{group}"  # the broker outlives tests: a group of an earlier test must not interfere
     pipeline = _pipeline(root, group)
 
     def on_assign(partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
@@ -202,7 +203,7 @@ def test_three_members_joining_and_leaving_lose_nothing(
 
     def member(index: int, delay: float) -> None:
         time.sleep(delay)
-        pipeline = _pipeline(root, "trio", max_batch_records=300)
+        pipeline = _pipeline(root, f"{topic}.trio", max_batch_records=300)
 
         def on_assign(partitions: list[tuple[str, int]]) -> Any:
             joined[index].set()
@@ -211,7 +212,7 @@ def test_three_members_joining_and_leaving_lose_nothing(
         source = KafkaSource(
             kafka_broker.bootstrap_servers,
             [topic],
-            "trio",
+            f"{topic}.trio",
             config=FAST_GROUP,
             on_assign=on_assign,
             on_revoke=pipeline.on_revoke,
@@ -264,7 +265,7 @@ def test_sigkill_and_restart_resumes_from_committed_offsets_without_loss(
         "--source",
         f"kafka://{kafka_broker.bootstrap_servers}/{topic}",
         "--group",
-        "killed",
+        f"{topic}.killed",
         "--sink",
         f"jsonl:{out}",
         "--until-idle",

@@ -49,7 +49,7 @@ def _run(
         "--source",
         f"kafka://{broker.bootstrap_servers}/{topic}",
         "--group",
-        group,
+        f"{topic}.{group}",  # the broker outlives tests: a group of an earlier test must not interfere
         "--sink",
         f"delta:{root}",
         "--until-idle",

@@ -303,6 +303,23 @@ def test_rename_moves_the_tables_and_later_changes_continue_them(tmp_path: Path)
     assert [r["_offset"] for r in _changelog(tmp_path, "orders~20v2")] == [0, 1]
 
 
+def test_two_members_applying_one_rename_at_once_both_succeed(tmp_path: Path, monkeypatch: Any) -> None:
+    first, second = DeltaSink(tmp_path), DeltaSink(tmp_path)
+    first.write(_changes([_insert(1, TS, 0)]), CONTEXT)
+    renamed = _evolved(5, *SCHEMA.columns, table="orders2")
+    rename = _ddl(DDLType.RENAME, "RENAME TABLE `orders` TO `orders2`", TS + 1, renamed)
+    check_target = second._retire_dropped
+
+    def moved_meanwhile(table_dir: Path) -> bool:
+        first.apply_ddl(rename, CONTEXT)  # the other member moves the table between our checks
+        return check_target(table_dir)
+
+    monkeypatch.setattr(second, "_retire_dropped", moved_meanwhile)
+    second.apply_ddl(rename, CONTEXT)
+    assert not (tmp_path / "shop/orders").exists()
+    assert sorted(_mirror(tmp_path, "orders2")) == [1]
+
+
 def test_rename_onto_a_live_table_fails(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
     other = _evolved(5, *SCHEMA.columns, table="other")

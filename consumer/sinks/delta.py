@@ -326,12 +326,14 @@ class DeltaSink:
         if source == target or not source.exists():
             return  # never written, or already moved (a replay)
         if not self._retire_dropped(target):
+            if not source.exists():
+                return  # another member applying the same RENAME moved it first
             raise SinkError(f"RENAME to {event.database}.{event.table}: {target} already holds a live table")
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             source.rename(target)
-        except FileNotFoundError:
-            if not target.exists():  # else another member moved it first
+        except OSError:
+            if source.exists() or not target.exists():  # else another member moved it first
                 raise
 
     def _retire_dropped(self, table_dir: Path) -> bool:
