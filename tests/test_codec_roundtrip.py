@@ -104,12 +104,11 @@ def test_auto_detection_reads_snappy_blocks_that_start_like_plain_messages(
     encoding: str, plain_size: int
 ) -> None:
     """A raw snappy block opens with its uncompressed size: 123 reads as `{`, 22 as Avro's first byte."""
-    for sql_size in range(200):
-        message = DDL(type=DDLType.QUERY, sql="x" * sql_size, commit_ts=9, build_ts=1)
-        if len(MessageEncoder(encoding, "none").encode(message)) == plain_size:  # type: ignore[arg-type]
-            break
-    else:
-        pytest.skip(f"no {encoding} QUERY DDL is {plain_size} bytes long")
+    message = next(
+        m
+        for m in (DDL(type=DDLType.QUERY, sql="x" * size, commit_ts=9, build_ts=1) for size in range(200))
+        if len(MessageEncoder(encoding, "none").encode(m)) == plain_size  # type: ignore[arg-type]
+    )
     value = MessageEncoder(encoding, "snappy").encode(message)  # type: ignore[arg-type]
     assert value[0] == plain_size
     assert MessageDecoder().decode(value) == message

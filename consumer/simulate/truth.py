@@ -99,8 +99,8 @@ def differences(state: Mapping[str, TableRows], truth: Mapping[str, Any], key: s
 def arrow_table_rows(table: pa.Table, schema: TableSchema, key: str = "id") -> TableRows:
     """Rows of a stored table (e.g. a Delta mirror) in rendered form, typed through the table's columns.
 
-    Storage may widen a type (Delta keeps TIME as int64 microseconds), so each column is cast back to the
-    codec's Arrow type first; columns the schema no longer has (dropped) are ignored.
+    Storage may widen a type (TIME as int64 microseconds, a MODIFY kept at the old type), so each column is
+    cast back to the codec's Arrow type first; columns the schema no longer has (dropped) are ignored.
     """
     codec = TableCodec(schema)
     columns = {}
@@ -108,8 +108,6 @@ def arrow_table_rows(table: pa.Table, schema: TableSchema, key: str = "id") -> T
         if column.name not in table.column_names:
             continue
         stored = table.column(column.name).combine_chunks()
-        if pa.types.is_duration(column.arrow_type) and pa.types.is_integer(stored.type):
-            stored = stored.cast(pa.int64()).view(column.arrow_type)
         columns[column.name] = [value_object(v) for v in column.to_python(stored.cast(column.arrow_type))]
     names = list(columns)
     rows = [dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)]

@@ -471,12 +471,13 @@ def live_mirror(path: str | Path, columns: list[str] | None = None) -> pa.Table:
     out and the column dropped."""
     delta = DeltaTable(str(path))
     tombstones = DELETED_FIELD.name in {f.name for f in delta.schema().fields}
-    table = delta.to_pyarrow_table(columns=columns and [*columns, *[DELETED_FIELD.name] * tombstones])
+    if columns is not None and tombstones:
+        columns = [*columns, DELETED_FIELD.name]
+    table = delta.to_pyarrow_table(columns=columns)
     for name in stored_durations(delta):
         if name in table.column_names:
             index = table.column_names.index(name)
-            restored = table[name].cast(pa.int64()).combine_chunks().view(pa.duration("us"))
-            table = table.set_column(index, pa.field(name, restored.type), restored)
+            table = table.set_column(index, name, table[name].cast(pa.duration("us")))
     if not tombstones:  # written before tombstones existed
         return table
     live = pc.invert(pc.fill_null(table[DELETED_FIELD.name], False))
