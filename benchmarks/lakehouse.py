@@ -3,7 +3,7 @@
 Each pass is measured against a consume-and-decode baseline from the same run; then the benchmark decides
 which Delta write strategy (delta-rs alone, or Spark files + a delta-rs commit) wins at which batch size.
 
-Run: `python benchmarks/lakehouse.py [--rows N] [--batch N] [--batches N,N] [--sizes N,N,N]`.
+Run: `python benchmarks/lakehouse.py [--rows N] [--batch N] [--batches N,N] [--workers N,N] [--sizes N,N,N]`.
 
 1. Produce once. The simulator (4 tables: one with every column type, three narrow order-like ones;
    inserts, updates, deletes and key changes in small transactions; BOOTSTRAPs and WATERMARKs as TiCDC
@@ -14,22 +14,25 @@ Run: `python benchmarks/lakehouse.py [--rows N] [--batch N] [--batches N,N] [--s
    partition without group membership so a group join does not blur the figure. Timed: `Pipeline.run`
    until the last record is applied and committed; "in sink" is the time inside the sink's `write`.
    - baseline: a sink that drops every batch, i.e. Kafka fetch, envelope decode, state machine and typed
-     Arrow changelog, which every sink sits behind. Run first and last; the faster one is the reference.
+     Arrow changelog, which every sink sits behind. Run first and last; the faster one is the reference
+     for the passes with as many decode workers.
    - Delta changelog and Delta mirror (`DeltaSink` mode "changelog" / "mirror"), Parquet (`ParquetSink`:
      Spark writes the files, a manifest commits them).
    rows/s counts DML events (upstream row changes); an UPDATE is two changelog images. Every pass must
    apply every image of the baseline without dead letters, the changelogs must hold them all and the
    mirrors as many live rows as the simulator's final tables.
 3. `max_batch_records` bounds the records a cycle polls, and so the rows per Delta commit or MERGE: the
-   Delta passes run at `--batch` and again at each of `--batches` (100000 is the default).
+   Delta passes run at `--batch` and again at each of `--batches` (100000 is the default). Each count of
+   `--workers` (`decode_workers`: processes decoding values beside the loop; default: the run default,
+   then 0) gets its own baseline and Delta passes; Parquet runs at the first.
 4. Write strategies for one Delta append of `--sizes` rows of the typed changelog the baseline produced
    (the narrow tables; repeated with shifted offsets where the run has fewer): delta-rs `write_deltalake`
    against Spark writing the Parquet files into the table and delta-rs committing them
    (`create_write_transaction`, add actions with the files' stats). Both tables are read back and
    compared first. Best of 3 appends per size.
 
-Targets (issue): changelog >= 100k rows/s, mirror >= 50k rows/s. The default run (1M rows) takes 7.5 minutes
-on 2 cores, 1 of them producing, and peaks at 1.8 GB RSS; `--rows 50000` is a quick check (under a minute).
+Targets (issue): changelog >= 100k rows/s, mirror >= 50k rows/s. The default run (1M rows) takes about 10
+minutes on 2 cores; `--rows 50000` is a quick check (about a minute).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ from pyspark.sql import SparkSession
 
 from consumer import app
 from consumer.batches.changes import META_COLUMNS, TableChanges
-from consumer.config import BudgetConfig, RunConfig, SinkConfig, SourceConfig
+from consumer.config import DEFAULT_DECODE_WORKERS, BudgetConfig, RunConfig, SinkConfig, SourceConfig
 from consumer.pipeline import Pipeline
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import TableSchema
@@ -165,6 +168,7 @@ class Pass:
     sink: str  # "drop", "changelog", "mirror" or "parquet"
     root: Path
     batch: int
+    workers: int
     seconds: float = 0.0
     sink_seconds: float = 0.0
     writes: int = 0
@@ -180,7 +184,7 @@ def consume(broker: EmbeddedBroker, run: Pass, records: int, inner: Sink | None 
     config = RunConfig(
         source=SourceConfig(url=f"kafka://{broker.bootstrap_servers}/{TOPIC}", group=group),
         sink=SinkConfig(url=f"{kind}:{run.root}", mode=run.sink if kind == "delta" else "both"),  # type: ignore[arg-type]
-        budget=BudgetConfig(max_batch_records=run.batch),
+        budget=BudgetConfig(max_batch_records=run.batch, decode_workers=run.workers),
     )
     sink = TimedSink(inner if inner is not None else app.build_sinks(config)[0])
     pipeline = app.build_pipeline(config, sinks=[sink])
@@ -207,7 +211,7 @@ def consume(broker: EmbeddedBroker, run: Pass, records: int, inner: Sink | None 
     assert stats.records == records, (run.name, stats.records, records)
     run.images, run.dead_letters = stats.rows, stats.dead_letters
     run.sink_seconds, run.writes = sink.seconds, sink.writes
-    print(f"  {run.name}, batch {run.batch:,}: {run.seconds:.1f} s", flush=True)
+    print(f"  {run.name}, batch {run.batch:,}, {run.workers} workers: {run.seconds:.1f} s", flush=True)
     return run
 
 
@@ -401,12 +405,16 @@ def warm_up(spark: SparkSession, changes: TableChanges, work: Path) -> None:
 
 # -- report --------------------------------------------------------------------------------------------
 def print_passes(passes: list[Pass], dml_rows: int) -> None:
-    baselines = [run for run in passes if run.sink == "drop"]
-    reference = min(baselines, key=lambda run: run.seconds)
+    """Each pass against the faster baseline with as many decode workers."""
+    reference: dict[int, Pass] = {}
+    for run in passes:
+        best = reference.get(run.workers)
+        if run.sink == "drop" and (best is None or run.seconds < best.seconds):
+            reference[run.workers] = run
     width = max(len(run.name) for run in passes) + 2
     head = (
-        f"{'pass':<{width}} {'batch':>7} {'seconds':>8} {'in sink':>8} {'writes':>6} {'rows/s':>8} "
-        f"{'images/s':>9} {'/ baseline':>10} {'target':>8} {'/ target':>8}"
+        f"{'pass':<{width}} {'workers':>7} {'batch':>7} {'seconds':>8} {'in sink':>8} {'writes':>6} "
+        f"{'rows/s':>8} {'images/s':>9} {'/ baseline':>10} {'target':>8} {'/ target':>8}"
     )
     print(head)
     print("-" * len(head))
@@ -414,9 +422,9 @@ def print_passes(passes: list[Pass], dml_rows: int) -> None:
         rate = dml_rows / run.seconds
         target = TARGETS.get(run.sink)
         print(
-            f"{run.name:<{width}} {run.batch:>7,} {run.seconds:>8.1f} {run.sink_seconds:>8.1f} "
-            f"{run.writes:>6} {rate:>8,.0f} {run.images / run.seconds:>9,.0f} "
-            f"{reference.seconds / run.seconds:>9.2f}x "
+            f"{run.name:<{width}} {run.workers:>7} {run.batch:>7,} {run.seconds:>8.1f} "
+            f"{run.sink_seconds:>8.1f} {run.writes:>6} {rate:>8,.0f} {run.images / run.seconds:>9,.0f} "
+            f"{reference[run.workers].seconds / run.seconds:>9.2f}x "
             f"{f'{target:,}' if target else '':>8} {f'{rate / target:.2f}x' if target else '':>8}"
         )
 
@@ -466,29 +474,42 @@ def print_decision(results: list[tuple[int, Timing, Timing]]) -> None:
 def run_passes(
     broker: EmbeddedBroker, args: argparse.Namespace, work: Path, records: int, spark: SparkSession
 ) -> tuple[list[Pass], DropSink]:
+    """Per decode-worker count: a baseline, then the Delta passes; Parquet at the first count; the
+    baselines again at the end (the faster of each pair is the reference)."""
     narrow = DropSink(keep=lambda changes: changes.table != "t0")  # t0 has every type, t1..t3 are narrow
 
-    def sink_pass(sink: str, batch: int) -> Pass:
-        return consume(broker, Pass(NAMES[sink], sink, work / f"{sink}-{batch}", batch), records)
+    def baseline(workers: int, sink: DropSink | None = None) -> Pass:
+        run = Pass(BASELINE, "drop", work / "baseline", args.batch, workers)
+        return consume(broker, run, records, sink or DropSink())
 
-    passes = [consume(broker, Pass(BASELINE, "drop", work / "baseline", args.batch), records, narrow)]
-    for batch in dict.fromkeys([args.batch, *args.batches]):
-        passes += [sink_pass("changelog", batch), sink_pass("mirror", batch)]
-        if batch == args.batch:
-            warm_up(spark, narrow.kept[0], work)
-            passes.append(sink_pass("parquet", batch))
-    passes.append(consume(broker, Pass(BASELINE, "drop", work / "baseline", args.batch), records, DropSink()))
+    def sink_pass(sink: str, batch: int, workers: int) -> Pass:
+        run = Pass(NAMES[sink], sink, work / f"{sink}-{batch}-{workers}", batch, workers)
+        return consume(broker, run, records)
+
+    first = args.workers[0]
+    passes = []
+    for workers in args.workers:
+        passes.append(baseline(workers, narrow if workers == first else None))
+        for batch in dict.fromkeys([args.batch, *args.batches]):
+            passes += [sink_pass("changelog", batch, workers), sink_pass("mirror", batch, workers)]
+    warm_up(spark, narrow.kept[0], work)
+    passes.append(sink_pass("parquet", args.batch, first))
+    passes += [baseline(workers) for workers in args.workers]
     return passes, narrow
 
 
-def parse_sizes(text: str) -> list[int]:
+def parse_sizes(text: str, least: int = 1) -> list[int]:
     try:
         values = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
     except ValueError:
         values = []
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive comma-separated numbers, not {text!r}")
-    return values
+    if not values or min(values) < least:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers >= {least}, not {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def parse_workers(text: str) -> list[int]:
+    return parse_sizes(text, least=0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -500,8 +521,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--batches",
         type=parse_sizes,
-        default=[20_000],
-        help="more max_batch_records for the Delta passes (default 20000)",
+        default=[],
+        help="more max_batch_records for the Delta passes (e.g. 20000)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=parse_workers,
+        default=list(dict.fromkeys([DEFAULT_DECODE_WORKERS, 0])),
+        help=f"decode worker counts, the first also for Parquet (default {DEFAULT_DECODE_WORKERS},0)",
     )
     parser.add_argument(
         "--sizes",

@@ -61,6 +61,7 @@ def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeli
         decoder=MessageDecoder(config.decode.encoding, config.decode.compression),
         policy=policy,
         max_batch_records=config.budget.max_batch_records,
+        decode_workers=config.budget.decode_workers,
     )
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from consumer.batches.changes import TableChanges, table_changes
+from consumer.batches.decode_pool import DECODE_GC_THRESHOLDS, DecodePool, Decoding
 from consumer.errors import ConsumerError, ValueDecodeError
 from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import Watermark
@@ -31,8 +33,21 @@ log = logging.getLogger(__name__)
 SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the sinks' records this often
 # Buffered rows are many small long-lived objects: with Python's default thresholds (700, 10, 10) full
 # collections re-scan them about every other cycle, a third of the time spent (benchmarks/lakehouse.py).
-RUN_GC_THRESHOLDS = (100_000, 50, 100)
+RUN_GC_THRESHOLDS = DECODE_GC_THRESHOLDS
 JOIN_GRACE_SECONDS = 30.0  # an unassigned member waits this much longer before judging the topic idle
+
+
+@dataclass(slots=True)
+class _Queued:
+    """A resolved unit waiting to be applied, with its rows' decoding when a worker does it, and the global
+    watermark it was resolved at: what the commit applying it may claim to be consistent at."""
+
+    unit: Unit
+    resolved_ts: int
+    decoding: Decoding | None = None
+
+    def ready(self) -> bool:
+        return self.decoding is None or self.decoding.done()
 
 
 @dataclass
@@ -63,6 +78,7 @@ class Pipeline:
         policy: ValuePolicy | None = None,
         max_batch_records: int = 100_000,
         poll_timeout: float = 0.2,
+        decode_workers: int = 0,
     ) -> None:
         self.group = group
         self.state = state
@@ -73,6 +89,9 @@ class Pipeline:
         self.max_batch_records = max_batch_records
         self.poll_timeout = poll_timeout
         self.stats = PipelineStats()
+        self._pool = DecodePool(decode_workers, self.policy) if decode_workers else None
+        self._queue: deque[_Queued] = deque()  # resolved, not applied yet: in resolve order
+        self._queued_rows = 0
         self._source: Source | None = None
         self._codecs: dict[tuple[str, str, int], TableCodec] = {}
         self._resume: dict[TopicPartition, int] = {}
@@ -116,10 +135,13 @@ class Pipeline:
         return self.stats
 
     def close(self) -> None:
-        """Release the sinks and the dead-letter destination (after `run` has flushed and committed)."""
+        """Release the sinks, the dead-letter destination and the decode workers (after `run` has flushed
+        and committed)."""
         for sink in self.sinks:
             sink.close()
         self.dead_letters.close()
+        if self._pool:
+            self._pool.close()
 
     def _idle_for(self, source: Source) -> float:
         """Seconds spent waiting for records without a change record arriving: time spent writing is not
@@ -129,7 +151,10 @@ class Pipeline:
         return self._idle if source.assignment() else self._idle - JOIN_GRACE_SECONDS
 
     def step(self, records: Sequence[SourceRecord]) -> None:
-        """One cycle: ingest, apply what resolved, commit, adjust backpressure."""
+        """One cycle: ingest, apply what resolved, commit, adjust backpressure.
+
+        With decode workers, a batch still decoding is left for a later cycle (at most about one cycle's
+        records wait so), so the workers decode while this loop fetches and orders the next records."""
         self._changed = False
         for record in records:
             self._ingest(record)
@@ -138,7 +163,7 @@ class Pipeline:
             and time.monotonic() - self._schemas_refreshed > SCHEMA_REFRESH_SECONDS
         ):
             self._learn_recorded_schemas()
-        self._flush_and_commit()
+        self._flush_and_commit(drain=self._pool is None)
         self._backpressure()
 
     # -- rebalance callbacks ---------------------------------------------------------------------------
@@ -182,18 +207,34 @@ class Pipeline:
             self._changed = True
         self.state.process(location, message)
 
-    def _flush_and_commit(self) -> None:
+    def _flush_and_commit(self, *, drain: bool = True) -> None:
+        """Apply resolved units in order, then commit what they made durable. Without `drain`, stop at a
+        batch still decoding, unless more than a cycle's records are waiting."""
         units = self.state.resolve()
         if units:
-            context = self._context()
-            for unit in units:
-                self._apply(unit, context)
-                self.state.confirm(unit)
+            resolved_ts = self.state.stats().global_watermark or 0
+            self._queue.extend(self._queued(unit, resolved_ts) for unit in units)
+        context: CommitContext | None = None
+        while self._queue and (drain or self._queue[0].ready() or self._queued_rows > self.max_batch_records):
+            queued = self._queue.popleft()
+            if isinstance(queued.unit, RowBatch):
+                self._queued_rows -= len(queued.unit.rows)
+            if context is None or context.resolved_ts != queued.resolved_ts:
+                context = self._context(queued.resolved_ts)
+            self._apply(queued, context)
+            self.state.confirm(queued.unit)
         self._commit()
 
-    def _apply(self, unit: Unit, context: CommitContext) -> None:
+    def _queued(self, unit: Unit, resolved_ts: int) -> _Queued:
+        if not isinstance(unit, RowBatch):
+            return _Queued(unit, resolved_ts)
+        self._queued_rows += len(unit.rows)
+        return _Queued(unit, resolved_ts, self._pool.submit(unit.schema, unit.rows) if self._pool else None)
+
+    def _apply(self, queued: _Queued, context: CommitContext) -> None:
+        unit = queued.unit
         if isinstance(unit, RowBatch):
-            self._write_rows(unit, context)
+            self._write_rows(unit, context, queued.decoding)
         elif isinstance(unit, DDLUnit):
             schema = unit.ddl.table_schema
             event = DDLEvent(unit.ddl, schema.database if schema else None, schema.table if schema else None)
@@ -203,15 +244,23 @@ class Pipeline:
         else:
             self._dead_letter(unit)
 
-    def _write_rows(self, unit: RowBatch, context: CommitContext) -> None:
+    def _write_rows(self, unit: RowBatch, context: CommitContext, decoding: Decoding | None) -> None:
+        """Deliver the worker's decoding, or decode here: without workers, and to apply the error policy to
+        a row that did not decode (a worker only says that one did not)."""
+        decoded = self._pool.result(decoding, unit.schema) if self._pool and decoding else None
+        if decoded is not None:
+            self._deliver(decoded, context)
+            return
         rows = list(unit.rows)
         codec = self._codec(unit)
         while rows:
+            counted = self.policy.stats.unrepresentable
             try:
                 changes = table_changes(codec, rows)
             except ValueDecodeError as exc:
                 if self.state.policy == "fail" or exc.row is None:
                     raise
+                self.policy.stats.unrepresentable = counted  # the retry counts the batch's values again
                 bad_raw, bad_location = rows.pop(exc.row)
                 self._dead_letter(DeadLetter(bad_location, str(exc), bad_raw.payload))
                 continue
@@ -262,13 +311,14 @@ class Pipeline:
         self._paused = set(wanted)
 
     # -- recorded progress -----------------------------------------------------------------------------
-    def _context(self) -> CommitContext:
-        """What the sinks record with this cycle's commits: the offsets of the last Kafka commit, which are
-        conservative (everything before them is durable); sinks skip replayed rows themselves."""
+    def _context(self, resolved_ts: int) -> CommitContext:
+        """What the sinks record with a commit: the offsets of the last Kafka commit, which are conservative
+        (everything before them is durable; sinks skip replayed rows themselves), and the watermark the
+        applied units were resolved at."""
         return CommitContext(
             group=self.group,
             resume_offsets=dict(self._resume),
-            resolved_ts=self.state.stats().global_watermark or 0,
+            resolved_ts=resolved_ts,
             schema_snapshot=self.state.schemas.snapshot(),
         )
 

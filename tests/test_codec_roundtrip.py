@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from decimal import Decimal
 
 import pytest
@@ -112,3 +113,34 @@ def test_auto_detection_reads_snappy_blocks_that_start_like_plain_messages(
     value = MessageEncoder(encoding, "snappy").encode(message)  # type: ignore[arg-type]
     assert value[0] == plain_size
     assert MessageDecoder().decode(value) == message
+
+
+@pytest.mark.parametrize("encoding", ["json", "avro"])
+def test_negative_zero_keeps_its_sign_in_float_and_double(encoding: str) -> None:
+    """JSON carries it as "-0", which a lax number parser reads as the integer 0 (hypothesis found it)."""
+    schema = TableSchema(
+        database="test",
+        table="z",
+        table_id=11,
+        version=1,
+        columns=(_col("id", "int", length=11), _col("f", "float", length=12), _col("g", "double", length=22)),
+        indexes=(Index("primary", True, True, False, ("id",)),),
+    )
+    dml = DML(
+        type=DMLType.INSERT,
+        database="test",
+        table="z",
+        table_id=11,
+        commit_ts=5,
+        build_ts=0,
+        schema_version=1,
+        data={"id": 1, "f": -0.0, "g": -0.0},
+    )
+    raw = MessageDecoder().decode(MessageEncoder(encoding).encode(dml, schema))  # type: ignore[arg-type]
+    assert isinstance(raw, RawDML)
+    codec = TableCodec(schema)
+    row = codec.decode(raw).data
+    batch = codec.decode_batch([raw]).data.to_pylist()[0]
+    assert row is not None
+    for values in (row, batch):
+        assert [math.copysign(1.0, values[name]) for name in ("f", "g")] == [-1.0, -1.0]

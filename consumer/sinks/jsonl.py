@@ -1,12 +1,13 @@
 """Change events as JSON lines, one file per table: the simplest durable sink (and a debugging aid).
 
 Rows carry their (topic, partition, offset), so redelivered duplicates after a crash are recognisable.
-Members of one consumer group may share a root: appends are single writes, and the schemas every member
-learned are merged into one file so a member taking over a partition can decode its older rows.
+Members of one consumer group may share a root: appends hold an exclusive lock on the file, and the schemas
+every member learned are merged into one file so a member taking over a partition can decode its older rows.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 from pathlib import Path
@@ -78,6 +79,8 @@ class JsonLinesSink:
     def _append(path: Path, lines: list[bytes]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a+b") as file:
+            # Members sharing a root: another member's write in progress must not look like a torn line.
+            fcntl.flock(file, fcntl.LOCK_EX)
             _drop_torn_line(file)
             file.write(b"".join(line + b"\n" for line in lines))
             file.flush()

@@ -1,0 +1,138 @@
+"""Typed decoding of resolved batches in worker processes, beside the consumer loop.
+
+Turning row values into typed Arrow columns is most of a record's CPU time, and it holds the GIL, so a
+thread cannot overlap it with fetching, ordering and writing: a process can. A batch travels as msgpack
+(about 1 µs a row each way), its changelog comes back as Arrow buffers.
+
+Workers start from a `forkserver`: the consumer process runs librdkafka and JVM threads, and a plain fork
+would copy their locks mid-use. Nothing here can lose a batch: a value that does not decode, or a worker
+that died, makes `result` return None and the caller decodes the batch itself, under its error policy.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+import msgspec
+import pyarrow as pa
+from cachetools import LRUCache
+
+from consumer.batches.changes import TableChanges, table_changes
+from consumer.errors import RecordLocation, ValueDecodeError
+from consumer.protocol.model import RawDML, TableSchema
+from consumer.protocol.rows import TableCodec
+from consumer.protocol.types import ValuePolicy
+
+log = logging.getLogger(__name__)
+
+Rows = tuple[tuple[RawDML, RecordLocation], ...]
+_ENCODER = msgspec.msgpack.Encoder()
+_ROWS = msgspec.msgpack.Decoder(Rows)
+_SCHEMA = msgspec.msgpack.Decoder(TableSchema)
+_CODECS_PER_WORKER = 64  # table versions whose generated decoders a worker keeps
+# A batch decodes in pieces of this many rows: a wide table's batch spreads over every worker, and the loop,
+# once it has nothing else to do, waits for the last piece rather than the last batch.
+PIECE_ROWS = 10_000
+# A batch decodes into many small objects at once: with Python's default thresholds (700, 10, 10) the
+# collector re-scans them over and over, a third of the decoding time.
+DECODE_GC_THRESHOLDS = (100_000, 50, 100)
+
+
+_Decoded = tuple[pa.Table, int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decoding:
+    """A batch being decoded, piece by piece."""
+
+    pieces: list[Future[_Decoded]]
+
+    def done(self) -> bool:
+        return all(piece.done() for piece in self.pieces)
+
+
+class DecodePool:
+    """`workers` processes decoding `RowBatch` rows into changelog tables under `policy`.
+
+    Values the policy nulls are counted into `policy.stats`, as when decoding in the loop.
+    """
+
+    def __init__(self, workers: int, policy: ValuePolicy) -> None:
+        if workers < 1:
+            raise ValueError(f"a decode pool needs at least one worker, not {workers}")
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])  # workers fork with pyarrow and msgspec imported
+        self.policy = policy
+        self._executor = ProcessPoolExecutor(
+            workers,
+            mp_context=context,
+            initializer=_start_worker,
+            initargs=(policy.unrepresentable, policy.timestamp_location),
+        )
+        self._broken = False
+
+    def submit(self, schema: TableSchema, rows: Rows) -> Decoding | None:
+        """Start decoding; None when the pool is unusable (the caller decodes in the loop)."""
+        if self._broken:
+            return None
+        encoded = _ENCODER.encode(schema)
+        try:
+            return Decoding(
+                [
+                    self._executor.submit(_decode, encoded, _ENCODER.encode(rows[start : start + PIECE_ROWS]))
+                    for start in range(0, len(rows), PIECE_ROWS)
+                ]
+            )
+        except (BrokenProcessPool, RuntimeError) as exc:
+            self._give_up(exc)
+            return None
+
+    def result(self, decoding: Decoding, schema: TableSchema) -> TableChanges | None:
+        """The batch's changes; None when a value did not decode (the caller's error policy then names
+        the row) or a worker died."""
+        try:
+            pieces = [piece.result() for piece in decoding.pieces]
+        except BrokenProcessPool as exc:
+            self._give_up(exc)
+            return None
+        decoded = [piece for piece in pieces if piece is not None]
+        if len(decoded) < len(pieces):
+            return None
+        self.policy.stats.unrepresentable += sum(count for _, count in decoded)
+        changelogs = [changelog for changelog, _ in decoded]
+        return TableChanges(schema, changelogs[0] if len(changelogs) == 1 else pa.concat_tables(changelogs))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def _give_up(self, exc: BaseException) -> None:
+        if not self._broken:
+            log.warning("decode workers unusable (%s): decoding in the consumer loop from now on", exc)
+        self._broken = True
+
+
+_policy = ValuePolicy()
+_codecs: LRUCache[bytes, TableCodec] = LRUCache(_CODECS_PER_WORKER)
+
+
+def _start_worker(unrepresentable: str, timestamp_location: str) -> None:
+    global _policy
+    gc.set_threshold(*DECODE_GC_THRESHOLDS)
+    _policy = ValuePolicy(unrepresentable=unrepresentable, timestamp_location=timestamp_location)  # type: ignore[arg-type]
+
+
+def _decode(schema: bytes, rows: bytes) -> _Decoded:
+    codec = _codecs.get(schema)
+    if codec is None:
+        codec = _codecs[schema] = TableCodec(_SCHEMA.decode(schema), _policy)
+    before = _policy.stats.unrepresentable
+    try:
+        changes = table_changes(codec, _ROWS.decode(rows))
+    except ValueDecodeError:
+        return None
+    return changes.changelog, _policy.stats.unrepresentable - before
