@@ -11,6 +11,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from consumer.batches.changes import TableChanges, table_changes
@@ -89,9 +90,14 @@ class Pipeline:
         self.max_batch_records = max_batch_records
         self.poll_timeout = poll_timeout
         self.stats = PipelineStats()
+        # With decode workers the stages overlap: workers decode, a writer thread applies units to the sinks
+        # in order (delta-rs releases the GIL), and this loop fetches, orders and confirms.
         self._pool = DecodePool(decode_workers, self.policy) if decode_workers else None
-        self._queue: deque[_Queued] = deque()  # resolved, not applied yet: in resolve order
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="sink-writer") if decode_workers else None
+        self._queue: deque[_Queued] = deque()  # resolved, not handed to the sinks yet: in resolve order
         self._queued_rows = 0
+        self._writing: deque[tuple[Unit, Future[None]]] = deque()  # handed to the writer, not confirmed
+        self._write_error: BaseException | None = None  # the unit the writer failed on stops everything
         self._source: Source | None = None
         self._codecs: dict[tuple[str, str, int], TableCodec] = {}
         self._resume: dict[TopicPartition, int] = {}
@@ -142,6 +148,8 @@ class Pipeline:
         self.dead_letters.close()
         if self._pool:
             self._pool.close()
+        if self._writer:
+            self._writer.shutdown()
 
     def _idle_for(self, source: Source) -> float:
         """Seconds spent waiting for records without a change record arriving: time spent writing is not
@@ -210,6 +218,12 @@ class Pipeline:
     def _flush_and_commit(self, *, drain: bool = True) -> None:
         """Apply resolved units in order, then commit what they made durable. Without `drain`, stop at a
         batch still decoding, unless more than a cycle's records are waiting."""
+        if self._write_error is not None:
+            try:
+                self._confirm_written(wait=True)  # confirms the units before the failed one, raises its error
+            finally:
+                self._commit()
+            return  # nothing after a unit that failed to apply may be applied or committed
         units = self.state.resolve()
         if units:
             resolved_ts = self.state.stats().global_watermark or 0
@@ -221,9 +235,36 @@ class Pipeline:
                 self._queued_rows -= len(queued.unit.rows)
             if context is None or context.resolved_ts != queued.resolved_ts:
                 context = self._context(queued.resolved_ts)
+            if self._writer:
+                self._writing.append((queued.unit, self._writer.submit(self._write, queued, context)))
+            else:
+                self._apply(queued, context)
+                self.state.confirm(queued.unit)
+        try:
+            self._confirm_written(wait=drain)
+        finally:
+            self._commit()  # what was applied, even when a later unit failed
+
+    def _write(self, queued: _Queued, context: CommitContext) -> None:
+        """The writer thread's job; once one unit failed, the later ones are left unapplied."""
+        if self._write_error is not None:
+            return
+        try:
             self._apply(queued, context)
-            self.state.confirm(queued.unit)
-        self._commit()
+        except BaseException as exc:
+            self._write_error = exc
+            raise
+
+    def _confirm_written(self, *, wait: bool) -> None:
+        """Confirm, in order, the units the writer has applied; a unit that failed to apply raises here."""
+        while self._writing and (wait or self._writing[0][1].done()):
+            unit, writing = self._writing.popleft()
+            try:
+                writing.result()
+            except BaseException:
+                self._writing.clear()  # the units after it were not applied: never confirmed
+                raise
+            self.state.confirm(unit)
 
     def _queued(self, unit: Unit, resolved_ts: int) -> _Queued:
         if not isinstance(unit, RowBatch):
@@ -324,6 +365,7 @@ class Pipeline:
 
     def _sink_resume_offsets(self) -> dict[TopicPartition, int]:
         """A partition can resume from a sink-recorded offset only if every sink recorded one (the min)."""
+        self._confirm_written(wait=True)  # a sink is read by one thread at a time
         if not self.sinks:
             return {}
         per_sink = [sink.recorded_offsets(self.group) for sink in self.sinks]
@@ -334,6 +376,7 @@ class Pipeline:
         """Schemas recorded with the sinks' commits: a restarted or rebalanced member need not wait for the
         next BOOTSTRAP, and rows written at a version no BOOTSTRAP will announce again still decode."""
         self._schemas_refreshed = time.monotonic()
+        self._confirm_written(wait=True)  # a sink is read by one thread at a time
         for sink in self.sinks:
             snapshot = sink.recorded_schema_snapshot()
             if snapshot:

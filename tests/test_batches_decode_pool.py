@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.batches.decode_pool import PIECE_ROWS, DecodePool
-from consumer.errors import RecordLocation
+from consumer.errors import RecordLocation, SinkError
 from consumer.pipeline import Pipeline
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import (
@@ -37,7 +37,7 @@ from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import CommitContext, DDLEvent, TopicPartition
 from consumer.sinks.dead_letter import DeadLetterFile
 from consumer.sinks.jsonl import JsonLinesSink
-from consumer.sources.capture import write_capture
+from consumer.sources.capture import read_capture, write_capture
 from consumer.sources.files import FileSource
 from consumer.sources.record import SourceRecord
 from consumer.state.machine import ConsumerState
@@ -253,3 +253,59 @@ def test_a_commit_never_claims_a_watermark_its_table_has_not_reached(tmp_path: P
             assert sorted(written) == every_row[: len(written)]  # in order, nothing skipped
             assert {ts for ts in every_row if ts <= resolved_ts} <= set(written)  # the claim holds
         assert sorted(written) == every_row
+
+
+class _FailingSink(_Claims):
+    """Applies its first `good` writes, then fails: the sink of a lakehouse that went away."""
+
+    def __init__(self, good: int) -> None:
+        super().__init__()
+        self.good = good
+        self.offsets: list[tuple[int, int]] = []
+
+    def write(self, changes: TableChanges, context: CommitContext) -> None:
+        if len(self.writes) == self.good:
+            raise SinkError("the lakehouse went away")
+        super().write(changes, context)
+        table = changes.changelog
+        partitions, offsets = table.column("_partition").to_pylist(), table.column("_offset").to_pylist()
+        self.offsets += zip(partitions, offsets, strict=True)
+
+
+def test_a_failed_write_stops_the_run_with_nothing_after_it_applied_or_committed(tmp_path: Path) -> None:
+    capture = tmp_path / "capture.jsonl"
+    _stream(capture)
+    sink = _FailingSink(good=2)
+    pipeline = Pipeline(
+        group="g",
+        state=ConsumerState(),
+        sinks=[sink],
+        dead_letters=DeadLetterFile(tmp_path / "_dead_letters.jsonl"),
+        max_batch_records=60,
+        decode_workers=1,
+    )
+    source = FileSource(capture, on_assign=pipeline.on_assign)
+    try:
+        with pytest.raises(SinkError, match="went away"):
+            pipeline.run(source, until_idle=0.2)
+    finally:
+        pipeline.close()
+    assert len(sink.writes) == 2  # the writer applied nothing after the failed unit
+    letters = map(json.loads, (tmp_path / "_dead_letters.jsonl").read_text().splitlines())
+    applied = set(sink.offsets) | {(letter["partition"], letter["offset"]) for letter in letters}
+    committed = source.committed([("t", 0), ("t", 1)])
+    for partition in (0, 1):
+        offset = committed[("t", partition)]
+        assert offset is not None and offset > 1  # the applied units were committed
+        # every DML before the committed offset was applied or dead-lettered
+        dml_offsets = {o for p, o in _dml_offsets(capture) if p == partition and o < offset}
+        assert dml_offsets <= {o for p, o in applied if p == partition}
+
+
+def _dml_offsets(capture: Path) -> list[tuple[int, int]]:
+    decoder = MessageDecoder()
+    return [
+        (record.partition, record.offset)
+        for record in read_capture(capture)
+        if isinstance(decoder.decode(record.value), RawDML)
+    ]
