@@ -51,6 +51,10 @@ class _Queued:
         return self.decoding is None or self.decoding.done()
 
 
+def _rows(unit: Unit) -> int:
+    return len(unit.rows) if isinstance(unit, RowBatch) else 0
+
+
 @dataclass
 class PipelineStats:
     """Running totals, read by the progress display and the metrics endpoint."""
@@ -97,6 +101,7 @@ class Pipeline:
         self._queue: deque[_Queued] = deque()  # resolved, not handed to the sinks yet: in resolve order
         self._queued_rows = 0
         self._writing: deque[tuple[Unit, Future[None]]] = deque()  # handed to the writer, not confirmed
+        self._writing_rows = 0
         self._write_error: BaseException | None = None  # the unit the writer failed on stops everything
         self._source: Source | None = None
         self._codecs: dict[tuple[str, str, int], TableCodec] = {}
@@ -231,12 +236,12 @@ class Pipeline:
         context: CommitContext | None = None
         while self._queue and (drain or self._queue[0].ready() or self._queued_rows > self.max_batch_records):
             queued = self._queue.popleft()
-            if isinstance(queued.unit, RowBatch):
-                self._queued_rows -= len(queued.unit.rows)
+            self._queued_rows -= _rows(queued.unit)
             if context is None or context.resolved_ts != queued.resolved_ts:
                 context = self._context(queued.resolved_ts)
             if self._writer:
                 self._writing.append((queued.unit, self._writer.submit(self._write, queued, context)))
+                self._writing_rows += _rows(queued.unit)
             else:
                 self._apply(queued, context)
                 self.state.confirm(queued.unit)
@@ -256,21 +261,26 @@ class Pipeline:
             raise
 
     def _confirm_written(self, *, wait: bool) -> None:
-        """Confirm, in order, the units the writer has applied; a unit that failed to apply raises here."""
-        while self._writing and (wait or self._writing[0][1].done()):
+        """Confirm, in order, the units the writer has applied, waiting while more than a cycle's records
+        are in its hands; a unit that failed to apply raises here."""
+        while self._writing and (
+            wait or self._writing[0][1].done() or self._writing_rows > self.max_batch_records
+        ):
             unit, writing = self._writing.popleft()
+            self._writing_rows -= _rows(unit)
             try:
                 writing.result()
             except BaseException:
                 self._writing.clear()  # the units after it were not applied: never confirmed
+                self._writing_rows = 0
                 raise
             self.state.confirm(unit)
 
     def _queued(self, unit: Unit, resolved_ts: int) -> _Queued:
-        if not isinstance(unit, RowBatch):
+        self._queued_rows += _rows(unit)
+        if not isinstance(unit, RowBatch) or self._pool is None:
             return _Queued(unit, resolved_ts)
-        self._queued_rows += len(unit.rows)
-        return _Queued(unit, resolved_ts, self._pool.submit(unit.schema, unit.rows) if self._pool else None)
+        return _Queued(unit, resolved_ts, self._pool.submit(unit.schema, unit.rows))
 
     def _apply(self, queued: _Queued, context: CommitContext) -> None:
         unit = queued.unit
