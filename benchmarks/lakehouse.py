@@ -12,7 +12,8 @@ Run: `python benchmarks/lakehouse.py [--rows N] [--batch N] [--batches N,N] [--w
 2. Consume the same topic once per pass, each with its own consumer group, output directory and pipeline,
    built as `ticdc-consumer run` builds them (`consumer.app.build_pipeline` / `build_sinks`), reading every
    partition without group membership so a group join does not blur the figure. Timed: `Pipeline.run`
-   until the last record is applied and committed; "in sink" is the time inside the sink's `write`.
+   until the last record is applied and committed; "in sink" is the time inside the sink's `write` (with
+   decode workers, spent on the writer thread beside the loop).
    - baseline: a sink that drops every batch, i.e. Kafka fetch, envelope decode, state machine and typed
      Arrow changelog, which every sink sits behind. Run first and last; the faster one is the reference
      for the passes with as many decode workers.

@@ -7,9 +7,15 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+import msgspec
+
+from consumer.protocol.model import DDL, Column, DataType, DDLType, Index, TableSchema
+from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sinks.jsonl import JsonLinesSink
+from consumer.state.schema_cache import snapshot_schemas
 
 WRITES, LINES = 150, 50
+DDL_TRUNCATE = DDL(type=DDLType.TRUNCATE, sql="TRUNCATE TABLE t", commit_ts=1, build_ts=0)
 
 
 def test_members_appending_to_one_file_at_once_lose_no_line(tmp_path: Path) -> None:
@@ -37,3 +43,36 @@ def test_a_torn_last_line_is_dropped_before_the_next_append(tmp_path: Path) -> N
     path.write_bytes(b'{"a": 1}\n{"a": 2')
     JsonLinesSink._append(path, [b'{"a": 3}'])
     assert path.read_bytes() == b'{"a": 1}\n{"a": 3}\n'
+
+
+def _schema(table: str, version: int) -> TableSchema:
+    columns = (Column("id", DataType("int", length=11), nullable=False),)
+    return TableSchema(
+        database="shop",
+        table=table,
+        table_id=1,
+        version=version,
+        columns=columns,
+        indexes=(Index("primary", True, True, False, ("id",)),),
+    )
+
+
+def test_members_recording_schemas_at_once_keep_every_schema(tmp_path: Path) -> None:
+    """Each member merges what it learned into the shared schema file; none may overwrite another's."""
+    rounds = 40
+
+    def member(table: str) -> None:
+        sink = JsonLinesSink(tmp_path)
+        for version in range(1, rounds + 1):
+            snapshot = msgspec.msgpack.encode([_schema(table, version)])
+            sink.apply_ddl(DDLEvent(DDL_TRUNCATE, "shop", table), CommitContext("g", {}, 0, snapshot))
+
+    threads = [threading.Thread(target=member, args=(f"t{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    recorded = JsonLinesSink(tmp_path).recorded_schema_snapshot()
+    assert recorded is not None
+    keys = {schema.key for schema in snapshot_schemas(recorded)}
+    assert keys == {("shop", f"t{i}", version) for i in range(4) for version in range(1, rounds + 1)}

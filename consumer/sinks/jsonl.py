@@ -66,10 +66,12 @@ class JsonLinesSink:
         """Merge this member's schemas into the shared file (other members of the group read it)."""
         if not context.schema_snapshot or context.schema_snapshot == self._recorded:
             return
-        merged = merged_snapshot(self.recorded_schema_snapshot() or b"", context.schema_snapshot)
-        temporary = self.root / f".{SCHEMAS_FILE}.{os.getpid()}.{threading.get_ident()}"
-        temporary.write_bytes(merged)
-        os.replace(temporary, self.root / SCHEMAS_FILE)
+        with (self.root / f".{SCHEMAS_FILE}.lock").open("a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # two members merging at once would drop one's schemas
+            merged = merged_snapshot(self.recorded_schema_snapshot() or b"", context.schema_snapshot)
+            temporary = self.root / f".{SCHEMAS_FILE}.{os.getpid()}.{threading.get_ident()}"
+            temporary.write_bytes(merged)
+            os.replace(temporary, self.root / SCHEMAS_FILE)
         self._recorded = context.schema_snapshot
 
     def close(self) -> None:
