@@ -70,7 +70,12 @@ class PipelineStats:
 
 
 class Pipeline:
-    """Owns the loop. Build the source with `on_assign=pipeline.on_assign, on_revoke=pipeline.on_revoke`."""
+    """Owns the loop. Build the source with `on_assign=pipeline.on_assign, on_revoke=pipeline.on_revoke`.
+
+    `decode_workers` > 0 runs the stages side by side: that many processes decode values into typed
+    columns and a thread applies units to the sinks, while the loop fetches, orders and commits. Call
+    `close` when done (it stops them).
+    """
 
     def __init__(
         self,
