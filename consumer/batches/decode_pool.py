@@ -2,7 +2,7 @@
 
 Turning row values into typed Arrow columns is most of a record's CPU time, and it holds the GIL, so a
 thread cannot overlap it with fetching, ordering and writing: a process can. A batch travels as msgpack
-(about 1 µs a row each way), its changelog comes back as Arrow buffers.
+(1-2 µs a row each way), its changelog comes back as Arrow buffers.
 
 Workers start from a `forkserver`: the consumer process runs librdkafka and JVM threads, and a plain fork
 would copy their locks mid-use. Nothing here can lose a batch: a value that does not decode, or a worker
@@ -16,7 +16,7 @@ import logging
 import multiprocessing
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 import pyarrow as pa
@@ -26,7 +26,7 @@ from consumer.batches.changes import TableChanges, table_changes
 from consumer.errors import RecordLocation, ValueDecodeError
 from consumer.protocol.model import RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
-from consumer.protocol.types import ValuePolicy
+from consumer.protocol.types import DecodeStats, ValuePolicy
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class DecodePool:
             workers,
             mp_context=context,
             initializer=_start_worker,
-            initargs=(policy.unrepresentable, policy.timestamp_location),
+            initargs=(policy,),
         )
         self._broken = False
 
@@ -88,7 +88,7 @@ class DecodePool:
                     for start in range(0, len(rows), PIECE_ROWS)
                 ]
             )
-        except (BrokenProcessPool, RuntimeError) as exc:
+        except (BrokenProcessPool, RuntimeError) as exc:  # RuntimeError: cannot start processes (any more)
             self._give_up(exc)
             return None
 
@@ -120,10 +120,10 @@ _policy = ValuePolicy()
 _codecs: LRUCache[bytes, TableCodec] = LRUCache(_CODECS_PER_WORKER)
 
 
-def _start_worker(unrepresentable: str, timestamp_location: str) -> None:
+def _start_worker(policy: ValuePolicy) -> None:
     global _policy
     gc.set_threshold(*DECODE_GC_THRESHOLDS)
-    _policy = ValuePolicy(unrepresentable=unrepresentable, timestamp_location=timestamp_location)  # type: ignore[arg-type]
+    _policy = replace(policy, stats=DecodeStats())  # counts since start; `_decode` reports the increase
 
 
 def _decode(schema: bytes, rows: bytes) -> _Decoded:
