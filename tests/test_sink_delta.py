@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import multiprocessing
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -303,21 +305,68 @@ def test_rename_moves_the_tables_and_later_changes_continue_them(tmp_path: Path)
     assert [r["_offset"] for r in _changelog(tmp_path, "orders~20v2")] == [0, 1]
 
 
-def test_two_members_applying_one_rename_at_once_both_succeed(tmp_path: Path, monkeypatch: Any) -> None:
+def test_two_members_applying_one_rename_at_once_both_succeed(tmp_path: Path) -> None:
     first, second = DeltaSink(tmp_path), DeltaSink(tmp_path)
     first.write(_changes([_insert(1, TS, 0)]), CONTEXT)
     renamed = _evolved(5, *SCHEMA.columns, table="orders2")
     rename = _ddl(DDLType.RENAME, "RENAME TABLE `orders` TO `orders2`", TS + 1, renamed)
-    check_target = second._retire_dropped
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
 
-    def moved_meanwhile(table_dir: Path) -> bool:
-        first.apply_ddl(rename, CONTEXT)  # the other member moves the table between our checks
-        return check_target(table_dir)
+    def member(sink: DeltaSink) -> None:
+        start.wait()
+        try:
+            sink.apply_ddl(rename, CONTEXT)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
 
-    monkeypatch.setattr(second, "_retire_dropped", moved_meanwhile)
-    second.apply_ddl(rename, CONTEXT)
+    threads = [threading.Thread(target=member, args=(sink,)) for sink in (first, second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
     assert not (tmp_path / "shop/orders").exists()
     assert sorted(_mirror(tmp_path, "orders2")) == [1]
+
+
+def test_a_write_in_flight_holds_a_rename_back(tmp_path: Path, monkeypatch: Any) -> None:
+    """A directory moved under a commit in flight would re-create the old name around the new file."""
+    writer, renamer = DeltaSink(tmp_path), DeltaSink(tmp_path)
+    writer.write(_changes([_insert(1, TS, 0)]), CONTEXT)
+    renamed = _evolved(5, *SCHEMA.columns, table="orders2")
+    rename = _ddl(DDLType.RENAME, "RENAME TABLE `orders` TO `orders2`", TS + 3, renamed)
+    writing, renaming = threading.Event(), threading.Thread(target=renamer.apply_ddl, args=(rename, CONTEXT))
+    append = writer._append_changelog
+
+    def slow_append(path: Path, changelog: Any, context: CommitContext) -> None:
+        writing.set()
+        time.sleep(0.5)  # the RENAME is attempted meanwhile
+        append(path, changelog, context)
+
+    monkeypatch.setattr(writer, "_append_changelog", slow_append)
+    threading.Thread(target=lambda: (writing.wait(), renaming.start())).start()
+    writer.write(_changes([_insert(2, TS + 1, 1)]), CONTEXT)
+    renaming.join()
+    assert not (tmp_path / "shop/orders").exists()  # moved after the write, not around it
+    assert [r["_offset"] for r in _changelog(tmp_path, "orders2")] == [0, 1]
+    assert sorted(_mirror(tmp_path, "orders2")) == [1, 2]
+
+
+def test_a_member_behind_a_rename_applies_older_ddls_where_the_table_moved(tmp_path: Path) -> None:
+    ahead, behind = DeltaSink(tmp_path), DeltaSink(tmp_path)
+    ahead.write(_changes([_insert(1, TS, 0), _insert(2, TS, 1)]), CONTEXT)
+    renamed = _evolved(5, *SCHEMA.columns, table="orders2")
+    ahead.apply_ddl(_ddl(DDLType.RENAME, "RENAME TABLE `orders` TO `orders2`", TS + 3, renamed), CONTEXT)
+    v6 = _evolved(6, *SCHEMA.columns, Column("note", DataType("varchar", "utf8mb4", "utf8mb4_bin", length=8)))
+    behind.apply_ddl(
+        _ddl(DDLType.ALTER, "ALTER TABLE orders ADD COLUMN note varchar(8)", TS + 1, v6), CONTEXT
+    )
+    behind.apply_ddl(_ddl(DDLType.TRUNCATE, "TRUNCATE TABLE orders", TS + 2), CONTEXT)
+    assert not (tmp_path / "shop/orders").exists()  # nothing was re-created under the old name
+    for kind in ("changelog", "mirror"):
+        assert "note" in DeltaTable(str(tmp_path / "shop/orders2" / kind)).schema().to_arrow().names
+    assert _mirror(tmp_path, "orders2") == {} and len(_changelog(tmp_path, "orders2")) == 2
 
 
 def test_rename_onto_a_live_table_fails(tmp_path: Path) -> None:

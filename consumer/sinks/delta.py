@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -40,7 +41,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 
 from consumer.batches.changes import META_COLUMNS, TableChanges, latest_per_key
 from consumer.errors import SinkError
-from consumer.protocol.model import DDLType
+from consumer.protocol.model import DDL, DDLType
 from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent, TopicPartition
 
@@ -58,6 +59,7 @@ STORED_AS, STORED_DURATION = "ticdc.stored_as", "duration[us]"  # field metadata
 
 DDL_LOG = "_ddl"
 HISTORY_WINDOW = 32  # newest commits searched for this sink's commit metadata
+DIRECTORIES_LOCK = ".ticdc-directories.lock"  # under the root: see `DeltaSink._directories_held`
 
 DDL_LOG_SCHEMA = pa.schema(
     [
@@ -107,17 +109,26 @@ class DeltaSink:
         applied a later RENAME, in which case these (older) rows follow it to the new name."""
         if changes.changelog.num_rows == 0:
             return
-        self._writing = (changes.database, changes.table, pc.max(changes.changelog["_commit_ts"]).as_py())
+        newest = pc.max(changes.changelog["_commit_ts"]).as_py()
+        self._following_renames(
+            (changes.database, changes.table, newest), lambda path: self._write_at(path, changes, context)
+        )
+
+    def _following_renames(self, writing: tuple[str, str, int], apply: Callable[[Path], None]) -> None:
+        """Apply a change of a table (name and commit ts) where that table lives now; when another member
+        moves it meanwhile (a RENAME), follow it and apply there."""
+        self._writing = writing
         try:
             for _ in range(self.max_commit_retries):
                 try:
-                    self._write_at(self._located(*self._writing), changes, context)
+                    with self._directories_held(exclusive=False):
+                        apply(self._located(*writing))
                     return
                 except _Moved:
                     self._renames = None  # re-read the rename log and follow the table
         finally:
             self._writing = None
-        raise SinkError(f"{changes.database}.{changes.table}: its directory kept moving during the write")
+        raise SinkError(f"{writing[0]}.{writing[1]}: its directory kept moving while changing it")
 
     def _write_at(self, table_dir: Path, changes: TableChanges, context: CommitContext) -> None:
         if self.mode in ("changelog", "both"):
@@ -151,18 +162,17 @@ class DeltaSink:
         ddl = event.ddl
         if event.database and event.table:
             table_dir = self._table_dir(event.database, event.table)
-            if ddl.type is DDLType.ALTER and ddl.table_schema is not None:
-                self._alter(table_dir, TableCodec(ddl.table_schema).arrow_schema, context)
-            elif ddl.type in (DDLType.TRUNCATE, DDLType.ERASE):
-                self._empty_mirror(table_dir / "mirror", ddl.commit_ts, context)
-                if ddl.type is DDLType.ERASE:
-                    self._mark_dropped(table_dir, ddl.commit_ts, context)
+            if ddl.type in (DDLType.ALTER, DDLType.TRUNCATE, DDLType.ERASE):
+                where = (event.database, event.table, ddl.commit_ts)  # a later RENAME may have moved it
+                self._following_renames(where, lambda path: self._change_table(ddl, path, context))
             elif ddl.type is DDLType.RENAME:
-                self._log_ddl(event, context)  # first: writers behind it follow the log to the new name
-                self._rename(event, table_dir)
+                with self._directories_held(exclusive=True):
+                    self._log_ddl(event, context)  # first: writers behind it follow the log to the new name
+                    self._rename(event, table_dir)
                 self._renames = None
             elif ddl.type is DDLType.CREATE:
-                self._retire_dropped(table_dir)
+                with self._directories_held(exclusive=True):
+                    self._retire_dropped(table_dir)
         self._log_ddl(event, context)
 
     def recorded_offsets(self, group: str) -> dict[TopicPartition, int]:
@@ -257,6 +267,15 @@ class DeltaSink:
         self._commit(f"mirror {path}", attempt)
 
     # -- DDL -------------------------------------------------------------------------------------------
+    def _change_table(self, ddl: DDL, table_dir: Path, context: CommitContext) -> None:
+        if ddl.type is DDLType.ALTER:
+            if ddl.table_schema is not None:
+                self._alter(table_dir, TableCodec(ddl.table_schema).arrow_schema, context)
+            return
+        self._empty_mirror(table_dir / "mirror", ddl.commit_ts, context)
+        if ddl.type is DDLType.ERASE:
+            self._mark_dropped(table_dir, ddl.commit_ts, context)
+
     def _alter(self, table_dir: Path, schema: pa.Schema, context: CommitContext) -> None:
         fields = [_storable(field) for field in schema]
         for kind in KINDS:
@@ -264,7 +283,7 @@ class DeltaSink:
             self._commit(f"ALTER {path}", lambda path=path: self._evolve(path, fields, context))
 
     def _evolve(self, path: Path, fields: list[pa.Field], context: CommitContext) -> None:
-        table = self._open(path)
+        table = self._open_or_claim(path)
         if table is None:
             return
         current = _arrow_schema(table)
@@ -292,7 +311,7 @@ class DeltaSink:
         the DDL must not bring those rows back."""
 
         def attempt() -> None:
-            table = self._open(path)
+            table = self._open_or_claim(path)
             if table is None:
                 return
             table.delete(f"_commit_ts < {commit_ts}", commit_properties=_properties(context))
@@ -310,7 +329,7 @@ class DeltaSink:
             path = table_dir / kind
 
             def attempt(path: Path = path) -> None:
-                table = self._open(path)
+                table = self._open_or_claim(path)
                 if table is not None and dropped_at(table) is None:
                     table.alter.set_table_properties(
                         {DROPPED_PROPERTY: str(commit_ts)},
@@ -387,6 +406,16 @@ class DeltaSink:
                 if _vanished(exc):
                     raise _Moved(f"{what}: the table moved: {exc}") from exc
                 raise SinkError(f"{what}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _directories_held(self, *, exclusive: bool) -> Iterator[None]:
+        """Changes to tables hold their directories shared, moving one (RENAME, retiring a dropped table)
+        exclusively, across every member on this file system: a directory moved under a commit in flight
+        would re-create the old name around the commit's new file."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / DIRECTORIES_LOCK).open("a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
 
     def _table_dir(self, database: str, table: str) -> Path:
         return table_dir(self.root, database, table)
