@@ -92,3 +92,22 @@ def test_bad_value_is_reported_with_the_records_location() -> None:
         assert exc.location == RecordLocation("t", 1, 11) and exc.column == "qty"
     else:
         raise AssertionError("expected a ValueDecodeError")
+
+
+def test_bad_value_after_an_update_names_its_record_not_its_image() -> None:
+    """The UPDATE before it has two images: the bad value is the third image but the second record."""
+    update = _raw(DMLType.UPDATE, TS, data={"id": 1, "qty": 3}, old={"id": 1, "qty": 2})
+    good = _raw(DMLType.INSERT, TS + 1, data={"id": 2, "qty": 2})
+    bad = RawDML(
+        **{
+            **{f: getattr(good, f) for f in good.__struct_fields__},
+            "payload": good.payload.replace(b'"qty":"2"', b'"qty":"9999999999"'),  # beyond int
+        }
+    )
+    try:
+        table_changes(TableCodec(SCHEMA), _rows(update, bad))
+    except ValueDecodeError as exc:
+        assert exc.location == RecordLocation("t", 1, 11) and exc.column == "qty"
+        assert "9999999999" in str(exc)
+    else:
+        raise AssertionError("expected a ValueDecodeError")

@@ -101,8 +101,8 @@ def test_malformed_record_values(value: bytes, error: type, words: str) -> None:
     [
         ({"id": "12x"}, "id", "Expected `int | null`, got `str`"),
         ({"id": "2147483648"}, "id", "not a valid int"),
-        ({"blob": 5}, "blob", "Expected `str | null`, got `int`"),
-        ({"blob": "***"}, "blob", "not a valid blob"),
+        ({"blob": 5}, "blob", "Expected `bytes | null`, got `int`"),
+        ({"blob": "***"}, "blob", "Invalid base64 encoded string"),
         ({"kind": "3"}, "kind", "enum index outside 0..2"),
         ({"born": "2026-02-30"}, "born", "not a valid date"),
         ({"extra": "1"}, "extra", "unknown field `extra`"),

@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
-from consumer.protocol.model import DML, RawDML, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.model import DML, DMLType, RawDML, TableSchema
+from consumer.protocol.rows import ImageKind, TableCodec
 from consumer.testing.strategies import dml_messages, table_messages, table_schemas
 
 ENCODINGS = st.sampled_from(["json", "avro"])
@@ -61,3 +61,30 @@ def test_columnar_batch_equals_per_row_values(batch: tuple, encoding: str) -> No
             assert has[row] == (expected is not None)
             got = {name: values[row] for name, values in columns.items()}
             assert got == {c.name: (expected or {}).get(c.name) for c in schema.columns}
+
+
+@PROPERTY
+@given(_dml_batches(), ENCODINGS)
+def test_change_images_are_the_per_row_images_in_change_order(batch: tuple, encoding: str) -> None:
+    schema, dmls = batch
+    encoder = MessageEncoder(encoding)  # type: ignore[arg-type]
+    raws = [MessageDecoder().decode(encoder.encode(d, schema)) for d in dmls]
+    codec = TableCodec(schema)
+    images = codec.decode_changes(raws)  # type: ignore[arg-type]
+    expected = []  # (DML index, kind, image) as the per-row decode gives them
+    for row, dml in enumerate(dmls):
+        if dml.type is DMLType.UPDATE:
+            expected += [(row, ImageKind.UPDATE_OLD, dml.old), (row, ImageKind.UPDATE_NEW, dml.data)]
+        elif dml.type is DMLType.INSERT:
+            expected.append((row, ImageKind.INSERT, dml.data))
+        else:
+            expected.append((row, ImageKind.DELETE, dml.old))
+    columns = {c.name: c.to_python(images.rows.column(i)) for i, c in enumerate(codec.columns)}
+    got = [
+        (source, kind, {name: values[index] for name, values in columns.items()})
+        for index, (source, kind) in enumerate(zip(images.source, images.kinds, strict=True))
+    ]
+    assert got == [
+        (row, kind, {c.name: (image or {}).get(c.name) for c in schema.columns})
+        for row, kind, image in expected
+    ]

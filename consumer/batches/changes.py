@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumer.errors import RecordLocation, ValueDecodeError
-from consumer.protocol.model import DMLType, RawDML, TableSchema
+from consumer.protocol.model import RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 
 TSO_PHYSICAL_SHIFT = 18  # a TSO is physical milliseconds << 18 | logical counter
@@ -30,6 +30,8 @@ META_FIELDS: tuple[pa.Field, ...] = (
     pa.field("_offset", pa.int64(), nullable=False),
 )
 META_COLUMNS = tuple(f.name for f in META_FIELDS)
+# `_change_type` of each `ImageKind`, indexed by it.
+CHANGE_TYPES = pa.array(["insert", "update_preimage", "update_postimage", "delete"], pa.string())
 
 
 @dataclass(frozen=True)
@@ -68,42 +70,24 @@ def changelog_schema(codec: TableCodec) -> pa.Schema:
 
 def table_changes(codec: TableCodec, rows: Sequence[tuple[RawDML, RecordLocation]]) -> TableChanges:
     """Decode a resolved batch of one table version. A bad value raises with the record's location."""
-    raws = [raw for raw, _ in rows]
     try:
-        images = codec.decode_batch(raws)
+        images = codec.decode_changes([raw for raw, _ in rows])
     except ValueDecodeError as exc:
         if exc.row is not None:
             exc.with_location(rows[exc.row][1])
         raise
-    pick_old: list[int] = []  # the DML each image comes from
-    pick_from: list[int] = []  # index into concat(old, data)
-    kinds: list[str] = []
-    count = len(raws)
-    for row, raw in enumerate(raws):
-        if raw.type is DMLType.UPDATE:
-            pick_from.extend((row, count + row))
-            pick_old.extend((row, row))
-            kinds.extend(("update_preimage", "update_postimage"))
-        elif raw.type is DMLType.INSERT:
-            pick_from.append(count + row)
-            pick_old.append(row)
-            kinds.append("insert")
-        else:
-            pick_from.append(row)
-            pick_old.append(row)
-            kinds.append("delete")
-    both = pa.concat_tables([pa.Table.from_batches([images.old]), pa.Table.from_batches([images.data])])
-    user = both.take(pa.array(pick_from, pa.int64()))
-    meta = _metadata(rows, pa.array(pick_old, pa.int64()), kinds)
+    source = pa.array(images.source, pa.int64())
+    kinds = CHANGE_TYPES.take(pa.array(images.kinds, pa.int8()))
+    meta = _metadata(rows, source, kinds)
     schema = changelog_schema(codec)
-    return TableChanges(codec.schema, pa.Table.from_arrays([*user.columns, *meta], schema=schema))
+    return TableChanges(codec.schema, pa.Table.from_arrays([*images.rows.columns, *meta], schema=schema))
 
 
 def _metadata(
-    rows: Sequence[tuple[RawDML, RecordLocation]], source_row: pa.Array, kinds: list[str]
+    rows: Sequence[tuple[RawDML, RecordLocation]], source: pa.Array, kinds: pa.Array
 ) -> list[pa.Array]:
     """Per-DML columns built once, then taken per image (an UPDATE has two)."""
-    ts = pa.array([raw.commit_ts for raw, _ in rows], pa.int64()).take(source_row)
+    ts = pa.array([raw.commit_ts for raw, _ in rows], pa.int64()).take(source)
     physical_ms = pc.shift_right(ts, TSO_PHYSICAL_SHIFT)
     commit_time = pc.cast(pc.cast(physical_ms, pa.timestamp("ms", tz="UTC")), pa.timestamp("us", tz="UTC"))
     per_dml = [
@@ -112,13 +96,7 @@ def _metadata(
         pa.array([location.partition for _, location in rows], pa.int32()),
         pa.array([location.offset for _, location in rows], pa.int64()),
     ]
-    return [pa.array(kinds, pa.string()), ts, commit_time, *(column.take(source_row) for column in per_dml)]
-
-
-def _change_type(kind: DMLType, *, is_old: bool) -> str:
-    if kind is DMLType.UPDATE:
-        return "update_preimage" if is_old else "update_postimage"
-    return "insert" if kind is DMLType.INSERT else "delete"
+    return [kinds, ts, commit_time, *(column.take(source) for column in per_dml)]
 
 
 def latest_per_key(changelog: pa.Table, key_columns: Sequence[str]) -> pa.Table:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 import logging
 import multiprocessing
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 
@@ -75,6 +75,15 @@ class DecodePool:
             initargs=(policy,),
         )
         self._broken = False
+        self._start_all(workers)
+
+    def _start_all(self, workers: int) -> None:
+        """Start every worker now: the executor would start them on demand, so the first batches would
+        wait for process start-up and imports, and a busy loop would keep running on fewer workers."""
+        try:
+            wait([self._executor.submit(_started) for _ in range(workers)])
+        except (BrokenProcessPool, RuntimeError) as exc:
+            self._give_up(exc)
 
     def submit(self, schema: TableSchema, rows: Rows) -> Decoding | None:
         """Start decoding; None when the pool is unusable (the caller decodes in the loop)."""
@@ -124,6 +133,10 @@ def _start_worker(policy: ValuePolicy) -> None:
     global _policy
     gc.set_threshold(*DECODE_GC_THRESHOLDS)
     _policy = replace(policy, stats=DecodeStats())  # counts since start; `_decode` reports the increase
+
+
+def _started() -> None:
+    return None
 
 
 def _decode(schema: bytes, rows: bytes) -> _Decoded:

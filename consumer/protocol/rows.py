@@ -6,15 +6,16 @@ straight into per-column fields without building dicts; each column then becomes
 
 from __future__ import annotations
 
-import operator
+import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import pyarrow as pa
+from msgspec.structs import astuple
 
 from consumer.errors import MalformedMessageError, ValueDecodeError
 from consumer.protocol import avro_codec
@@ -39,6 +40,30 @@ class RowImages:
     has_old: list[bool]
 
 
+class ImageKind(enum.IntEnum):
+    """Which row image of its DML a change row is (an UPDATE carries both, spec §3.3)."""
+
+    INSERT = 0
+    UPDATE_OLD = 1
+    UPDATE_NEW = 2
+    DELETE = 3
+
+
+@dataclass(frozen=True)
+class ChangeImages:
+    """The row images of a batch of DMLs in change order: an INSERT's new row, an UPDATE's old row then its
+    new row, a DELETE's old row. An image missing from the wire (Go drops a map whose every column was
+    filtered out) is an all-null row. Each value is decoded once, for the image it belongs to."""
+
+    rows: pa.RecordBatch
+    source: list[int]  # the DML (index into the batch) each image comes from
+    kinds: list[int]  # each image's `ImageKind`
+
+
+_UPDATE_KINDS = (ImageKind.UPDATE_OLD, ImageKind.UPDATE_NEW)
+_Decoded = TypeVar("_Decoded", RowImages, ChangeImages)
+
+
 class TableCodec:
     """Decoding and encoding of the rows of one TableSchema version."""
 
@@ -53,34 +78,61 @@ class TableCodec:
         self._batch_body, batch_row = _json_body(schema, self.columns, missing=None)
         self._row_body, _ = _json_body(schema, self.columns, missing=msgspec.UNSET)
         self._null_row = batch_row() if batch_row else None
-        self._getters = [operator.attrgetter(f"c{i}") for i in range(len(self.columns))]
+        # The Struct declares the columns in wire order: where each column sits in `astuple` of a row.
+        wire_order = sorted(range(len(self.columns)), key=lambda i: self.columns[i].name.encode())
+        self._positions = [wire_order.index(i) for i in range(len(self.columns))]
         self._fields = bool(batch_row and self.columns)  # rows decode into a per-table Struct
 
     # -- fast path: many DMLs -> Arrow ---------------------------------------------------------------
     def decode_batch(self, raws: Sequence[RawDML]) -> RowImages:
-        """Typed Arrow images of many DMLs of this table version. Errors carry `.row` = index in raws.
-
-        Big batches decode in chunks of about `_CHUNK_BYTES` of payload: a chunk's parsed rows are still in
-        the CPU cache when its columns are built, which more than pays for concatenating the chunks.
-        """
-        sample = raws[:64]
-        size = max(1, _CHUNK_BYTES * len(sample) // max(1, sum(len(raw.payload) for raw in sample)))
-        if len(raws) <= size:
-            return self._decode_chunk(raws)
-        chunks = []
-        for start in range(0, len(raws), size):
-            try:
-                chunks.append(self._decode_chunk(raws[start : start + size]))
-            except ValueDecodeError as exc:
-                if exc.row is not None:
-                    exc.row += start
-                raise
+        """Typed Arrow images of many DMLs of this table version. Errors carry `.row` = index in raws."""
+        chunks = self._chunked(raws, self._decode_chunk)
+        if len(chunks) == 1:
+            return chunks[0]
         return RowImages(
             data=pa.concat_batches([c.data for c in chunks]),
             old=pa.concat_batches([c.old for c in chunks]),
             has_data=list(chain.from_iterable(c.has_data for c in chunks)),
             has_old=list(chain.from_iterable(c.has_old for c in chunks)),
         )
+
+    def decode_changes(self, raws: Sequence[RawDML]) -> ChangeImages:
+        """The batch's row images in change order (see `ChangeImages`), typed. Errors carry `.row` = the
+        index in raws of the DML whose value did not decode."""
+        chunks = self._chunked(raws, self._changes_chunk)
+        if len(chunks) == 1:
+            return chunks[0]
+        source: list[int] = []
+        for chunk in chunks:  # every DML has at least one image: a chunk's last image is its last DML's
+            start = source[-1] + 1 if source else 0
+            source += [start + row for row in chunk.source]
+        return ChangeImages(
+            rows=pa.concat_batches([c.rows for c in chunks]),
+            source=source,
+            kinds=list(chain.from_iterable(c.kinds for c in chunks)),
+        )
+
+    def _chunk_sizes(self, raws: Sequence[RawDML]) -> list[int]:
+        """Big batches decode in chunks of about `_CHUNK_BYTES` of payload: a chunk's parsed rows are still in
+        the CPU cache when its columns are built, which more than pays for concatenating the chunks."""
+        sample = raws[:64]
+        size = max(1, _CHUNK_BYTES * len(sample) // max(1, sum(len(raw.payload) for raw in sample)))
+        return [min(size, len(raws) - start) for start in range(0, len(raws), size)] or [0]
+
+    def _chunked(
+        self, raws: Sequence[RawDML], decode: Callable[[Sequence[RawDML]], _Decoded]
+    ) -> list[_Decoded]:
+        chunks = []
+        start = 0
+        for size in self._chunk_sizes(raws):
+            try:
+                chunks.append(decode(raws[start : start + size]))
+            except ValueDecodeError as exc:
+                if exc.row is not None:
+                    exc.row += start
+                raise
+            start += size
+        return chunks
 
     def _decode_chunk(self, raws: Sequence[RawDML]) -> RowImages:
         datas, olds = self._wire_images(raws)
@@ -90,6 +142,32 @@ class TableCodec:
             has_data=[d is not None or r.type in _HAS_DATA for d, r in zip(datas, raws, strict=True)],
             has_old=[o is not None or r.type in _HAS_OLD for o, r in zip(olds, raws, strict=True)],
         )
+
+    def _changes_chunk(self, raws: Sequence[RawDML]) -> ChangeImages:
+        datas, olds = self._wire_images(raws)
+        images: list[Any] = []
+        source: list[int] = []
+        kinds: list[int] = []
+        for row, (raw, data, old) in enumerate(zip(raws, datas, olds, strict=True)):
+            if raw.type is DMLType.UPDATE:
+                images += (old, data)
+                source += (row, row)
+                kinds += _UPDATE_KINDS
+            elif raw.type is DMLType.INSERT:
+                images.append(data)
+                source.append(row)
+                kinds.append(ImageKind.INSERT)
+            else:
+                images.append(old)
+                source.append(row)
+                kinds.append(ImageKind.DELETE)
+        try:
+            rows = self._image(images, raws)
+        except ValueDecodeError as exc:
+            if exc.row is not None:
+                exc.row = source[exc.row]
+            raise
+        return ChangeImages(rows, source, kinds)
 
     def _wire_images(self, raws: Sequence[RawDML]) -> tuple[list[Any], list[Any]]:
         if raws and raws[0].encoding == "json":
@@ -133,8 +211,10 @@ class TableCodec:
 
     def _json_columns(self, images: list[Any]) -> list[Sequence[Any]]:
         null_row = self._null_row
-        rows = [image if image is not None else null_row for image in images]
-        return [list(map(getter, rows)) for getter in self._getters]
+        by_position = list(
+            zip(*(astuple(image if image is not None else null_row) for image in images), strict=True)
+        )
+        return [by_position[position] for position in self._positions]
 
     def _mapped_columns(self, images: list[Any]) -> list[Sequence[Any]]:
         return [[None if image is None else image.get(c.name) for image in images] for c in self.columns]
