@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.batches.decode_pool import DECODE_GC_THRESHOLDS, DecodePool, Decoding
-from consumer.errors import ConsumerError, ValueDecodeError
+from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
 from consumer.protocol.codec import MessageDecoder
-from consumer.protocol.model import Watermark
+from consumer.protocol.model import DecodedMessage, Watermark
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import CommitContext, DDLEvent, Sink, TopicPartition
@@ -174,8 +174,7 @@ class Pipeline:
         With decode workers, a batch still decoding is left for a later cycle (at most about one cycle's
         records wait so), so the workers decode while this loop fetches and orders the next records."""
         self._changed = False
-        for record in records:
-            self._ingest(record)
+        self._ingest(records)
         if (
             self.state.stats().held_rows
             and time.monotonic() - self._schemas_refreshed > SCHEMA_REFRESH_SECONDS
@@ -212,18 +211,24 @@ class Pipeline:
             self._paused.discard(tp)
 
     # -- stages ----------------------------------------------------------------------------------------
-    def _ingest(self, record: SourceRecord) -> None:
-        self.stats.records += 1
-        location = record.location
-        try:
-            message = self.decoder.decode(record.value)
-        except ConsumerError as exc:
-            self._changed = True
-            self.state.process_failed(location, exc.with_location(location), record.value)
-            return
-        if not isinstance(message, Watermark):
-            self._changed = True
-        self.state.process(location, message)
+    def _ingest(self, records: Sequence[SourceRecord]) -> None:
+        """Decode the records and hand them to the state in one call; one that does not decode goes to the
+        state's error path between the records before and after it."""
+        self.stats.records += len(records)
+        decode = self.decoder.decode
+        decoded: list[tuple[RecordLocation, DecodedMessage]] = []
+        for record in records:
+            location = record.location
+            try:
+                decoded.append((location, decode(record.value)))
+            except ConsumerError as exc:
+                self.state.process_many(decoded)
+                decoded.clear()
+                self.state.process_failed(location, exc.with_location(location), record.value)
+                self._changed = True
+        self.state.process_many(decoded)
+        if not self._changed:
+            self._changed = any(not isinstance(message, Watermark) for _, message in decoded)
 
     def _flush_and_commit(self, *, drain: bool = True) -> None:
         """Apply resolved units in order, then commit what they made durable. Without `drain`, stop at a

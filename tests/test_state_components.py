@@ -143,9 +143,9 @@ def test_partition_offsets_commit_the_lowest_unapplied() -> None:
         assert offsets.admit(offset)
         offsets.hold(offset)
     assert not offsets.admit(5)  # below the next expected offset: a redelivery
-    offsets.apply(4)
+    offsets.apply([4])
     assert offsets.committable() == 3
-    offsets.apply(3)
+    offsets.apply([3])
     assert offsets.committable() == 6
-    offsets.apply(6)
+    offsets.apply([6])
     assert offsets.committable() == 7

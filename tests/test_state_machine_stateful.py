@@ -14,6 +14,7 @@ end, every delivered row emitted or dead-lettered.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, settings
@@ -34,6 +35,7 @@ from consumer.protocol.model import (
 )
 from consumer.state import ConsumerState, DDLUnit, DeadLetter, RowBatch, TopicPartition, Unit
 from consumer.state.resolver import DDLIdentity, ddl_identity
+from consumer.state.units import SchemaKey
 
 TOPICS = ("a", "b")
 PARTITIONS = 3
@@ -295,18 +297,23 @@ class ConsumerStateMachine(RuleBasedStateMachine):
     @rule(tp=st.sampled_from(ALL_TPS), count=st.integers(1, 12))
     def deliver(self, tp: TopicPartition, count: int) -> None:
         part = self.owned.get(tp)
-        if part is None:
-            return
-        for _ in range(count):
-            if part.cursor >= len(self.logs[tp]):
-                return
-            self._deliver_one(tp, part)
+        if part is not None:
+            self._deliver([(tp, part)] * count)
 
     @rule()
     def deliver_everything(self) -> None:
-        for tp, part in self.owned.items():
-            while part.cursor < len(self.logs[tp]):
-                self._deliver_one(tp, part)
+        self._deliver(self._every_remaining_record())
+
+    def _every_remaining_record(self) -> list[tuple[TopicPartition, PartitionModel]]:
+        """Turns for every owned partition's remaining records, interleaved in runs as a poll returns them."""
+        left = {tp: len(self.logs[tp]) - part.cursor for tp, part in self.owned.items()}
+        turns: list[tuple[TopicPartition, PartitionModel]] = []
+        while any(left.values()):
+            for tp, part in self.owned.items():
+                run = min(5, left[tp])
+                left[tp] -= run
+                turns += [(tp, part)] * run
+        return turns
 
     @rule(tp=st.sampled_from(ALL_TPS), count=st.integers(1, 6))
     def rewind(self, tp: TopicPartition, count: int) -> None:
@@ -314,16 +321,30 @@ class ConsumerStateMachine(RuleBasedStateMachine):
         if part is not None:
             part.cursor = max(part.start, part.cursor - count)
 
-    def _deliver_one(self, tp: TopicPartition, part: PartitionModel) -> None:
-        offset = part.cursor
-        kind, message = self.logs[tp][offset]
-        location = RecordLocation(tp[0], tp[1], offset)
-        if kind == "bad":
-            assert isinstance(message, bytes)
-            self.state.process_failed(location, MalformedMessageError("garbage"), message)
-        else:
-            self.state.process(location, message)  # type: ignore[arg-type]
-        part.cursor += 1
+    def _deliver(self, turns: list[tuple[TopicPartition, PartitionModel]]) -> None:
+        """The next record of each turn's partition; records go to the state in batches, as a poll's do,
+        split around undecodable ones."""
+        batch: list[tuple[RecordLocation, object]] = []
+        for tp, part in turns:
+            offset = part.cursor
+            if offset >= len(self.logs[tp]):
+                continue
+            kind, message = self.logs[tp][offset]
+            location = RecordLocation(tp[0], tp[1], offset)
+            if kind == "bad":
+                assert isinstance(message, bytes)
+                self.state.process_many(batch)  # type: ignore[arg-type]
+                batch = []
+                self.state.process_failed(location, MalformedMessageError("garbage"), message)
+            else:
+                batch.append((location, message))
+            part.cursor += 1
+            self._delivered(tp, part, offset, kind, message)
+        self.state.process_many(batch)  # type: ignore[arg-type]
+
+    def _delivered(
+        self, tp: TopicPartition, part: PartitionModel, offset: int, kind: str, message: object
+    ) -> None:
         if offset < part.high:
             return  # a redelivery: the consumer must ignore it
         part.high = offset + 1
@@ -467,6 +488,19 @@ class ConsumerStateMachine(RuleBasedStateMachine):
         stats = self.state.stats()
         assert stats.held_rows + stats.waiting_rows == len(self.outstanding)
 
+    @invariant()
+    def every_unapplied_row_pins_its_schema(self) -> None:
+        """A schema stays in the cache (and in the snapshots sinks record) while a row of it is unapplied."""
+        rows: Counter[SchemaKey] = Counter()
+        for tp, offset in self.outstanding:
+            rows[self.logs[tp][offset][1].schema_key] += 1  # type: ignore[union-attr]
+        for unit in self.in_flight:
+            if isinstance(unit, RowBatch):
+                owned = (raw.schema_key for raw, loc in unit.rows if (loc.topic, loc.partition) in self.owned)
+                rows.update(owned)
+        for key, count in rows.items():
+            assert self.state.schemas.pins(key) == count, key
+
     @rule()
     def resolve(self) -> None:
         units = self.state.resolve()
@@ -494,10 +528,9 @@ class ConsumerStateMachine(RuleBasedStateMachine):
             if table.alive:
                 self._bootstrap(table)
         self.watermark()
-        for tp, part in self.owned.items():
+        for part in self.owned.values():
             part.cursor = max(part.cursor, part.high)
-            while part.cursor < len(self.logs[tp]):
-                self._deliver_one(tp, part)
+        self._deliver(self._every_remaining_record())
         for _ in range(3):
             self.resolve()
             while self.in_flight:

@@ -33,7 +33,15 @@ from consumer.state.pending import (
 )
 from consumer.state.resolver import Resolver
 from consumer.state.schema_cache import SchemaCache
-from consumer.state.units import DDLUnit, DeadLetter, RowBatch, TopicPartition, Unit, topic_partition
+from consumer.state.units import (
+    DDLUnit,
+    DeadLetter,
+    RowBatch,
+    SchemaKey,
+    TopicPartition,
+    Unit,
+    topic_partition,
+)
 from consumer.state.watermarks import PartitionWatermarks
 
 ErrorPolicy = Literal["dead-letter", "fail"]
@@ -118,15 +126,58 @@ class ConsumerState:
     # -- input ---------------------------------------------------------------------------------------
     def process(self, location: RecordLocation, message: DecodedMessage) -> None:
         """Take one decoded record; records already seen on this assignment are ignored."""
-        tp = topic_partition(location)
-        offsets = self._owned(tp, location).offsets
-        if not offsets.admit(location.offset):
-            return
-        if isinstance(message, RawDML):
+        self.process_many(((location, message),))
+
+    def process_many(self, records: Iterable[tuple[RecordLocation, DecodedMessage]]) -> None:
+        """Take decoded records in arrival order, as `process` takes each.
+
+        A poll's rows mostly share a few schema versions: their pins are counted up and their schemas
+        looked up once, and both are settled before any other message (which may add or evict schemas).
+        """
+        partitions = self._partitions
+        add_row = self._resolver.add_row
+        pins: dict[SchemaKey, int] = {}
+        known: dict[SchemaKey, TableSchema] = {}
+        for location, message in records:
+            partition = partitions.get((location.topic, location.partition))
+            if partition is None:
+                raise ValueError(f"{location}: partition is not assigned to this consumer")
+            offsets = partition.offsets
+            if not offsets.admit(location.offset):
+                continue
+            if not isinstance(message, RawDML):
+                self._settle_pins(pins)
+                known.clear()
+                self._take(location, message, offsets)
+                continue
             offsets.hold(location.offset)
-            self._add_row(message, location)
-        elif isinstance(message, Watermark):
-            self._watermarks.advance(tp, message.commit_ts)
+            key = (message.database, message.table, message.schema_version)
+            schema = known.get(key)
+            if schema is not None:
+                pins[key] += 1
+                add_row(message, location, schema)
+                continue
+            # pinned first: a row waiting for its schema keeps it from being evicted once it arrives
+            self.schemas.pin(key)
+            schema = self.schemas.lookup(key, message.table_id)
+            if schema is None:
+                self._pending.hold(message, location)
+                continue
+            known[key] = schema
+            pins[key] = 0
+            add_row(message, location, schema)
+        self._settle_pins(pins)
+
+    def _settle_pins(self, pins: dict[SchemaKey, int]) -> None:
+        for key, count in pins.items():
+            if count:
+                self.schemas.pin(key, count)
+        pins.clear()
+
+    def _take(self, location: RecordLocation, message: DecodedMessage, offsets: PartitionOffsets) -> None:
+        """A record other than a DML (rare: one per many rows)."""
+        if isinstance(message, Watermark):
+            self._watermarks.advance(topic_partition(location), message.commit_ts)
         elif isinstance(message, Bootstrap):
             self._learn(message.table_schema)
         elif isinstance(message, DDL):
@@ -174,8 +225,7 @@ class ConsumerState:
                 self.schemas.unpin(unit.schema.key, len(offsets))
             partition = self._partitions.get(tp)
             if partition is not None:
-                for offset in offsets:
-                    partition.offsets.apply(offset)
+                partition.offsets.apply(offsets)
 
     def committable(self) -> dict[TopicPartition, int]:
         """Per owned partition, the offset to commit (the lowest record not durably applied), when it moved
@@ -223,15 +273,6 @@ class ConsumerState:
             raise ValueError(f"{location}: partition is not assigned to this consumer")
         return partition
 
-    def _add_row(self, dml: RawDML, location: RecordLocation) -> None:
-        key = dml.schema_key
-        self.schemas.pin(key)  # until confirmed: a snapshot taken at commit must cover redelivered rows
-        schema = self.schemas.lookup(key, dml.table_id)
-        if schema is None:
-            self._pending.hold(dml, location)
-        else:
-            self._resolver.add_row(dml, location, schema)
-
     def _learn(self, schema: TableSchema | None) -> None:
         if schema is None or not self.schemas.add(schema):
             return
@@ -258,16 +299,18 @@ class ConsumerState:
         return [DeadLetter(row.location, missing_schema_reason(row.dml), row.dml.payload) for row in expired]
 
 
-def _locations(unit: Unit) -> Iterable[RecordLocation]:
-    if isinstance(unit, RowBatch):
-        return (location for _, location in unit.rows)
-    if isinstance(unit, DDLUnit):
-        return unit.locations
-    return (unit.location,)
-
-
 def _claim(unit: Unit) -> dict[TopicPartition, list[int]]:
+    """The offsets a unit applies, per partition."""
     claim: dict[TopicPartition, list[int]] = {}
-    for location in _locations(unit):
-        claim.setdefault(topic_partition(location), []).append(location.offset)
+    if isinstance(unit, RowBatch):
+        locations: Iterable[RecordLocation] = (location for _, location in unit.rows)
+    else:
+        locations = unit.locations if isinstance(unit, DDLUnit) else (unit.location,)
+    for location in locations:
+        tp = (location.topic, location.partition)
+        offsets = claim.get(tp)
+        if offsets is None:
+            claim[tp] = [location.offset]
+        else:
+            offsets.append(location.offset)
     return claim

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 
 class PartitionOffsets:
@@ -31,8 +32,9 @@ class PartitionOffsets:
         """The record just admitted at `offset` is not applied until `apply(offset)`."""
         self._unapplied.append(offset)
 
-    def apply(self, offset: int) -> None:
-        self._applied.add(offset)
+    def apply(self, offsets: Iterable[int]) -> None:
+        """The records at `offsets` (each held before) are durably applied."""
+        self._applied.update(offsets)
 
     def committable(self) -> int | None:
         """The offset to commit, or None before the first record."""

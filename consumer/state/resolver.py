@@ -81,22 +81,26 @@ class _TableRows:
     entries: list[_Entry]
     table_ids: set[int]
     ordered: bool = True  # entries sorted; appends from one partition usually keep them so
+    bytes: int = 0  # `row_size` of the entries
 
-    def take(self, limit: int) -> list[_Entry]:
-        """Remove and return the entries with commit_ts <= limit, in emission order."""
+    def take(self, limit: int) -> tuple[list[_Entry], int]:
+        """Remove the entries with commit_ts <= limit; returns them in emission order, and their bytes."""
         entries = self.entries
         if not entries:
-            return []
+            return [], 0
         if not self.ordered:
             entries.sort()
             self.ordered = True
         if entries[-1][0] <= limit:
-            self.entries = []
-            return entries
+            taken, size = entries, self.bytes
+            self.entries, self.bytes = [], 0
+            return taken, size
         cut = bisect_right(entries, limit, key=_commit_ts)
         taken = entries[:cut]
         del entries[:cut]
-        return taken
+        size = sum(row_size(entry[4]) for entry in taken)
+        self.bytes -= size
+        return taken, size
 
 
 @dataclass(slots=True, eq=False)
@@ -136,8 +140,10 @@ class Resolver:
             table.ordered = False
         entries.append(entry)
         table.table_ids.add(dml.table_id)
+        size = row_size(dml)
+        table.bytes += size
         self.rows += 1
-        self.bytes += row_size(dml)
+        self.bytes += size
 
     def ddl_done(self, ddl: DDL) -> bool:
         """Whether this DDL was already confirmed (a late copy of it is applied on arrival)."""
@@ -168,8 +174,10 @@ class Resolver:
         for table in self._tables.values():
             kept = [e for e in table.entries if (e[1], e[2]) != tp]
             if len(kept) != len(table.entries):
-                dropped += [e[4] for e in table.entries if (e[1], e[2]) == tp]
+                gone = [e[4] for e in table.entries if (e[1], e[2]) == tp]
                 table.entries = kept
+                table.bytes -= sum(map(row_size, gone))
+                dropped += gone
         self.rows -= len(dropped)
         self.bytes -= sum(map(row_size, dropped))
         for identity, pending in list(self._pending_ddls.items()):
@@ -208,12 +216,12 @@ class Resolver:
         hold back."""
         firsts: list[tuple[tuple[int, str, int, int], RowBatch]] = []
         for name, table in list(self._tables.items()):
-            taken = table.take(_cut(name, table, limit, floors.get(name), barriers))
+            taken, size = table.take(_cut(name, table, limit, floors.get(name), barriers))
             if not table.entries:
                 del self._tables[name]
             if taken:
                 self.rows -= len(taken)
-                self.bytes -= sum(row_size(e[4]) for e in taken)
+                self.bytes -= size
                 firsts += _batches(taken)
         firsts.sort(key=itemgetter(0))
         return [batch for _, batch in firsts]

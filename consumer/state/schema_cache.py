@@ -97,6 +97,10 @@ class SchemaCache:
         if key not in self._pinned and key in self._lru:
             self._pinned[key] = self._lru.pop(key)
 
+    def pins(self, key: SchemaKey) -> int:
+        """How many unapplied rows hold `key` in the cache."""
+        return self._pins[key]
+
     def unpin(self, key: SchemaKey, count: int = 1) -> None:
         left = self._pins[key] - count
         if left > 0:
