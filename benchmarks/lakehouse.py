@@ -39,9 +39,11 @@ minutes on 2 cores; `--rows 50000` is a quick check (about a minute).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import sys
@@ -84,7 +86,7 @@ from consumer.testing.broker import EmbeddedBroker
 
 TOPIC = "bench"
 TABLES = 4
-PARTITIONS = 3
+PARTITIONS = 4
 REPEATS = 3
 TARGETS = {"changelog": 100_000, "mirror": 50_000}
 BASELINE = "baseline: consume + decode"
@@ -96,15 +98,22 @@ NAMES = {
 
 
 # -- 1. produce ----------------------------------------------------------------------------------------
-def produce(broker: EmbeddedBroker, rows: int, encoding: str) -> tuple[Workload, int, float]:
-    """The stream, once, into the broker: (workload holding the final tables, records, seconds)."""
+def produce(broker: EmbeddedBroker, rows: int, encoding: str) -> tuple[Workload, dict[int, int], float]:
+    """The stream, once, into the broker: (workload holding the final tables, records per partition,
+    seconds). Rows are dispatched by primary key (TiCDC's `index-value`), so every partition carries every
+    table and group members share the work evenly."""
     config = WorkloadConfig(
-        rows=rows, tables=TABLES, partitions=PARTITIONS, ddl=False, start_physical_ms=1_700_000_000_000
+        rows=rows,
+        tables=TABLES,
+        partitions=PARTITIONS,
+        ddl=False,
+        dispatch="primary-key",
+        start_physical_ms=1_700_000_000_000,
     )
     workload = Workload(config)
     started = time.perf_counter()
     report = produce_to_kafka(workload, MessageEncoder(encoding), broker.bootstrap_servers, TOPIC)  # type: ignore[arg-type]
-    return workload, report.records, time.perf_counter() - started
+    return workload, report.end_offsets, time.perf_counter() - started
 
 
 # -- 2. consume ----------------------------------------------------------------------------------------
@@ -170,6 +179,7 @@ class Pass:
     root: Path
     batch: int
     workers: int
+    members: int = 1  # processes of one consumer group, each reading its share of the partitions
     seconds: float = 0.0
     sink_seconds: float = 0.0
     writes: int = 0
@@ -214,6 +224,78 @@ def consume(broker: EmbeddedBroker, run: Pass, records: int, inner: Sink | None 
     run.sink_seconds, run.writes = sink.seconds, sink.writes
     print(f"  {run.name}, batch {run.batch:,}, {run.workers} workers: {run.seconds:.1f} s", flush=True)
     return run
+
+
+def consume_as_members(broker: EmbeddedBroker, run: Pass, end_offsets: dict[int, int]) -> Pass:
+    """One pass by `run.members` processes of one group, each reading its share of the partitions (assigned,
+    as after a rebalance, so the group join is not timed) into the same output root. Timed from the moment
+    they all start until the last one has applied and committed its share."""
+    group = f"bench-{uuid.uuid4().hex[:8]}"
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(run.members)
+    results = context.Queue()
+    shares = [sorted(end_offsets)[index :: run.members] for index in range(run.members)]
+    members = [
+        context.Process(
+            target=member,
+            args=(broker.bootstrap_servers, run, group, {p: end_offsets[p] for p in share}, start, results),
+        )
+        for share in shares
+    ]
+    for process in members:
+        process.start()
+    reports = [results.get() for _ in members]
+    for process in members:
+        process.join()
+    run.seconds = max(r["ended"] for r in reports) - min(r["started"] for r in reports)
+    run.images = sum(r["images"] for r in reports)
+    run.dead_letters = sum(r["dead_letters"] for r in reports)
+    run.sink_seconds = sum(r["sink_seconds"] for r in reports)
+    run.writes = sum(r["writes"] for r in reports)
+    print(f"  {run.name}, batch {run.batch:,}, {run.members} members: {run.seconds:.1f} s", flush=True)
+    return run
+
+
+def member(servers: str, run: Pass, group: str, shares: dict[int, int], start: Any, results: Any) -> None:
+    """A group member's process: its own pipeline (decoding in its loop) over its partitions."""
+    config = RunConfig(
+        source=SourceConfig(url=f"kafka://{servers}/{TOPIC}", group=group),
+        sink=SinkConfig(
+            url=f"{'delta' if run.sink != 'drop' else 'jsonl'}:{run.root}",
+            mode=run.sink if run.sink != "drop" else "both",
+        ),  # type: ignore[arg-type]
+        budget=BudgetConfig(max_batch_records=run.batch, decode_workers=run.workers),
+    )
+    sink = TimedSink(DropSink() if run.sink == "drop" else app.build_sinks(config)[0])
+    pipeline = app.build_pipeline(config, sinks=[sink])
+    source = KafkaSource(
+        servers, [TOPIC], group, partitions=[(TOPIC, p) for p in shares], on_assign=pipeline.on_assign
+    )
+    records = sum(shares.values())
+
+    def stop_when_done(p: Pipeline) -> None:
+        if p.stats.records >= records:
+            raise _AllApplied
+
+    start.wait()
+    started = time.monotonic()
+    with contextlib.suppress(_AllApplied):
+        pipeline.run(source, on_cycle=stop_when_done)
+    ended = time.monotonic()
+    source.close()
+    pipeline.close()
+    stats = pipeline.stats
+    assert stats.records == records, (run.name, stats.records, records)
+    results.put(
+        {
+            "started": started,
+            "ended": ended,
+            "images": stats.rows,
+            "dead_letters": stats.dead_letters,
+            "sink_seconds": sink.seconds,
+            "writes": sink.writes,
+        }
+    )
 
 
 def written_rows(run: Pass) -> int:
@@ -406,16 +488,16 @@ def warm_up(spark: SparkSession, changes: TableChanges, work: Path) -> None:
 
 # -- report --------------------------------------------------------------------------------------------
 def print_passes(passes: list[Pass], dml_rows: int) -> None:
-    """Each pass against the faster baseline with as many decode workers."""
-    reference: dict[int, Pass] = {}
+    """Each pass against the faster baseline with as many processes and decode workers."""
+    reference: dict[tuple[int, int], Pass] = {}
     for run in passes:
-        best = reference.get(run.workers)
+        best = reference.get((run.members, run.workers))
         if run.sink == "drop" and (best is None or run.seconds < best.seconds):
-            reference[run.workers] = run
+            reference[run.members, run.workers] = run
     width = max(len(run.name) for run in passes) + 2
     head = (
-        f"{'pass':<{width}} {'workers':>7} {'batch':>7} {'seconds':>8} {'in sink':>8} {'writes':>6} "
-        f"{'rows/s':>8} {'images/s':>9} {'/ baseline':>10} {'target':>8} {'/ target':>8}"
+        f"{'pass':<{width}} {'members':>7} {'workers':>7} {'batch':>7} {'seconds':>8} {'in sink':>8} "
+        f"{'writes':>6} {'rows/s':>8} {'images/s':>9} {'/ baseline':>10} {'target':>8} {'/ target':>8}"
     )
     print(head)
     print("-" * len(head))
@@ -423,9 +505,9 @@ def print_passes(passes: list[Pass], dml_rows: int) -> None:
         rate = dml_rows / run.seconds
         target = TARGETS.get(run.sink)
         print(
-            f"{run.name:<{width}} {run.workers:>7} {run.batch:>7,} {run.seconds:>8.1f} "
+            f"{run.name:<{width}} {run.members:>7} {run.workers:>7} {run.batch:>7,} {run.seconds:>8.1f} "
             f"{run.sink_seconds:>8.1f} {run.writes:>6} {rate:>8,.0f} {run.images / run.seconds:>9,.0f} "
-            f"{reference[run.workers].seconds / run.seconds:>9.2f}x "
+            f"{reference[run.members, run.workers].seconds / run.seconds:>9.2f}x "
             f"{f'{target:,}' if target else '':>8} {f'{rate / target:.2f}x' if target else '':>8}"
         )
 
@@ -473,11 +555,17 @@ def print_decision(results: list[tuple[int, Timing, Timing]]) -> None:
 
 # -- main ----------------------------------------------------------------------------------------------
 def run_passes(
-    broker: EmbeddedBroker, args: argparse.Namespace, work: Path, records: int, spark: SparkSession
+    broker: EmbeddedBroker,
+    args: argparse.Namespace,
+    work: Path,
+    end_offsets: dict[int, int],
+    spark: SparkSession,
 ) -> tuple[list[Pass], DropSink]:
-    """Per decode-worker count: a baseline, then the Delta passes; Parquet at the first count; the
-    baselines again at the end (the faster of each pair is the reference)."""
+    """Per decode-worker count: a baseline, then the Delta passes; Parquet at the first count; then, with
+    `--members` > 1, the same as a group of processes; the baselines again at the end (the faster of each
+    pair is the reference)."""
     narrow = DropSink(keep=lambda changes: changes.table != "t0")  # t0 has every type, t1..t3 are narrow
+    records = sum(end_offsets.values())
 
     def baseline(workers: int, sink: DropSink | None = None) -> Pass:
         run = Pass(BASELINE, "drop", work / "baseline", args.batch, workers)
@@ -487,6 +575,11 @@ def run_passes(
         run = Pass(NAMES[sink], sink, work / f"{sink}-{batch}-{workers}", batch, workers)
         return consume(broker, run, records)
 
+    def group_pass(sink: str) -> Pass:
+        name = BASELINE if sink == "drop" else NAMES[sink]
+        run = Pass(name, sink, work / f"{sink}-members", args.batch, 0, args.members)
+        return consume_as_members(broker, run, end_offsets)
+
     first = args.workers[0]
     passes = []
     for workers in args.workers:
@@ -495,7 +588,12 @@ def run_passes(
             passes += [sink_pass("changelog", batch, workers), sink_pass("mirror", batch, workers)]
     warm_up(spark, narrow.kept[0], work)
     passes.append(sink_pass("parquet", args.batch, first))
+    grouped = args.members > 1
+    if grouped:
+        passes += [group_pass("drop"), group_pass("changelog"), group_pass("mirror")]
     passes += [baseline(workers) for workers in args.workers]
+    if grouped:
+        passes.append(group_pass("drop"))
     return passes, narrow
 
 
@@ -537,6 +635,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[10_000, 100_000, 500_000],
         help="rows per append (strategies; default 10000,100000,500000)",
     )
+    parser.add_argument(
+        "--members",
+        type=int,
+        default=2,
+        help="processes of one consumer group for the group passes, 0 or 1 to skip them (default 2)",
+    )
     parser.add_argument("--encoding", choices=("json", "avro"), default="json", help="(default json)")
     parser.add_argument("--workdir", type=Path, help="keep the outputs here (default: a temporary directory)")
     args = parser.parse_args(argv)
@@ -554,13 +658,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     try:
         with EmbeddedBroker() as broker:
-            workload, records, produce_seconds = produce(broker, args.rows, args.encoding)
+            workload, end_offsets, produce_seconds = produce(broker, args.rows, args.encoding)
             print(
-                f"produced {args.rows:,} DML events ({records:,} records, {args.encoding}, {TABLES} tables, "
-                f"{PARTITIONS} partitions) in {produce_seconds:.1f} s (not counted)",
+                f"produced {args.rows:,} DML events ({sum(end_offsets.values()):,} records, {args.encoding}, "
+                f"{TABLES} tables, {PARTITIONS} partitions, dispatched by primary key) in "
+                f"{produce_seconds:.1f} s (not counted)",
                 flush=True,
             )
-            passes, narrow = run_passes(broker, args, work, records, spark)
+            passes, narrow = run_passes(broker, args, work, end_offsets, spark)
         live = sum(len(table.rows) for table in workload.tables if not table.dropped)
         verify_passes(passes, live)
         print()

@@ -27,14 +27,20 @@ class MessageDecoder:
     def __init__(self, encoding: EncodingSetting = "auto", compression: CompressionSetting = "auto") -> None:
         self.encoding = encoding
         self.compression = compression
+        self._plain_json = encoding != "avro" and compression in ("auto", "none")  # `{` may start JSON
 
     def decode(self, value: bytes | None) -> DecodedMessage:
         if not value:
             raise MalformedMessageError("empty record value")
-        if self.compression == "auto" and value[0] in PLAIN_FIRST_BYTES:  # the common case, sniffed once
+        if value[0] == _JSON_START and self._plain_json:  # the hottest case, in the fewest steps
             try:
-                if value[0] == _JSON_START and self.encoding != "avro":  # the hottest case, fewest calls
-                    return json_codec.decode(value)
+                return json_codec.decode(value)
+            except DecodeError as error:
+                if self.compression == "none":
+                    raise
+                return self._decode_snappy_lookalike(value, error)
+        if self.compression == "auto" and value[0] in PLAIN_FIRST_BYTES:
+            try:
                 return self._decode_plain(value)
             except DecodeError as error:
                 return self._decode_snappy_lookalike(value, error)

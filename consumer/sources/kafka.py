@@ -289,10 +289,10 @@ def _record(message: Message) -> SourceRecord:
     # Coordinates are only None on error events, which never get here.
     timestamp_type, timestamp = message.timestamp()
     return SourceRecord(
-        topic=cast(str, message.topic()),
-        partition=cast(int, message.partition()),
-        offset=cast(int, message.offset()),
-        timestamp=None if timestamp_type == TIMESTAMP_NOT_AVAILABLE else timestamp,
-        key=message.key(),
-        value=message.value(),
+        cast(str, message.topic()),
+        cast(int, message.partition()),
+        cast(int, message.offset()),
+        None if timestamp_type == TIMESTAMP_NOT_AVAILABLE else timestamp,
+        message.key(),
+        message.value(),
     )

@@ -7,7 +7,9 @@ import msgspec
 from consumer.errors import RecordLocation
 
 
-class SourceRecord(msgspec.Struct, frozen=True, kw_only=True):
+class SourceRecord(msgspec.Struct, frozen=True):
+    """Fields in this order: a source builds one per record, positionally (the cheapest way)."""
+
     topic: str
     partition: int
     offset: int
