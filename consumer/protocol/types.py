@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Context, Decimal
+from operator import attrgetter, itemgetter
 from typing import Any, ClassVar, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -787,14 +788,15 @@ class TimestampColumn(ColumnType):
         return _zero_date(value)
 
     def _json_array(self, values: Sequence[Any]) -> pa.Array:
-        if isinstance(next((v for v in values if v is not None), None), dict):  # Avro, or dict-decoded rows
-            locations = [None if v is None else v["location"] for v in values]
-            texts = pa.array([None if v is None else v["value"] for v in values], pa.string())
+        present = [v for v in values if v is not None]
+        dicts = bool(present) and isinstance(present[0], dict)  # Avro, or dict-decoded rows
+        location_of, text_of = _TIMESTAMP_DICT if dicts else _TIMESTAMP_WIRE
+        if len(present) == len(values):
+            texts = pa.array(list(map(text_of, values)), pa.string())
         else:
-            locations = [None if v is None else v.location for v in values]
-            texts = pa.array([None if v is None else v.value for v in values], pa.string())
+            texts = pa.array([None if v is None else text_of(v) for v in values], pa.string())
         naive = pc.cast(texts, pa.timestamp("us"))
-        zones = {loc for loc in locations if loc is not None}
+        zones = set(map(location_of, present))
         if zones <= {"UTC"}:
             return naive.cast(self.arrow_type)
         if len(zones) == 1:  # one TiCDC server zone: the usual case
@@ -802,6 +804,7 @@ class TimestampColumn(ColumnType):
             return pc.assume_timezone(
                 naive, _zone_name(zone), ambiguous="earliest", nonexistent="earliest"
             ).cast(self.arrow_type)
+        locations = [None if v is None else location_of(v) for v in values]
         result = pa.nulls(len(values), self.arrow_type)
         for zone in zones:
             mask = pa.array([loc == zone for loc in locations])
@@ -818,6 +821,10 @@ class TimestampColumn(ColumnType):
 
     def _avro_value(self, value: Any) -> Any:
         return (AVRO_TIMESTAMP, self._json_value(value))
+
+
+_TIMESTAMP_WIRE = (attrgetter("location"), attrgetter("value"))
+_TIMESTAMP_DICT = (itemgetter("location"), itemgetter("value"))
 
 
 def _zone_name(location: str) -> str:
