@@ -6,7 +6,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from consumer.config import RunConfig, file_source_path, kafka_source_parts
+import msgspec
+
+from consumer.config import MetricsConfig, RunConfig, file_source_path, kafka_source_parts
+from consumer.members import GroupMembers, MemberFailed, MemberProcess
 from consumer.pipeline import Pipeline, PipelineStats
 from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.types import ValuePolicy
@@ -61,7 +64,7 @@ def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeli
         decoder=MessageDecoder(config.decode.encoding, config.decode.compression),
         policy=policy,
         max_batch_records=config.budget.max_batch_records,
-        decode_workers=config.budget.decode_workers,
+        decode_workers=config.budget.workers(),
     )
 
 
@@ -81,11 +84,62 @@ def build_source(config: RunConfig, pipeline: Pipeline) -> Source:
 
 
 def run(config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = None) -> PipelineStats:
-    """Run the configured consumer; returns its totals once stopped (idle, end of file, or Ctrl-C)."""
+    """Run the configured consumer; returns its totals once stopped (idle, end of file, or Ctrl-C).
+
+    With `budget.processes` > 1 this process is one member of the group and starts the others, each a
+    process with its own loop; the totals are every member's, `on_cycle` sees this process's member, and a
+    member's failure stops them all.
+    """
+    if config.budget.processes == 1:
+        return _run_member(config, until_idle, on_cycle)
+    member = msgspec.structs.replace(
+        config,
+        budget=msgspec.structs.replace(config.budget, processes=1, decode_workers=config.budget.workers()),
+        metrics=MetricsConfig(),  # one endpoint: this process's
+    )
+    others = GroupMembers(config.budget.processes - 1, run_member, (member, until_idle))
+
+    def cycle(pipeline: Pipeline) -> None:
+        others.check()
+        if on_cycle:
+            on_cycle(pipeline)
+
+    stopped = False
+    try:
+        stats = _run_member(msgspec.structs.replace(member, metrics=config.metrics), until_idle, cycle)
+        stopped = True
+    finally:
+        totals = others.stop(interrupt=not stopped)
+    for total in totals:
+        stats = stats.combined(total)
+    return stats
+
+
+def _run_member(
+    config: RunConfig, until_idle: float | None, on_cycle: Any, *, interruptible: bool = False
+) -> PipelineStats:
+    """One member's pipeline; `interruptible`: Ctrl-C (or SIGTERM in a member process) ends it with its
+    totals instead of raising."""
     pipeline = build_pipeline(config)
     source = build_source(config, pipeline)
     try:
         return pipeline.run(source, until_idle=until_idle, on_cycle=on_cycle)
+    except KeyboardInterrupt:
+        if not interruptible:
+            raise
+        return pipeline.stats  # stopped on request: what it resolved is applied and committed
     finally:
         source.close()
         pipeline.close()
+
+
+def run_member(config: RunConfig, until_idle: float | None, reports: Any) -> None:
+    """The body of a member process `run` starts: its totals, or its error, go to `reports`."""
+    member = MemberProcess()
+    try:
+        reports.put((member.name, _run_member(config, until_idle, member.on_cycle, interruptible=True)))
+    except KeyboardInterrupt:  # asked to stop before its loop ran: it consumed nothing
+        reports.put((member.name, PipelineStats()))
+    except Exception as exc:  # any failure of a member fails the command, with its reason
+        reports.put((member.name, MemberFailed(f"{member.name}: {type(exc).__name__}: {exc}")))
+        raise SystemExit(1) from exc

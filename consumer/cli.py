@@ -186,6 +186,9 @@ def capture(brokers: str, topic: str, out: Path, idle_seconds: float, from_group
 @click.option("--compression", type=_COMPRESSIONS)
 @click.option("--until-idle", type=float, help="stop cleanly once no record arrived for this many seconds")
 @click.option("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+@click.option(
+    "--processes", type=int, help="group members to run, a process each: several cores (Kafka sources)"
+)
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def run_command(config_path: Path | None, until_idle: float | None, **flags: Any) -> None:
     """Consume a topic (or a capture file) into lakehouse tables."""
@@ -194,6 +197,7 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
         "sink": {"url": flags["sink_url"], "mode": flags["mode"]},
         "decode": {"encoding": flags["encoding"], "compression": flags["compression"]},
         "metrics": {"port": flags["metrics_port"]},
+        "budget": {"processes": flags["processes"]},
     }
     try:
         config = load_config(config_path, overrides=overrides)

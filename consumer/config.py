@@ -18,8 +18,9 @@ from urllib.parse import urlparse
 import msgspec
 
 ENV_PREFIX = "TICDC_CONSUMER_"
-# Value decoding is most of a record's CPU: worker processes beside the loop on a multi-core machine; two
-# beat one even on 2 cores, where the loop waits on the workers less (benchmarks/lakehouse.py).
+# Value decoding is most of a record's CPU: a lone process on a multi-core machine decodes in worker
+# processes beside its loop; two beat one even on 2 cores (benchmarks/lakehouse.py). Several group members
+# (`processes`) already keep the cores busy, and decode in their loops: workers would only add copying.
 DEFAULT_DECODE_WORKERS = 2 if (os.cpu_count() or 1) > 1 else 0
 
 
@@ -49,7 +50,14 @@ class BudgetConfig(msgspec.Struct, forbid_unknown_fields=True):
     pending_bytes: int = 256 * 1024 * 1024
     pending_timeout_s: float = 240.0
     max_batch_records: int = 100_000  # records per cycle: fewer, larger commits and MERGEs
-    decode_workers: int = DEFAULT_DECODE_WORKERS  # processes decoding values beside the loop; 0: in it
+    processes: int = 1  # members of the consumer group this command runs, one process each (Kafka only)
+    decode_workers: int | None = None  # processes decoding values beside a loop; 0: in it; None: automatic
+
+    def workers(self) -> int:
+        """Decode workers per member: as configured, else the default for a lone process, else none."""
+        if self.decode_workers is not None:
+            return self.decode_workers
+        return DEFAULT_DECODE_WORKERS if self.processes == 1 else 0
 
 
 class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -130,6 +138,14 @@ def _check_urls(config: RunConfig) -> None:
         )
     if config.sink.url.partition(":")[0] not in ("delta", "parquet", "jsonl"):
         raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
+    if config.budget.processes < 1:
+        raise ConfigError(f"budget.processes = {config.budget.processes}: at least one process runs")
+    if config.budget.processes > 1 and source.scheme != "kafka":
+        raise ConfigError("budget.processes > 1 needs a Kafka source: the processes share its partitions")
+    if config.budget.processes > 1 and config.sink.url.startswith("parquet:"):
+        raise ConfigError(
+            "budget.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"
+        )
 
 
 def kafka_source_parts(url: str) -> tuple[str, list[str]]:

@@ -69,6 +69,22 @@ class PipelineStats:
     rows_by_table: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
+    def combined(self, other: PipelineStats) -> PipelineStats:
+        """The totals of two members of one group (the earlier start)."""
+        tables = dict(self.rows_by_table)
+        for table, rows in other.rows_by_table.items():
+            tables[table] = tables.get(table, 0) + rows
+        return PipelineStats(
+            records=self.records + other.records,
+            rows=self.rows + other.rows,
+            ddls=self.ddls + other.ddls,
+            dead_letters=self.dead_letters + other.dead_letters,
+            commits=self.commits + other.commits,
+            failed_commits=self.failed_commits + other.failed_commits,
+            rows_by_table=tables,
+            started=min(self.started, other.started),
+        )
+
 
 class Pipeline:
     """Owns the loop. Build the source with `on_assign=pipeline.on_assign, on_revoke=pipeline.on_revoke`.

@@ -4,6 +4,7 @@ the simulator's ground truth (mirror) and for duplicates (changelog, by topic/pa
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,9 +39,9 @@ def _produce(
 
 
 def _run(
-    broker: EmbeddedBroker, topic: str, root: Path, group: str, *, wait: bool = True
+    broker: EmbeddedBroker, topic: str, root: Path, group: str, *, wait: bool = True, processes: int = 1
 ) -> subprocess.Popen[str]:
-    """A `run` process; its log goes next to the output, to read when a test fails."""
+    """A `run` command; its log goes next to the output, to read when a test fails."""
     command = [
         sys.executable,
         "-m",
@@ -54,6 +55,8 @@ def _run(
         f"delta:{root}",
         "--until-idle",
         "3",
+        "--processes",
+        str(processes),
     ]
     env = {**os.environ, **FAST_GROUP_ENV, "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "1000"}
     log_path = root.parent / f"{group}-{time.monotonic_ns()}.log"
@@ -62,6 +65,22 @@ def _run(
     if wait:
         assert process.wait(300) == 0, log_path.read_text()[-3000:]
     return process
+
+
+def _newest_log(directory: Path, group: str) -> str:
+    return max(directory.glob(f"{group}-*.log"), key=lambda path: path.stat().st_mtime).read_text()
+
+
+def _summary_rows(log: str) -> int:
+    """Changelog rows in a `run` log's summary line."""
+    found = re.findall(r"^(\d+) records, (\d+) changelog rows", log, flags=re.MULTILINE)
+    assert found, log[-2000:]
+    return int(found[-1][1])
+
+
+def _assignment_sizes(log: str) -> set[int]:
+    """How many partitions each assignment in a `run` log gave the command's own member."""
+    return {line.count("), (") + 1 for line in re.findall(r" assigned \[.*\]$", log, flags=re.MULTILINE)}
 
 
 def _mirror_state(root: Path, workload: Workload) -> dict[str, Any]:
@@ -124,9 +143,10 @@ def test_sigkill_at_several_points_then_restart_ends_exact(
     assert _changelog_duplicates(root) == 0
 
 
-def test_three_run_processes_in_one_group_equal_one_process(
+def test_three_members_of_one_group_equal_one_process(
     kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:
+    """`run --processes 3`: three members of one group, a process each, into one lakehouse."""
     topic = kafka_topic(6)
     # every DDL type, RENAME included: it re-hashes keys to other partitions, so members apply both sides
     # of it at different times (the mirror's tombstones and the rename log keep that exact)
@@ -135,9 +155,16 @@ def test_three_run_processes_in_one_group_equal_one_process(
     single, shared = tmp_path / "single", tmp_path / "shared"
     with WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic):
         _run(kafka_broker, topic, single, "single")
-        members = [_run(kafka_broker, topic, shared, "trio", wait=False) for _ in range(3)]
-        for member in members:
-            assert member.wait(300) == 0
+        _run(kafka_broker, topic, shared, "trio", processes=3)
+    written = sum(
+        DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
+        for path in table_paths(shared, include_ddl_log=False)
+        if path.name == "changelog"
+    )
+    log = _newest_log(tmp_path, "trio")
+    assert 2 in _assignment_sizes(log)  # the command's own member held a third of the 6 partitions
+    # the summary adds up every member (a rebalance may have had two apply a row; the sinks skipped it)
+    assert _summary_rows(log) >= written > 0
     assert differences(_mirror_state(single, workload), truth) == []
     assert differences(_mirror_state(shared, workload), truth) == []
     assert _mirror_state(shared, workload) == _mirror_state(single, workload)

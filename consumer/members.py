@@ -1,0 +1,103 @@
+"""The other members of the consumer group one `run` command runs (`budget.processes` > 1).
+
+A process per member, each with its own Kafka consumer, loop and sinks, sharing the topic's partitions
+through the group: the cheapest way to use several cores, since nothing crosses a process boundary (decode
+workers copy every payload to a worker and its typed rows back). They start from `spawn`: librdkafka and
+JVM threads must not be forked.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from consumer.errors import ConsumerError
+from consumer.pipeline import PipelineStats
+
+log = logging.getLogger(__name__)
+_REPORT_WAIT_SECONDS = 1.0
+
+
+class MemberFailed(ConsumerError):
+    """Another member of this command's group stopped on an error (its message says which)."""
+
+
+class GroupMembers:
+    """`count` processes each running `target(*args, reports)`, which puts `(its name, its PipelineStats or
+    MemberFailed)` on `reports` when it stops."""
+
+    def __init__(self, count: int, target: Callable[..., None], args: tuple[Any, ...]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._reports = context.Queue()
+        self._processes = [
+            context.Process(target=target, args=(*args, self._reports), name=f"member-{n + 1}")
+            for n in range(count)
+        ]
+        self._outcomes: dict[str, PipelineStats | MemberFailed] = {}
+        for process in self._processes:
+            process.start()
+
+    def check(self) -> None:
+        """Raise the failure of a member that stopped on an error, or died without a word."""
+        self._collect(timeout=None)
+        for process in self._processes:
+            outcome = self._outcomes.get(process.name)
+            if isinstance(outcome, MemberFailed):
+                raise outcome
+            if outcome is None and process.exitcode is not None:
+                self._collect(timeout=_REPORT_WAIT_SECONDS)  # its last words may still be in the pipe
+                if process.name not in self._outcomes:
+                    raise MemberFailed(f"{process.name} exited with code {process.exitcode} and no report")
+
+    def stop(self, *, interrupt: bool) -> list[PipelineStats]:
+        """Wait for every member to stop (asked to first, if `interrupt`: each applies and commits what it
+        resolved) and return their totals; a member's failure is raised."""
+        if interrupt:
+            for process in self._processes:
+                if process.is_alive() and process.pid is not None:
+                    os.kill(process.pid, signal.SIGTERM)
+        while any(process.is_alive() for process in self._processes):
+            self._collect(timeout=_REPORT_WAIT_SECONDS)
+        for process in self._processes:
+            process.join()
+        self.check()
+        return [outcome for outcome in self._outcomes.values() if isinstance(outcome, PipelineStats)]
+
+    def _collect(self, *, timeout: float | None) -> None:
+        """Take the reports that arrived; with `timeout`, wait that long for the first."""
+        try:
+            while True:
+                if timeout is None:
+                    name, outcome = self._reports.get_nowait()
+                else:
+                    name, outcome = self._reports.get(timeout=timeout)
+                    timeout = None
+                self._outcomes[name] = outcome
+        except queue.Empty:
+            return
+
+
+class MemberProcess:
+    """What a member process does besides running its pipeline: it logs warnings only (one progress
+    display, one info log: the command's), leaves Ctrl-C to the command (which asks each member to stop
+    once: SIGTERM, handled like Ctrl-C) and stops when the command's process is gone."""
+
+    def __init__(self) -> None:
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, _interrupted)
+        self._parent = os.getppid()
+        self.name = multiprocessing.current_process().name
+
+    def on_cycle(self, _pipeline: object) -> None:
+        if os.getppid() != self._parent:
+            raise KeyboardInterrupt(f"{self.name}: the command's process is gone")
+
+
+def _interrupted(_signal: int, _frame: object) -> None:
+    raise KeyboardInterrupt

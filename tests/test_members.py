@@ -1,0 +1,94 @@
+"""`run --processes N`: the group members one command starts, their totals, failures and stopping."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+
+from consumer.config import ConfigError, RunConfig, load_config
+from consumer.members import GroupMembers, MemberFailed, MemberProcess
+from consumer.pipeline import PipelineStats
+
+
+def _reports_totals(records: int, reports: Any) -> None:
+    reports.put((MemberProcess().name, PipelineStats(records=records, rows_by_table={"shop.t": records})))
+
+
+def _fails(reports: Any) -> None:
+    member = MemberProcess()
+    reports.put((member.name, MemberFailed(f"{member.name}: SinkError: disk full")))
+    raise SystemExit(1)
+
+
+def _dies(reports: Any) -> None:
+    os._exit(3)
+
+
+def _runs_until_asked(reports: Any) -> None:
+    member = MemberProcess()
+    consumed = 0
+    try:
+        while True:
+            consumed += 1
+            time.sleep(0.01)
+    except KeyboardInterrupt:
+        reports.put((member.name, PipelineStats(records=consumed)))
+
+
+def test_totals_of_every_member_come_back() -> None:
+    totals = GroupMembers(2, _reports_totals, (5,)).stop(interrupt=False)
+    assert [t.records for t in totals] == [5, 5]
+    combined = totals[0].combined(totals[1])
+    assert (combined.records, combined.rows_by_table) == (10, {"shop.t": 10})
+
+
+def test_a_failed_member_is_raised_with_its_reason() -> None:
+    members = GroupMembers(2, _fails, ())
+    with pytest.raises(MemberFailed, match="disk full"):
+        members.stop(interrupt=False)
+
+
+def test_a_member_that_dies_without_a_word_is_a_failure() -> None:
+    members = GroupMembers(1, _dies, ())
+    with pytest.raises(MemberFailed, match="member-1 exited with code 3 and no report"):
+        members.stop(interrupt=False)
+
+
+def test_members_asked_to_stop_report_what_they_did() -> None:
+    members = GroupMembers(2, _runs_until_asked, ())
+    time.sleep(2.0)  # a spawned member imports the SDK before it starts counting
+    members.check()  # running, nothing failed
+    totals = members.stop(interrupt=True)
+    assert len(totals) == 2 and all(t.records > 0 for t in totals)
+
+
+def _config(**budget: Any) -> RunConfig:
+    return load_config(
+        environ={},
+        overrides={"source": {"url": "kafka://b:9092/t"}, "sink": {"url": "delta:/lake"}, "budget": budget},
+    )
+
+
+def test_several_processes_decode_in_their_loops_unless_told_otherwise() -> None:
+    assert _config(processes=2).budget.workers() == 0
+    assert _config(processes=2, decode_workers=1).budget.workers() == 1
+    assert _config().budget.workers() == _config(processes=1).budget.workers()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"budget": {"processes": 0}}, "at least one process"),
+        ({"budget": {"processes": 2}, "source": {"url": "file:/x.jsonl"}}, "needs a Kafka source"),
+        ({"budget": {"processes": 2}, "sink": {"url": "parquet:/lake"}}, "one writer per root"),
+    ],
+)
+def test_processes_the_source_or_sink_cannot_share_are_refused(overrides: dict, words: str) -> None:
+    layered = {"source": {"url": "kafka://b:9092/t"}, "sink": {"url": "delta:/lake"}}
+    for section, values in overrides.items():
+        layered[section] = {**layered.get(section, {}), **values}
+    with pytest.raises(ConfigError, match=words):
+        load_config(environ={}, overrides=layered)
