@@ -28,7 +28,7 @@ from consumer.sources.errors import SourceError
 from consumer.sources.record import SourceRecord
 from consumer.state.machine import ConsumerState
 from consumer.state.schema_cache import snapshot_schemas
-from consumer.state.units import DDLUnit, DeadLetter, RowBatch, Unit
+from consumer.state.units import DDLUnit, DeadLetter, RowBatch, RowOrigins, Unit
 
 log = logging.getLogger(__name__)
 SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the sinks' records this often
@@ -335,16 +335,18 @@ class Pipeline:
             self._deliver(decoded, context)
             return
         rows = list(unit.rows)
+        origins: RowOrigins | None = unit.origins  # until a bad row is taken out
         codec = self._codec(unit)
         while rows:
             counted = self.policy.stats.unrepresentable
             try:
-                changes = table_changes(codec, rows)
+                changes = table_changes(codec, rows, origins)
             except ValueDecodeError as exc:
                 if self.state.policy == "fail" or exc.row is None:
                     raise
                 self.policy.stats.unrepresentable = counted  # the retry counts the batch's values again
                 bad_raw, bad_location = rows.pop(exc.row)
+                origins = None
                 self._dead_letter(DeadLetter(bad_location, str(exc), bad_raw.payload))
                 continue
             self._deliver(changes, context)

@@ -151,6 +151,7 @@ class ConsumerStateMachine(RuleBasedStateMachine):
         self.known_ids: set[tuple[int, int]] = set()
         self.columns: dict[tuple[int, int], tuple[Column, ...]] = {}
         self.in_flight: list[Unit] = []
+        self.emitted_in: dict[int, dict[TopicPartition, int]] = {}  # unit id -> assignment epochs then
 
     def _table(self, topic: str, name: str, partitions: tuple[int, ...]) -> Table:
         self.next_table_id += 1
@@ -342,6 +343,10 @@ class ConsumerStateMachine(RuleBasedStateMachine):
             self._delivered(tp, part, offset, kind, message)
         self.state.process_many(batch)  # type: ignore[arg-type]
 
+    def _same_assignment(self, location: RecordLocation, epochs: dict[TopicPartition, int]) -> bool:
+        part = self.owned.get((location.topic, location.partition))
+        return part is not None and epochs.get((location.topic, location.partition)) == part.epoch
+
     def _delivered(
         self, tp: TopicPartition, part: PartitionModel, offset: int, kind: str, message: object
     ) -> None:
@@ -495,9 +500,9 @@ class ConsumerStateMachine(RuleBasedStateMachine):
         for tp, offset in self.outstanding:
             rows[self.logs[tp][offset][1].schema_key] += 1  # type: ignore[union-attr]
         for unit in self.in_flight:
-            if isinstance(unit, RowBatch):
-                owned = (raw.schema_key for raw, loc in unit.rows if (loc.topic, loc.partition) in self.owned)
-                rows.update(owned)
+            if isinstance(unit, RowBatch):  # a revoke releases its rows of the partition, for good
+                epochs = self.emitted_in[id(unit)]
+                rows.update(raw.schema_key for raw, loc in unit.rows if self._same_assignment(loc, epochs))
         for key, count in rows.items():
             assert self.state.schemas.pins(key) == count, key
 
@@ -507,6 +512,8 @@ class ConsumerStateMachine(RuleBasedStateMachine):
         self._check_units(units)
         assert not self.bad_outstanding, "every undecodable record is dead-lettered on the next resolve"
         self.in_flight += units
+        epochs = {tp: part.epoch for tp, part in self.owned.items()}
+        self.emitted_in.update((id(unit), epochs) for unit in units)
 
     def teardown(self) -> None:
         if sys.exc_info()[0] is not None:

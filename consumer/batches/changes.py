@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from consumer.errors import RecordLocation, ValueDecodeError
 from consumer.protocol.model import RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
+from consumer.state.units import RowOrigins
 
 TSO_PHYSICAL_SHIFT = 18  # a TSO is physical milliseconds << 18 | logical counter
 
@@ -68,8 +69,11 @@ def changelog_schema(codec: TableCodec) -> pa.Schema:
     return pa.schema([*codec.arrow_schema, *META_FIELDS])
 
 
-def table_changes(codec: TableCodec, rows: Sequence[tuple[RawDML, RecordLocation]]) -> TableChanges:
-    """Decode a resolved batch of one table version. A bad value raises with the record's location."""
+def table_changes(
+    codec: TableCodec, rows: Sequence[tuple[RawDML, RecordLocation]], origins: RowOrigins | None = None
+) -> TableChanges:
+    """Decode a resolved batch of one table version (`origins`: the rows' `RowOrigins`, when known). A bad
+    value raises with the record's location."""
     try:
         images = codec.decode_changes([raw for raw, _ in rows])
     except ValueDecodeError as exc:
@@ -78,23 +82,21 @@ def table_changes(codec: TableCodec, rows: Sequence[tuple[RawDML, RecordLocation
         raise
     source = pa.array(images.source, pa.int64())
     kinds = CHANGE_TYPES.take(pa.array(images.kinds, pa.int8()))
-    meta = _metadata(rows, source, kinds)
+    meta = _metadata(origins or RowOrigins.of(rows), source, kinds)
     schema = changelog_schema(codec)
     return TableChanges(codec.schema, pa.Table.from_arrays([*images.rows.columns, *meta], schema=schema))
 
 
-def _metadata(
-    rows: Sequence[tuple[RawDML, RecordLocation]], source: pa.Array, kinds: pa.Array
-) -> list[pa.Array]:
+def _metadata(origins: RowOrigins, source: pa.Array, kinds: pa.Array) -> list[pa.Array]:
     """Per-DML columns built once, then taken per image (an UPDATE has two)."""
-    ts = pa.array([raw.commit_ts for raw, _ in rows], pa.int64()).take(source)
+    ts = pa.array(origins.commit_ts, pa.int64()).take(source)
     physical_ms = pc.shift_right(ts, TSO_PHYSICAL_SHIFT)
     commit_time = pc.cast(pc.cast(physical_ms, pa.timestamp("ms", tz="UTC")), pa.timestamp("us", tz="UTC"))
     per_dml = [
-        pa.array([raw.schema_version for raw, _ in rows], pa.int64()),
-        pa.array([location.topic for _, location in rows], pa.string()),
-        pa.array([location.partition for _, location in rows], pa.int32()),
-        pa.array([location.offset for _, location in rows], pa.int64()),
+        pa.array(origins.schema_versions, pa.int64()),
+        pa.array(origins.topics, pa.string()),
+        pa.array(origins.partitions, pa.int32()),
+        pa.array(origins.offsets, pa.int64()),
     ]
     return [kinds, ts, commit_time, *(column.take(source) for column in per_dml)]
 

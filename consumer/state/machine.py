@@ -301,16 +301,9 @@ class ConsumerState:
 
 def _claim(unit: Unit) -> dict[TopicPartition, list[int]]:
     """The offsets a unit applies, per partition."""
-    claim: dict[TopicPartition, list[int]] = {}
     if isinstance(unit, RowBatch):
-        locations: Iterable[RecordLocation] = (location for _, location in unit.rows)
-    else:
-        locations = unit.locations if isinstance(unit, DDLUnit) else (unit.location,)
-    for location in locations:
-        tp = (location.topic, location.partition)
-        offsets = claim.get(tp)
-        if offsets is None:
-            claim[tp] = [location.offset]
-        else:
-            offsets.append(location.offset)
+        return unit.origins.claim()
+    claim: dict[TopicPartition, list[int]] = {}
+    for location in unit.locations if isinstance(unit, DDLUnit) else (unit.location,):
+        claim.setdefault((location.topic, location.partition), []).append(location.offset)
     return claim

@@ -31,6 +31,7 @@ from consumer.state.pending import ROW_OVERHEAD_BYTES, PendingBuffer, row_size
 from consumer.state.units import (
     DDLUnit,
     RowBatch,
+    RowOrigins,
     SchemaKey,
     TableName,
     TopicPartition,
@@ -42,10 +43,11 @@ from consumer.state.units import (
 # TiCDC resending after a restart) is recognised as applied instead of running the DDL twice.
 DONE_DDLS_REMEMBERED = 4096
 
-# commit_ts, topic, partition, offset, row, location, schema: sorts in emission order, and the first
-# four fields are unique, so tuple comparison never reaches the objects.
-_Entry = tuple[int, str, int, int, RawDML, RecordLocation, TableSchema]
+# commit_ts, topic, partition, offset, row, location, schema, its `row_size`: sorts in emission order, and
+# the first four fields are unique, so tuple comparison never reaches the objects.
+_Entry = tuple[int, str, int, int, RawDML, RecordLocation, TableSchema, int]
 _commit_ts = itemgetter(0)
+_size = itemgetter(7)
 DDLIdentity = tuple[int, DDLType, str, SchemaKey | None]
 
 
@@ -98,7 +100,7 @@ class _TableRows:
         cut = bisect_right(entries, limit, key=_commit_ts)
         taken = entries[:cut]
         del entries[:cut]
-        size = sum(row_size(entry[4]) for entry in taken)
+        size = sum(map(_size, taken))
         self.bytes -= size
         return taken, size
 
@@ -134,13 +136,22 @@ class Resolver:
         table = self._tables.get(name)
         if table is None:
             table = self._tables[name] = _TableRows([], set())
-        entry = (dml.commit_ts, location.topic, location.partition, location.offset, dml, location, schema)
+        size = len(dml.payload) + ROW_OVERHEAD_BYTES  # `row_size`, inlined: once per row
+        entry = (
+            dml.commit_ts,
+            location.topic,
+            location.partition,
+            location.offset,
+            dml,
+            location,
+            schema,
+            size,
+        )
         entries = table.entries
         if table.ordered and entries and entry < entries[-1]:
             table.ordered = False
         entries.append(entry)
         table.table_ids.add(dml.table_id)
-        size = len(dml.payload) + ROW_OVERHEAD_BYTES  # `row_size`, inlined: once per row
         table.bytes += size
         self.rows += 1
         self.bytes += size
@@ -243,6 +254,14 @@ def _batches(entries: list[_Entry]) -> list[tuple[tuple[int, str, int, int], Row
     for _, group in groupby(entries, key=lambda e: id(e[6])):
         run = list(group)
         first = run[0]
+        schema = first[6]
         rows = tuple(zip(map(itemgetter(4), run), map(itemgetter(5), run), strict=True))
-        runs.append(((first[0], first[1], first[2], first[3]), RowBatch(first[6], rows)))
+        origins = RowOrigins(  # from the entries the take just sorted, while they are in the CPU's caches
+            list(map(itemgetter(0), run)),
+            [schema.version] * len(run),  # every row of a run has its schema's version
+            list(map(itemgetter(1), run)),
+            list(map(itemgetter(2), run)),
+            list(map(itemgetter(3), run)),
+        )
+        runs.append(((first[0], first[1], first[2], first[3]), RowBatch(schema, rows, origins)))
     return runs
