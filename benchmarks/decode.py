@@ -16,7 +16,7 @@ before any figure is printed, so the comparison is like for like:
 
 Ours also builds the (all-NULL) `old` image and `has_data`/`has_old`, which the naive path skips.
 TIMESTAMP values are written in `--tz` (default Asia/Shanghai), so both paths convert zones.
-The process is pinned to one core; each figure is the best of 3 rounds that interleave the paths,
+The process is pinned to one core; each figure is the best of 5 rounds that interleave the paths,
 timed with `time.perf_counter`.
 """
 
@@ -50,7 +50,7 @@ try:  # optional: a faster naive baseline, shown for reference when installed
 except ImportError:  # pragma: no cover - depends on the environment
     orjson = None
 
-REPEATS = 3
+REPEATS = 5
 JSON_ENVELOPE = "JSON envelope only (routing)"
 JSON_OURS = "JSON ours (envelope + typed Arrow)"
 JSON_NAIVE = "JSON naive (json.loads + Python + from_pylist)"
