@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,19 +44,26 @@ def _dml_batches(draw: st.DrawFn) -> tuple[TableSchema, list[DML]]:
     return schema, draw(st.lists(dml_messages(schema), min_size=1, max_size=6))
 
 
+def _raws(schema: TableSchema, dmls: list[DML], encoding: str) -> list[RawDML]:
+    encoder = MessageEncoder(encoding)  # type: ignore[arg-type]
+    return [MessageDecoder().decode(encoder.encode(d, schema)) for d in dmls]  # type: ignore[misc]
+
+
+def _python_columns(codec: TableCodec, batch: pa.RecordBatch) -> dict[str, list]:
+    return {c.name: c.to_python(batch.column(i)) for i, c in enumerate(codec.columns)}
+
+
 @PROPERTY
 @given(_dml_batches(), ENCODINGS)
 def test_columnar_batch_equals_per_row_values(batch: tuple, encoding: str) -> None:
     schema, dmls = batch
-    encoder = MessageEncoder(encoding)  # type: ignore[arg-type]
-    raws = [MessageDecoder().decode(encoder.encode(d, schema)) for d in dmls]
     codec = TableCodec(schema)
-    images = codec.decode_batch(raws)  # type: ignore[arg-type]
+    images = codec.decode_batch(_raws(schema, dmls, encoding))
     for image, has, attribute in (
         (images.data, images.has_data, "data"),
         (images.old, images.has_old, "old"),
     ):
-        columns = {c.name: c.to_python(image.column(i)) for i, c in enumerate(codec.columns)}
+        columns = _python_columns(codec, image)
         for row, dml in enumerate(dmls):
             expected = getattr(dml, attribute)
             assert has[row] == (expected is not None)
@@ -67,10 +75,8 @@ def test_columnar_batch_equals_per_row_values(batch: tuple, encoding: str) -> No
 @given(_dml_batches(), ENCODINGS)
 def test_change_images_are_the_per_row_images_in_change_order(batch: tuple, encoding: str) -> None:
     schema, dmls = batch
-    encoder = MessageEncoder(encoding)  # type: ignore[arg-type]
-    raws = [MessageDecoder().decode(encoder.encode(d, schema)) for d in dmls]
     codec = TableCodec(schema)
-    images = codec.decode_changes(raws)  # type: ignore[arg-type]
+    images = codec.decode_changes(_raws(schema, dmls, encoding))
     expected = []  # (DML index, kind, image) as the per-row decode gives them
     for row, dml in enumerate(dmls):
         if dml.type is DMLType.UPDATE:
@@ -79,7 +85,7 @@ def test_change_images_are_the_per_row_images_in_change_order(batch: tuple, enco
             expected.append((row, ImageKind.INSERT, dml.data))
         else:
             expected.append((row, ImageKind.DELETE, dml.old))
-    columns = {c.name: c.to_python(images.rows.column(i)) for i, c in enumerate(codec.columns)}
+    columns = _python_columns(codec, images.rows)
     got = [
         (source, kind, {name: values[index] for name, values in columns.items()})
         for index, (source, kind) in enumerate(zip(images.source, images.kinds, strict=True))
