@@ -19,7 +19,6 @@ from typing import Any
 from consumer.errors import ConsumerError
 from consumer.pipeline import PipelineStats
 
-log = logging.getLogger(__name__)
 _REPORT_WAIT_SECONDS = 1.0
 
 

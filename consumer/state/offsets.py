@@ -29,7 +29,7 @@ class PartitionOffsets:
         return True
 
     def hold(self, offset: int) -> None:
-        """The record just admitted at `offset` is not applied until `apply(offset)`."""
+        """The record just admitted at `offset` is not applied until `apply` names it."""
         self._unapplied.append(offset)
 
     def apply(self, offsets: Iterable[int]) -> None:
