@@ -59,7 +59,7 @@ def _run(
         str(processes),
     ]
     env = {**os.environ, **FAST_GROUP_ENV, "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "1000"}
-    log_path = root.parent / f"{group}-{time.monotonic_ns()}.log"
+    log_path = root.parent / f"{group}-p{processes}-{time.monotonic_ns()}.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     if wait:
@@ -67,8 +67,9 @@ def _run(
     return process
 
 
-def _newest_log(directory: Path, group: str) -> str:
-    return max(directory.glob(f"{group}-*.log"), key=lambda path: path.stat().st_mtime).read_text()
+def _newest_log(directory: Path, group: str, processes: int) -> str:
+    logs = directory.glob(f"{group}-p{processes}-*.log")
+    return max(logs, key=lambda path: path.stat().st_mtime).read_text()
 
 
 def _summary_rows(log: str) -> int:
@@ -146,7 +147,8 @@ def test_sigkill_at_several_points_then_restart_ends_exact(
 def test_three_members_of_one_group_equal_one_process(
     kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:
-    """`run --processes 3`: three members of one group, a process each, into one lakehouse."""
+    """Three members of one group into one lakehouse: a `run --processes 2` command (two processes) and a
+    plain `run` beside it."""
     topic = kafka_topic(6)
     # every DDL type, RENAME included: it re-hashes keys to other partitions, so members apply both sides
     # of it at different times (the mirror's tombstones and the rename log keep that exact)
@@ -155,16 +157,22 @@ def test_three_members_of_one_group_equal_one_process(
     single, shared = tmp_path / "single", tmp_path / "shared"
     with WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic):
         _run(kafka_broker, topic, single, "single")
-        _run(kafka_broker, topic, shared, "trio", processes=3)
+        members = [
+            _run(kafka_broker, topic, shared, "trio", wait=False, processes=2),
+            _run(kafka_broker, topic, shared, "trio", wait=False),
+        ]
+        for member in members:
+            assert member.wait(300) == 0
     written = sum(
         DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
         for path in table_paths(shared, include_ddl_log=False)
         if path.name == "changelog"
     )
-    log = _newest_log(tmp_path, "trio")
-    assert 2 in _assignment_sizes(log)  # the command's own member held a third of the 6 partitions
-    # the summary adds up every member (a rebalance may have had two apply a row; the sinks skipped it)
-    assert _summary_rows(log) >= written > 0
+    pair, alone = _newest_log(tmp_path, "trio", 2), _newest_log(tmp_path, "trio", 1)
+    assert 2 in _assignment_sizes(pair)  # its own member held a third of the 6 partitions: 3 members
+    # every row was applied by one of the commands, whose summaries add up their members (a rebalance may
+    # have had two members apply a row, which the sinks skipped the second time)
+    assert _summary_rows(pair) + _summary_rows(alone) >= written > 0
     assert differences(_mirror_state(single, workload), truth) == []
     assert differences(_mirror_state(shared, workload), truth) == []
     assert _mirror_state(shared, workload) == _mirror_state(single, workload)
