@@ -27,7 +27,7 @@ from cachetools import LRUCache
 
 from consumer.errors import RecordLocation
 from consumer.protocol.model import DDL, DDLType, RawDML, TableSchema
-from consumer.state.pending import ROW_OVERHEAD_BYTES, PendingBuffer, row_size
+from consumer.state.pending import PendingBuffer, row_size
 from consumer.state.units import (
     DDLUnit,
     RowBatch,
@@ -83,26 +83,22 @@ class _TableRows:
     entries: list[_Entry]
     table_ids: set[int]
     ordered: bool = True  # entries sorted; appends from one partition usually keep them so
-    bytes: int = 0  # `row_size` of the entries
 
-    def take(self, limit: int) -> tuple[list[_Entry], int]:
-        """Remove the entries with commit_ts <= limit; returns them in emission order, and their bytes."""
+    def take(self, limit: int) -> list[_Entry]:
+        """Remove and return the entries with commit_ts <= limit, in emission order."""
         entries = self.entries
         if not entries:
-            return [], 0
+            return []
         if not self.ordered:
             entries.sort()
             self.ordered = True
         if entries[-1][0] <= limit:
-            taken, size = entries, self.bytes
-            self.entries, self.bytes = [], 0
-            return taken, size
+            self.entries = []
+            return entries
         cut = bisect_right(entries, limit, key=_commit_ts)
         taken = entries[:cut]
         del entries[:cut]
-        size = sum(map(_size, taken))
-        self.bytes -= size
-        return taken, size
+        return taken
 
 
 @dataclass(slots=True, eq=False)
@@ -136,7 +132,7 @@ class Resolver:
         table = self._tables.get(name)
         if table is None:
             table = self._tables[name] = _TableRows([], set())
-        size = len(dml.payload) + ROW_OVERHEAD_BYTES  # `row_size`, inlined: once per row
+        size = row_size(dml)
         entry = (
             dml.commit_ts,
             location.topic,
@@ -152,7 +148,6 @@ class Resolver:
             table.ordered = False
         entries.append(entry)
         table.table_ids.add(dml.table_id)
-        table.bytes += size
         self.rows += 1
         self.bytes += size
 
@@ -181,21 +176,19 @@ class Resolver:
 
     def revoke(self, tp: TopicPartition) -> list[RawDML]:
         """Forget a revoked partition's rows and DDL copies; returns the rows dropped."""
-        dropped: list[RawDML] = []
+        dropped: list[_Entry] = []
         for table in self._tables.values():
             kept = [e for e in table.entries if (e[1], e[2]) != tp]
             if len(kept) != len(table.entries):
-                gone = [e[4] for e in table.entries if (e[1], e[2]) == tp]
+                dropped += [e for e in table.entries if (e[1], e[2]) == tp]
                 table.entries = kept
-                table.bytes -= sum(map(row_size, gone))
-                dropped += gone
         self.rows -= len(dropped)
-        self.bytes -= sum(map(row_size, dropped))
+        self.bytes -= sum(map(_size, dropped))
         for identity, pending in list(self._pending_ddls.items()):
             pending.copies = [loc for loc in pending.copies if topic_partition(loc) != tp]
             if not pending.copies:
                 del self._pending_ddls[identity]
-        return dropped
+        return [e[4] for e in dropped]
 
     def resolve(self, watermark: int | None) -> list[Unit]:
         """Every unit that may go out under `watermark`, in order (see the module docstring)."""
@@ -227,12 +220,12 @@ class Resolver:
         hold back."""
         firsts: list[tuple[tuple[int, str, int, int], RowBatch]] = []
         for name, table in list(self._tables.items()):
-            taken, size = table.take(_cut(name, table, limit, floors.get(name), barriers))
+            taken = table.take(_cut(name, table, limit, floors.get(name), barriers))
             if not table.entries:
                 del self._tables[name]
             if taken:
                 self.rows -= len(taken)
-                self.bytes -= size
+                self.bytes -= sum(map(_size, taken))
                 firsts += _batches(taken)
         firsts.sort(key=itemgetter(0))
         return [batch for _, batch in firsts]
