@@ -88,8 +88,13 @@ def run(config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = N
 
     With `budget.processes` > 1 this process is one member of the group and starts the others, each a
     process with its own loop; the totals are every member's, `on_cycle` sees this process's member, and a
-    member's failure stops them all.
+    member's failure stops them all. With `engine.kind` "spark" it runs as a Spark streaming query
+    (`consumer.spark.engine.run`).
     """
+    if config.engine.kind == "spark":
+        from consumer.spark import engine  # Spark loads only for the Spark engine
+
+        return engine.run(config, until_idle=until_idle, on_cycle=on_cycle)
     if config.budget.processes == 1:
         return _run_member(config, until_idle, on_cycle)
     member = msgspec.structs.replace(

@@ -10,7 +10,7 @@ import gc
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -18,7 +18,7 @@ from consumer.batches.changes import TableChanges, table_changes
 from consumer.batches.decode_pool import DecodePool, Decoding
 from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
 from consumer.protocol.codec import MessageDecoder
-from consumer.protocol.model import DecodedMessage, Watermark
+from consumer.protocol.model import DecodedMessage, RawDML, Watermark
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import CommitContext, DDLEvent, Sink, TopicPartition
@@ -29,6 +29,13 @@ from consumer.sources.record import SourceRecord
 from consumer.state.machine import ConsumerState
 from consumer.state.schema_cache import snapshot_schemas
 from consumer.state.units import DDLUnit, DeadLetter, RowBatch, RowOrigins, Unit
+
+RowDecoder = Callable[[TableCodec, Sequence[tuple[RawDML, RecordLocation]], RowOrigins | None], TableChanges]
+"""Types a resolved batch's rows (`table_changes`, or one that takes rows already decoded elsewhere, like the
+Spark engine's); raises `ValueDecodeError` naming the bad row's index in `rows`."""
+DecodedRecord = tuple[RecordLocation, DecodedMessage | ConsumerError, bytes | None]
+"""A record decoded before it reached the pipeline: its message, or the error decoding it met, and its value
+(kept for the dead-letter destination)."""
 
 log = logging.getLogger(__name__)
 SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the sinks' records this often
@@ -106,6 +113,7 @@ class Pipeline:
         max_batch_records: int = 100_000,
         poll_timeout: float = 0.2,
         decode_workers: int = 0,
+        row_decoder: RowDecoder = table_changes,
     ) -> None:
         self.group = group
         self.state = state
@@ -113,6 +121,7 @@ class Pipeline:
         self.dead_letters = dead_letters
         self.decoder = decoder or MessageDecoder()
         self.policy = policy or ValuePolicy()
+        self.row_decoder = row_decoder
         self.max_batch_records = max_batch_records
         self.poll_timeout = poll_timeout
         self.stats = PipelineStats()
@@ -197,6 +206,28 @@ class Pipeline:
         records wait so), so the workers decode while this loop fetches and orders the next records."""
         self._changed = False
         self._ingest(records)
+        self._settle()
+
+    def step_decoded(self, records: Iterable[DecodedRecord]) -> bool:
+        """One cycle over records decoded elsewhere (the Spark engine's executors), in each partition's
+        offset order; whether a change record (anything but a WATERMARK) was among them."""
+        self._changed = False
+        decoded: list[tuple[RecordLocation, DecodedMessage]] = []
+        for location, message, value in records:
+            if isinstance(message, ConsumerError):
+                self._take_failed(decoded, location, message, value)
+            else:
+                decoded.append((location, message))
+        self._take_decoded(decoded)
+        self._settle()
+        return self._changed
+
+    def attach(self, source: Source) -> None:
+        """The source `step`/`step_decoded` commit to and take backpressure from (`run` attaches its own)."""
+        self._source = source
+
+    def _settle(self) -> None:
+        """The end of a cycle: apply what resolved, commit, adjust backpressure."""
         if (
             self.state.stats().held_rows
             and time.monotonic() - self._schemas_refreshed > SCHEMA_REFRESH_SECONDS
@@ -236,7 +267,6 @@ class Pipeline:
     def _ingest(self, records: Sequence[SourceRecord]) -> None:
         """Decode the records and hand them to the state in one call; one that does not decode goes to the
         state's error path between the records before and after it."""
-        self.stats.records += len(records)
         decode = self.decoder.decode
         decoded: list[tuple[RecordLocation, DecodedMessage]] = []
         for record in records:
@@ -244,10 +274,25 @@ class Pipeline:
             try:
                 decoded.append((location, decode(record.value)))
             except ConsumerError as exc:
-                self.state.process_many(decoded)
-                decoded.clear()
-                self.state.process_failed(location, exc.with_location(location), record.value)
-                self._changed = True
+                self._take_failed(decoded, location, exc, record.value)
+        self._take_decoded(decoded)
+
+    def _take_failed(
+        self,
+        decoded: list[tuple[RecordLocation, DecodedMessage]],
+        location: RecordLocation,
+        error: ConsumerError,
+        value: bytes | None,
+    ) -> None:
+        """A record that did not decode goes to the state between the records before and after it."""
+        self.stats.records += len(decoded) + 1
+        self.state.process_many(decoded)
+        decoded.clear()
+        self.state.process_failed(location, error.with_location(location), value)
+        self._changed = True
+
+    def _take_decoded(self, decoded: list[tuple[RecordLocation, DecodedMessage]]) -> None:
+        self.stats.records += len(decoded)
         self.state.process_many(decoded)
         if not self._changed:
             self._changed = any(not isinstance(message, Watermark) for _, message in decoded)
@@ -340,7 +385,7 @@ class Pipeline:
         while rows:
             counted = self.policy.stats.unrepresentable
             try:
-                changes = table_changes(codec, rows, origins)
+                changes = self.row_decoder(codec, rows, origins)
             except ValueDecodeError as exc:
                 if self.state.policy == "fail" or exc.row is None:
                     raise

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from pyspark.sql import SparkSession
 
 # Runtime SQL settings the SDK relies on; also applied to a reused session.
@@ -23,13 +26,16 @@ def spark_session(
     """The active session with the SDK's settings applied, or a new local one without a UI.
 
     In local mode the driver heap holds every batch handed to Spark and the writers' buffers: the default
-    1g ran out writing a 500k-row all-types batch (and the session then hung instead of failing).
+    1g ran out writing a 500k-row all-types batch (and the session then hung instead of failing). Python
+    workers (the `ticdc` source's tasks, on every node) run this interpreter unless `PYSPARK_PYTHON` names
+    another (see the README for a cluster whose nodes keep it elsewhere).
     """
     active = SparkSession.getActiveSession()
     if active is not None:
         for key, value in SQL_CONF.items():
             active.conf.set(key, value)
         return active
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # read when the context starts
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)

@@ -237,6 +237,11 @@ class ConsumerState:
                 result[tp] = partition.reported = offset
         return result
 
+    def unapplied(self) -> dict[TopicPartition, list[int]]:
+        """Per owned partition, the offsets of records taken and not durably applied (rows held or waiting,
+        DDL copies, records set aside but not yet written), in order."""
+        return {tp: partition.offsets.unapplied() for tp, partition in self._partitions.items()}
+
     def paused(self) -> set[TopicPartition]:
         """Partitions the source should pause now (and resume every other one).
 
