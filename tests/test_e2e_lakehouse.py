@@ -12,13 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
 from consumer.protocol.codec import MessageEncoder
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
-from consumer.simulate.truth import delta_mirror_state, differences
+from consumer.simulate.truth import delta_changelog_duplicates, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.delta import consistent_ts, table_paths
 from consumer.testing.broker import EmbeddedBroker
@@ -88,19 +87,6 @@ def _mirror_state(root: Path, workload: Workload) -> dict[str, Any]:
     return delta_mirror_state(root, (table.schema for table in workload.tables))
 
 
-def _changelog_duplicates(root: Path) -> int:
-    duplicates = 0
-    for path in table_paths(root, include_ddl_log=False):
-        if path.name != "changelog":
-            continue
-        keys = DeltaTable(str(path)).to_pyarrow_table(
-            columns=["_topic", "_partition", "_offset", "_change_type"]
-        )
-        grouped = keys.group_by(keys.column_names).aggregate([([], "count_all")])
-        duplicates += pc.sum(pc.subtract(grouped["count_all"], 1)).as_py() or 0
-    return duplicates
-
-
 def _ddl_types(root: Path) -> set[str]:
     return set(DeltaTable(str(root / "_ddl")).to_pyarrow_table(columns=["type"])["type"].to_pylist())
 
@@ -116,7 +102,7 @@ def test_mirror_equals_ground_truth_through_every_ddl_type(
     truth = write_ground_truth(workload, tmp_path / "truth.json")
     _run(kafka_broker, topic, tmp_path / "lake", "lake")
     assert differences(_mirror_state(tmp_path / "lake", workload), truth) == []
-    assert _changelog_duplicates(tmp_path / "lake") == 0
+    assert delta_changelog_duplicates(tmp_path / "lake") == 0
     assert _ddl_types(tmp_path / "lake") == {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
     assert consistent_ts(tmp_path / "lake") == workload.last_watermark
 
@@ -141,7 +127,7 @@ def test_sigkill_at_several_points_then_restart_ends_exact(
     with WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic):
         _run(kafka_broker, topic, root, "killed")
     assert differences(_mirror_state(root, workload), truth) == []
-    assert _changelog_duplicates(root) == 0
+    assert delta_changelog_duplicates(root) == 0
 
 
 def test_three_members_of_one_group_equal_one_process(
@@ -176,4 +162,4 @@ def test_three_members_of_one_group_equal_one_process(
     assert differences(_mirror_state(single, workload), truth) == []
     assert differences(_mirror_state(shared, workload), truth) == []
     assert _mirror_state(shared, workload) == _mirror_state(single, workload)
-    assert _changelog_duplicates(shared) == 0
+    assert delta_changelog_duplicates(shared) == 0

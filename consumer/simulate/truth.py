@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from consumer.protocol.model import TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.render import value_object
-from consumer.sinks.delta import live_mirror, table_dir
+from consumer.sinks.delta import live_mirror, table_dir, table_paths
 
 TableRows = dict[Any, dict[str, Any]]
 
@@ -123,3 +125,17 @@ def delta_mirror_state(root: str | Path, schemas: Iterable[TableSchema]) -> dict
         rows = arrow_table_rows(live_mirror(path), schema) if path.exists() else {}
         state[f"{schema.database}.{schema.table}"] = rows
     return state
+
+
+def delta_changelog_duplicates(root: str | Path) -> int:
+    """Changelog images under `root` written more than once (same topic, partition, offset and kind)."""
+    duplicates = 0
+    for path in table_paths(root, include_ddl_log=False):
+        if path.name != "changelog":
+            continue
+        keys = DeltaTable(str(path)).to_pyarrow_table(
+            columns=["_topic", "_partition", "_offset", "_change_type"]
+        )
+        grouped = keys.group_by(keys.column_names).aggregate([([], "count_all")])
+        duplicates += pc.sum(pc.subtract(grouped["count_all"], 1)).as_py() or 0
+    return duplicates

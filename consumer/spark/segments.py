@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 import pyarrow as pa
@@ -22,7 +23,6 @@ import pyarrow.compute as pc
 
 from consumer.batches.changes import table_changes
 from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
-from consumer.pipeline import DecodedRecord
 from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, DMLType, RawDML
 from consumer.protocol.rows import TableCodec
@@ -30,6 +30,9 @@ from consumer.protocol.types import ValuePolicy
 from consumer.sources.record import SourceRecord
 from consumer.state.schema_cache import SchemaCache
 from consumer.state.units import SchemaKey, TopicPartition
+
+if TYPE_CHECKING:  # tasks import this module: not the pipeline and its sinks
+    from consumer.pipeline import DecodedRecord
 
 SPARK_SCHEMA = (
     "topic string, partition int, start_offset bigint, end_offset bigint, "

@@ -1,0 +1,144 @@
+"""A Spark standalone cluster on this machine (a master and workers) from the pip-installed pyspark.
+
+The pyspark package ships Spark's jars and `bin/spark-class`, so the package directory is a SPARK_HOME:
+tests run the `ticdc` stream on a real cluster (executors in their own JVMs and Python workers, the driver
+elsewhere) without a Spark download. Every process starts in its own session, so `stop()` ends each with
+everything it spawned (executors and their Python workers included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+import pyspark
+
+_STOP_GRACE_SECONDS = 10.0
+
+
+class ClusterError(RuntimeError):
+    """The cluster did not start."""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class SparkStandaloneCluster:
+    """A master on 127.0.0.1 and `workers` workers of `cores` cores and `memory` each; starts in the
+    constructor, `stop()` (or `with`) ends it. `master_url` is what a driver connects to; drivers on this
+    machine need `SPARK_LOCAL_IP=127.0.0.1` too (`driver_environment`)."""
+
+    def __init__(
+        self, workers: int = 2, *, cores: int = 1, memory: str = "1g", startup_timeout: float = 90.0
+    ) -> None:
+        self.home = Path(pyspark.__file__).parent
+        self.directory = Path(tempfile.mkdtemp(prefix="spark-cluster-"))
+        port, ui_port = _free_port(), _free_port()
+        self.master_url = f"spark://127.0.0.1:{port}"
+        self._ui = f"http://127.0.0.1:{ui_port}/json/"
+        self._processes: list[subprocess.Popen[bytes]] = []
+        try:
+            self._start(
+                "master",
+                ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"]
+                + ["--port", str(port), "--webui-port", str(ui_port)],
+            )
+            for index in range(workers):
+                work = self.directory / f"worker-{index}"
+                self._start(
+                    f"worker-{index}",
+                    ["org.apache.spark.deploy.worker.Worker", self.master_url, "--host", "127.0.0.1"]
+                    + ["--cores", str(cores), "--memory", memory, "--work-dir", str(work)]
+                    + ["--webui-port", str(_free_port())],
+                )
+            self._wait_for_workers(workers, startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def driver_environment(self) -> dict[str, str]:
+        return {"SPARK_LOCAL_IP": "127.0.0.1"}
+
+    @property
+    def pids(self) -> list[int]:
+        return [process.pid for process in self._processes]
+
+    def _start(self, name: str, arguments: list[str]) -> None:
+        environment = {
+            **os.environ,
+            "SPARK_HOME": str(self.home),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_DAEMON_MEMORY": "256m",
+            "SPARK_LOG_DIR": str(self.directory),
+        }
+        with (self.directory / f"{name}.log").open("wb") as log:
+            self._processes.append(
+                subprocess.Popen(
+                    [str(self.home / "bin" / "spark-class"), *arguments],
+                    env=environment,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: stop() ends what it spawns too
+                )
+            )
+
+    def _wait_for_workers(self, workers: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for process in self._processes:
+                if process.poll() is not None:
+                    raise ClusterError(
+                        f"a cluster process exited with {process.returncode} ({self.directory})"
+                    )
+            try:
+                with urllib.request.urlopen(self._ui, timeout=2) as answer:
+                    if json.load(answer).get("aliveworkers", 0) >= workers:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise ClusterError(f"{workers} workers did not register within {timeout} s ({self.directory})")
+
+    def stop(self) -> None:
+        """End every process of the cluster (idempotent): SIGTERM to each process group, SIGKILL to what
+        remains after a grace period."""
+        for process in reversed(self._processes):
+            _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_GRACE_SECONDS
+        for process in self._processes:
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(process, signal.SIGKILL)  # executors the worker spawned, if any outlived it
+            process.wait()
+        self._processes.clear()
+
+    def __enter__(self) -> SparkStandaloneCluster:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
