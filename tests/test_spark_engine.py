@@ -20,10 +20,16 @@ from consumer.pipeline import Pipeline
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DML, DMLType, RawDML, Watermark
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
-from consumer.simulate.truth import delta_changelog_duplicates, delta_mirror_state, differences
+from consumer.simulate.truth import (
+    changelog_images,
+    delta_changelog_duplicates,
+    delta_changelog_rows,
+    delta_mirror_state,
+    differences,
+)
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.dead_letter import DeadLetterFile
-from consumer.sinks.delta import consistent_ts, table_paths
+from consumer.sinks.delta import consistent_ts
 from consumer.sinks.jsonl import JsonLinesSink
 from consumer.sources.capture import capture_topic, read_capture
 from consumer.spark import engine
@@ -58,23 +64,6 @@ def _config(broker: EmbeddedBroker, topic: str, root: Path, **budget: Any) -> Ru
     )
 
 
-def changelog_images(config: WorkloadConfig) -> int:
-    """How many changelog rows the stream's DMLs make (an UPDATE two): the simulator is deterministic."""
-    return sum(
-        2 if record.message.type is DMLType.UPDATE else 1
-        for record in Workload(config).records()
-        if isinstance(record.message, DML)
-    )
-
-
-def _changelog_rows(root: Path) -> int:
-    return sum(
-        DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
-        for path in table_paths(root, include_ddl_log=False)
-        if path.name == "changelog"
-    )
-
-
 def _ddl_types(root: Path) -> set[str]:
     return set(DeltaTable(str(root / "_ddl")).to_pyarrow_table(columns=["type"])["type"].to_pylist())
 
@@ -96,7 +85,7 @@ def test_mirror_equals_ground_truth_through_every_ddl_type(
     stats = engine.run(_config(kafka_broker, topic, root), until_idle=1.0, spark=spark)
     assert differences(delta_mirror_state(root, (t.schema for t in workload.tables)), truth) == []
     assert delta_changelog_duplicates(root) == 0
-    assert _changelog_rows(root) == stats.rows == changelog_images(workload.config)
+    assert delta_changelog_rows(root) == stats.rows == changelog_images(workload.config)
     assert _ddl_types(root) == {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
     assert consistent_ts(root) == workload.last_watermark
     assert stats.dead_letters == 0

@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from consumer.protocol.model import TableSchema
+from consumer.protocol.model import DML, DMLType, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.render import value_object
+from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.delta import live_mirror, table_dir, table_paths
 
 TableRows = dict[Any, dict[str, Any]]
@@ -139,3 +140,22 @@ def delta_changelog_duplicates(root: str | Path) -> int:
         grouped = keys.group_by(keys.column_names).aggregate([([], "count_all")])
         duplicates += pc.sum(pc.subtract(grouped["count_all"], 1)).as_py() or 0
     return duplicates
+
+
+def changelog_images(config: WorkloadConfig) -> int:
+    """How many changelog rows a simulated stream's DMLs make (an UPDATE two); the simulator is
+    deterministic for a configuration."""
+    return sum(
+        2 if record.message.type is DMLType.UPDATE else 1
+        for record in Workload(config).records()
+        if isinstance(record.message, DML)
+    )
+
+
+def delta_changelog_rows(root: str | Path) -> int:
+    """Rows of every Delta changelog under `root`."""
+    return sum(
+        DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
+        for path in table_paths(root, include_ddl_log=False)
+        if path.name == "changelog"
+    )

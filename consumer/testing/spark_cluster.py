@@ -8,6 +8,7 @@ everything it spawned (executors and their Python workers included).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -49,19 +50,24 @@ class SparkStandaloneCluster:
         self.master_url = f"spark://127.0.0.1:{port}"
         self._ui = f"http://127.0.0.1:{ui_port}/json/"
         self._processes: list[subprocess.Popen[bytes]] = []
+        self._groups: list[int] = []  # every process started leads its own group
         try:
             self._start(
                 "master",
-                ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"]
-                + ["--port", str(port), "--webui-port", str(ui_port)],
+                [
+                    *("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"),
+                    *("--port", str(port), "--webui-port", str(ui_port)),
+                ],
             )
             for index in range(workers):
                 work = self.directory / f"worker-{index}"
                 self._start(
                     f"worker-{index}",
-                    ["org.apache.spark.deploy.worker.Worker", self.master_url, "--host", "127.0.0.1"]
-                    + ["--cores", str(cores), "--memory", memory, "--work-dir", str(work)]
-                    + ["--webui-port", str(_free_port())],
+                    [
+                        *("org.apache.spark.deploy.worker.Worker", self.master_url, "--host", "127.0.0.1"),
+                        *("--cores", str(cores), "--memory", memory, "--work-dir", str(work)),
+                        *("--webui-port", str(_free_port())),
+                    ],
                 )
             self._wait_for_workers(workers, startup_timeout)
         except BaseException:
@@ -72,9 +78,26 @@ class SparkStandaloneCluster:
     def driver_environment(self) -> dict[str, str]:
         return {"SPARK_LOCAL_IP": "127.0.0.1"}
 
-    @property
-    def pids(self) -> list[int]:
-        return [process.pid for process in self._processes]
+    def running(self) -> list[int]:
+        """Processes of the cluster still alive: the master, the workers, and what they spawned (each
+        started its own process group)."""
+        groups = set(self._groups)
+        alive = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if os.getpgid(int(entry.name)) in groups:
+                        alive.append(int(entry.name))
+                except ProcessLookupError:
+                    continue
+        return alive
+
+    def executors(self) -> dict[str, int]:
+        """Per application that ran on the cluster, how many executors the workers started for it."""
+        counts: dict[str, int] = {}
+        for directory in self.directory.glob("worker-*/app-*/*"):
+            counts[directory.parent.name] = counts.get(directory.parent.name, 0) + 1
+        return counts
 
     def _start(self, name: str, arguments: list[str]) -> None:
         environment = {
@@ -85,16 +108,16 @@ class SparkStandaloneCluster:
             "SPARK_LOG_DIR": str(self.directory),
         }
         with (self.directory / f"{name}.log").open("wb") as log:
-            self._processes.append(
-                subprocess.Popen(
-                    [str(self.home / "bin" / "spark-class"), *arguments],
-                    env=environment,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own process group: stop() ends what it spawns too
-                )
+            process = subprocess.Popen(
+                [str(self.home / "bin" / "spark-class"), *arguments],
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stop() ends what it spawns too
             )
+        self._processes.append(process)
+        self._groups.append(process.pid)
 
     def _wait_for_workers(self, workers: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -116,15 +139,17 @@ class SparkStandaloneCluster:
     def stop(self) -> None:
         """End every process of the cluster (idempotent): SIGTERM to each process group, SIGKILL to what
         remains after a grace period."""
-        for process in reversed(self._processes):
-            _signal_group(process, signal.SIGTERM)
+        if not self._processes:
+            return
+        for group in reversed(self._groups):
+            _signal_group(group, signal.SIGTERM)
         deadline = time.monotonic() + _STOP_GRACE_SECONDS
         for process in self._processes:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(process, signal.SIGKILL)  # executors the worker spawned, if any outlived it
+        for group in self._groups:  # what outlived the grace period, executors and Python workers included
+            _signal_group(group, signal.SIGKILL)
+        for process in self._processes:
             process.wait()
         self._processes.clear()
 
@@ -137,8 +162,6 @@ class SparkStandaloneCluster:
         self.stop()
 
 
-def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)
-    except ProcessLookupError:
-        pass
+def _signal_group(group: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signum)

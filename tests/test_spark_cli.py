@@ -1,0 +1,179 @@
+"""`ticdc-consumer run --engine spark` as a command: driver processes killed with SIGKILL at several points
+of a micro-batch and restarted from the checkpoint, a new checkpoint on the same lake, and the query on a
+standalone cluster (a master and two workers started from the pip-installed pyspark)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumer.protocol.codec import MessageEncoder
+from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
+from consumer.simulate.truth import (
+    changelog_images,
+    delta_changelog_duplicates,
+    delta_changelog_rows,
+    delta_mirror_state,
+    differences,
+)
+from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.testing.broker import EmbeddedBroker
+from consumer.testing.spark_cluster import SparkStandaloneCluster
+
+pytestmark = [pytest.mark.spark, pytest.mark.e2e, pytest.mark.slow]
+
+
+def _produce(broker: EmbeddedBroker, topic: str, encoding: str, compression: str, rows: int) -> Workload:
+    workload = Workload(WorkloadConfig(rows=rows, tables=3, partitions=3, dispatch="primary-key"))
+    produce_to_kafka(workload, MessageEncoder(encoding, compression), broker.bootstrap_servers, topic)  # type: ignore[arg-type]
+    return workload
+
+
+def _start(
+    broker: EmbeddedBroker,
+    topic: str,
+    root: Path,
+    checkpoint: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """A `run --engine spark` command in its own process group (a kill takes its JVM and workers too)."""
+    command = [
+        sys.executable,
+        "-m",
+        "consumer",
+        "run",
+        "--engine",
+        "spark",
+        "--source",
+        f"kafka://{broker.bootstrap_servers}/{topic}",
+        "--group",
+        f"{topic}.g",
+        "--sink",
+        f"delta:{root}",
+        "--checkpoint",
+        str(checkpoint),
+        "--until-idle",
+        "2",
+        *extra,
+    ]
+    log = root.parent / f"run-{time.monotonic_ns()}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command,
+            env={**os.environ, "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "1000", **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return process, log
+
+
+def _finish(process: subprocess.Popen[bytes], log: Path) -> str:
+    assert process.wait(600) == 0, log.read_text()[-4000:]
+    return log.read_text()
+
+
+def _delta_commits(root: Path) -> int:
+    return sum(1 for _ in root.glob("**/_delta_log/*.json"))
+
+
+def _batches(checkpoint: Path) -> set[str]:
+    return {path.name for path in (checkpoint / "ticdc").glob("batch-*.arrow")}
+
+
+def _planned(checkpoint: Path) -> set[str]:
+    return {path.name for path in (checkpoint / "offsets").glob("[0-9]*")}
+
+
+def _kill_when(process: subprocess.Popen[bytes], log: Path, reached: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 300
+    while not reached():
+        assert process.poll() is None, f"the run ended before the kill point: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "the kill point never came"
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def test_sigkill_before_during_and_after_a_batch_then_restart_is_exact_and_a_new_checkpoint_adds_nothing(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    topic = kafka_topic(3)
+    workload = _produce(kafka_broker, topic, "json", "none", rows=6000)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    root, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
+
+    # before: a batch planned (its offsets logged), nothing of it committed
+    process, log = _start(kafka_broker, topic, root, checkpoint)
+    _kill_when(process, log, lambda: bool(_planned(checkpoint)))
+    assert _delta_commits(root) == 0 and not _batches(checkpoint)
+
+    # during: some of a batch's tables committed, its record not yet written
+    process, log = _start(kafka_broker, topic, root, checkpoint)
+    recorded, commits = _batches(checkpoint), _delta_commits(root)
+    _kill_when(process, log, lambda: _delta_commits(root) > commits + 1 and _batches(checkpoint) == recorded)
+
+    # after: the first batch of this run recorded (Spark may or may not have logged its commit)
+    process, log = _start(kafka_broker, topic, root, checkpoint)
+    recorded = _batches(checkpoint)
+    _kill_when(process, log, lambda: bool(_batches(checkpoint) - recorded))
+
+    _finish(*_start(kafka_broker, topic, root, checkpoint))
+    schemas = [table.schema for table in workload.tables]
+    assert differences(delta_mirror_state(root, schemas), truth) == []
+    assert delta_changelog_duplicates(root) == 0
+    images = changelog_images(workload.config)
+    assert delta_changelog_rows(root) == images
+
+    # a new checkpoint on the same lake starts where the sinks' records say: nothing applied twice
+    # (TiCDC's periodic WATERMARK resolves what follows the recorded offsets)
+    with WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic):
+        output = _finish(*_start(kafka_broker, topic, root, tmp_path / "another-checkpoint"))
+    assert delta_changelog_duplicates(root) == 0
+    assert delta_changelog_rows(root) == images
+    assert differences(delta_mirror_state(root, schemas), truth) == []
+    assert re.search(r"^\d+ records, 0 changelog rows", output, flags=re.MULTILINE), output[-2000:]
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Any:
+    """A standalone master and two one-core workers for the test run; every process it starts ends with it."""
+    with SparkStandaloneCluster(workers=2, cores=1, memory="1g") as cluster:
+        yield cluster
+    assert cluster.running() == []
+
+
+def test_the_stream_runs_on_a_standalone_cluster(
+    spark_cluster: SparkStandaloneCluster, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    topic = kafka_topic(3)
+    workload = _produce(kafka_broker, topic, "avro", "snappy", rows=4000)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    root = tmp_path / "lake"
+    output = _finish(
+        *_start(
+            kafka_broker,
+            topic,
+            root,
+            tmp_path / "checkpoint",
+            "--master",
+            spark_cluster.master_url,
+            env=spark_cluster.driver_environment,
+        )
+    )
+    assert differences(delta_mirror_state(root, [t.schema for t in workload.tables]), truth) == []
+    assert delta_changelog_duplicates(root) == 0
+    assert delta_changelog_rows(root) == changelog_images(workload.config)
+    assert re.search(r"^\d+ records, \d+ changelog rows, 9 DDLs, 0 dead letters", output, flags=re.MULTILINE)
+    applications = spark_cluster.executors()
+    assert list(applications.values())[-1:] == [2], applications  # both workers ran the query's tasks
