@@ -126,9 +126,12 @@ class Segment:
         return self._where(lambda offsets: pc.greater_equal(offsets, start), max(start, self.start_offset))
 
     def kept(self, offsets: Iterable[int]) -> Segment:
-        """Only the records at `offsets` (what the engine carries to the next batch)."""
+        """Only the records at `offsets` (what the engine carries to the next batch), from the first."""
         wanted = pa.array(sorted(set(offsets)), pa.int64())
-        return self._where(lambda column: pc.is_in(column, value_set=wanted), self.start_offset)
+        kept = self._where(lambda column: pc.is_in(column, value_set=wanted), self.start_offset)
+        if kept.records.num_rows:
+            kept.start_offset = kept.records["offset"][0].as_py()
+        return kept
 
     def _where(self, keep: Callable[[pa.ChunkedArray], pa.ChunkedArray], start: int) -> Segment:
         records = self.records.filter(keep(self.records["offset"]))
@@ -189,9 +192,11 @@ def encode_range(
     schemas: SchemaCache,
     decoder: MessageDecoder,
     policy: ValuePolicy,
+    cpu_seconds: float = 0.0,
 ) -> Segment:
     """A task's segment of the records it read from [start, end): every DML whose schema `schemas` knows or
-    the range announces is typed; `schemas` learns the range's schemas (for the task's next range)."""
+    the range announces is typed; `schemas` learns the range's schemas (for the task's next range).
+    `cpu_seconds`: what reading the records cost (the segment reports it with the decoding's)."""
     started = time.process_time()
     messages: list[DecodedMessage | None] = []
     for record in records:
@@ -208,7 +213,7 @@ def encode_range(
                     schemas.add(schema)
     changes, typed = _typed_changes(topic, partition, records, messages, schemas, policy)
     table = _records_table(records, messages, typed)
-    cpu = time.process_time() - started
+    cpu = cpu_seconds + time.process_time() - started
     return Segment(topic, partition, start, end, table, changes, cpu)
 
 

@@ -73,6 +73,7 @@ class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
     source starts a stream at latest, which would miss a table's history), latest, or JSON
     `{"topic": {"0": 23, "1": -2}}` (-2 earliest, -1 latest); `endingOffsets` (batch reads): latest or JSON.
     `maxOffsetsPerTrigger`: records per micro-batch, shared by partitions in proportion to their backlog.
+    `minPartitions`: at least this many tasks per batch (ranges split), for more cores than partitions.
     `kafkaConsumer.pollTimeoutMs`: how long a task waits for a record its range should hold.
 
     The SDK's: `encoding` / `compression` (auto | json | avro, auto | none | snappy | lz4), `unrepresentable`
@@ -89,6 +90,7 @@ class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
     starting_offsets: str = "earliest"
     ending_offsets: str = "latest"
     max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
     poll_timeout_ms: int = 120_000
     encoding: EncodingSetting = "auto"
     compression: CompressionSetting = "auto"
@@ -152,6 +154,7 @@ _SPARK_NAMES = {
         "startingOffsets",
         "endingOffsets",
         "maxOffsetsPerTrigger",
+        "minPartitions",
         "kafkaConsumer.pollTimeoutMs",
         "encoding",
         "compression",
@@ -167,6 +170,7 @@ _OPTION_FIELDS = {
     "startingoffsets": "starting_offsets",
     "endingoffsets": "ending_offsets",
     "maxoffsetspertrigger": "max_offsets_per_trigger",
+    "minpartitions": "min_partitions",
     "kafkaconsumer.polltimeoutms": "poll_timeout_ms",
     "encoding": "encoding",
     "compression": "compression",
@@ -248,7 +252,7 @@ class TicdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _offsets_json({**begin, **ends})
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
-        return _ranges(_from_json(start), _from_json(end))
+        return _ranges(_from_json(start), _from_json(end), self.options.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
@@ -256,6 +260,11 @@ class TicdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: Spark's checkpoint holds the offsets, and the engine's record prunes itself."""
+
+    def stop(self) -> None:
+        if self._kafka is not None:
+            self._kafka.close()
+            self._kafka = None
 
     def _offsets(self, setting: str) -> dict[TopicPartition, int]:
         return _resolve(setting, self._client().bounds())
@@ -284,9 +293,9 @@ class TicdcBatchReader(DataSourceReader):
             bounds = kafka.bounds()
         finally:
             kafka.close()
-        return _ranges(
-            _resolve(self.options.starting_offsets, bounds), _resolve(self.options.ending_offsets, bounds)
-        )
+        options = self.options
+        starts, ends = _resolve(options.starting_offsets, bounds), _resolve(options.ending_offsets, bounds)
+        return _ranges(starts, ends, options.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
@@ -313,10 +322,12 @@ def read_range(options: TicdcOptions, part: OffsetRange) -> Iterator[pa.RecordBa
     try:
         position = part.start
         while position < part.end:
+            started = time.process_time()  # the process's: librdkafka's threads fetch for this task
             records = _fetch(source, part, position, options.poll_timeout_ms / 1000)
             end = records[-1].offset + 1
+            fetched = time.process_time() - started
             segment = encode_range(
-                part.topic, part.partition, position, end, records, schemas, decoder, policy
+                part.topic, part.partition, position, end, records, schemas, decoder, policy, fetched
             )
             yield pa.RecordBatch.from_pylist([segment.to_row()], schema=ARROW_SCHEMA)
             position = end
@@ -431,12 +442,26 @@ def _limited(
     return {tp: begin.get(tp, end) + min(shares[tp], backlog[tp]) for tp, end in ends.items()}
 
 
-def _ranges(start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]) -> list[InputPartition]:
-    return [
-        OffsetRange(topic, partition, start.get((topic, partition), stop), stop)
-        for (topic, partition), stop in sorted(end.items())
+def _ranges(
+    start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int], min_partitions: int | None
+) -> list[OffsetRange]:
+    """A task per partition's range; with `min_partitions`, the largest ranges split in halves until there
+    are that many (a task learns the schemas its own range announces: rows of a later half that only the
+    first half's BOOTSTRAP describes are typed by the driver instead)."""
+    ranges = [
+        (topic, partition, start.get((topic, partition), stop), stop)
+        for (topic, partition), stop in end.items()
         if stop > start.get((topic, partition), stop)
     ]
+    while ranges and len(ranges) < (min_partitions or 0):
+        largest = max(ranges, key=lambda r: r[3] - r[2])
+        topic, partition, low, high = largest
+        if high - low < 2:
+            break
+        middle = (low + high) // 2
+        ranges.remove(largest)
+        ranges += [(topic, partition, low, middle), (topic, partition, middle, high)]
+    return [OffsetRange(*r) for r in sorted(ranges)]
 
 
 def _offsets_json(offsets: Mapping[TopicPartition, int]) -> Offsets:
