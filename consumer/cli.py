@@ -194,7 +194,7 @@ def capture(brokers: str, topic: str, out: Path, idle_seconds: float, from_group
     type=click.Choice(["loop", "spark"]),
     help="loop (default): consume in this process; spark: as a Spark streaming query",
 )
-@click.option("--master", help="spark: the Spark master URL (default local[2])")
+@click.option("--master", help="spark: the Spark master URL (default: spark-submit's, else local[2])")
 @click.option(
     "--checkpoint", help="spark: the query's checkpoint directory (default <sink root>/_spark/<group>)"
 )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 from consumer.batches.changes import TableChanges, changelog_schema, table_changes
 from consumer.config import RunConfig, kafka_source_parts
@@ -79,13 +79,13 @@ class _SparkOffsets:
     def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         return None
 
-    def committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | None]:
+    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         return {tp: self.first.get(tp) for tp in partitions}
 
-    def pause(self, partitions: Sequence[TopicPartition]) -> None:
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
         self.paused |= set(partitions)
 
-    def resume(self, partitions: Sequence[TopicPartition]) -> None:
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
         self.paused -= set(partitions)
 
     def assignment(self) -> set[TopicPartition]:
@@ -371,7 +371,7 @@ def run(
     """
     from consumer.app import build_dead_letters, build_sinks  # app dispatches here: imported late
 
-    session = spark or spark_session(master=config.engine.master)
+    session = spark or spark_session(master=config.engine.master or None)
     try:
         register(session)
         options = stream_options(config)
