@@ -32,9 +32,10 @@ from consumer.sinks.dead_letter import DeadLetterFile
 from consumer.sinks.delta import consistent_ts
 from consumer.sinks.jsonl import JsonLinesSink
 from consumer.sources.capture import capture_topic, read_capture
+from consumer.sources.errors import SourceError
 from consumer.spark import engine
 from consumer.spark.engine import ChangeBatches
-from consumer.spark.source import register
+from consumer.spark.source import OffsetRange, TicdcOptions, read_range, register
 from consumer.testing.broker import EmbeddedBroker
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
@@ -265,3 +266,20 @@ def test_unknown_options_are_refused(spark: SparkSession) -> None:
         spark.read.format("ticdc").option("kafka.bootstrap.servers", "x:1").option("subscribe", "t").option(
             "startingOffset", "earliest"
         ).load().collect()
+
+
+def test_a_task_fails_on_a_range_kafka_does_not_deliver(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any
+) -> None:
+    """Offsets a batch planned that never arrive (gone, or a broker behind) fail the task: never a gap."""
+    topic = kafka_topic(1)
+    kafka_broker.produce(topic, [(0, None, b"{}") for _ in range(5)])
+    options = TicdcOptions.parse(
+        {
+            "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+            "subscribe": topic,
+            "kafkaConsumer.pollTimeoutMs": "500",
+        }
+    )
+    with pytest.raises(SourceError, match=r"offsets 5\.\.7 did not arrive within"):
+        list(read_range(options, OffsetRange(topic, 0, 0, 8)))

@@ -341,18 +341,24 @@ def _fetch(source: KafkaSource, part: OffsetRange, position: int, timeout: float
     wanted = min(SEGMENT_RECORDS, part.end - position)
     records: list[SourceRecord] = []
     waited_since = time.monotonic()
+    expected = position
     while len(records) < wanted:
         polled = source.poll_batch(wanted - len(records), _POLL_S)
-        fresh = [r for r in polled if position <= r.offset < part.end]
+        fresh = [r for r in polled if expected <= r.offset < part.end]
         if fresh:
+            if fresh[0].offset != expected or fresh[-1].offset - expected + 1 != len(fresh):
+                raise SourceError(  # e.g. deleted by retention before this batch read them
+                    f"{part.topic}[{part.partition}]: records missing between offsets {expected} and "
+                    f"{fresh[-1].offset}: they are no longer in Kafka"
+                )
             records += fresh
+            expected = fresh[-1].offset + 1
             waited_since = time.monotonic()
-            if fresh[-1].offset + 1 >= part.end:
+            if expected >= part.end:
                 break
         elif time.monotonic() - waited_since > timeout:
-            got = records[-1].offset + 1 if records else position
             raise SourceError(
-                f"{part.topic}[{part.partition}]: offsets {got}..{part.end - 1} did not arrive within "
+                f"{part.topic}[{part.partition}]: offsets {expected}..{part.end - 1} did not arrive within "
                 f"{timeout:.0f} s (kafkaConsumer.pollTimeoutMs)"
             )
     return records

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,18 +21,13 @@ from types import TracebackType
 
 import pyspark
 
+from consumer.testing.broker import free_port
+
 _STOP_GRACE_SECONDS = 10.0
 
 
 class ClusterError(RuntimeError):
     """The cluster did not start."""
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class SparkStandaloneCluster:
@@ -46,7 +40,7 @@ class SparkStandaloneCluster:
     ) -> None:
         self.home = Path(pyspark.__file__).parent
         self.directory = Path(tempfile.mkdtemp(prefix="spark-cluster-"))
-        port, ui_port = _free_port(), _free_port()
+        port, ui_port = free_port(), free_port()
         self.master_url = f"spark://127.0.0.1:{port}"
         self._ui = f"http://127.0.0.1:{ui_port}/json/"
         self._processes: list[subprocess.Popen[bytes]] = []
@@ -66,7 +60,7 @@ class SparkStandaloneCluster:
                     [
                         *("org.apache.spark.deploy.worker.Worker", self.master_url, "--host", "127.0.0.1"),
                         *("--cores", str(cores), "--memory", memory, "--work-dir", str(work)),
-                        *("--webui-port", str(_free_port())),
+                        *("--webui-port", str(free_port())),
                     ],
                 )
             self._wait_for_workers(workers, startup_timeout)
