@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 from deltalake import DeltaTable
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from consumer.config import RunConfig, load_config
 from consumer.pipeline import Pipeline
@@ -29,12 +29,15 @@ from consumer.simulate.truth import (
 )
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.dead_letter import DeadLetterFile
-from consumer.sinks.delta import consistent_ts
+from consumer.sinks.delta import consistent_ts, table_dir
+from consumer.sinks.foreach_batch import BatchInfo, ForeachBatchSink, TableName
 from consumer.sinks.jsonl import JsonLinesSink
+from consumer.sinks.parquet import ParquetSink
 from consumer.sources.capture import capture_topic, read_capture
 from consumer.sources.errors import SourceError
 from consumer.spark import engine
 from consumer.spark.engine import ChangeBatches
+from consumer.spark.readers import read_changelog
 from consumer.spark.source import OffsetRange, TicdcOptions, read_range, register
 from consumer.testing.broker import EmbeddedBroker
 
@@ -283,3 +286,50 @@ def test_a_task_fails_on_a_range_kafka_does_not_deliver(
     )
     with pytest.raises(SourceError, match=r"offsets 5\.\.7 did not arrive within"):
         list(read_range(options, OffsetRange(topic, 0, 0, 8)))
+
+
+@pytest.mark.slow
+def test_parquet_and_a_user_function_get_typed_per_table_frames(
+    spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """The Parquet sink (Spark writes inside foreachBatch) and a user function, in one availableNow query:
+    every changelog image once, in frames typed by the mysqlType table."""
+    topic = kafka_topic(2)
+    workload = _produce(kafka_broker, topic, rows=800, partitions=2, tables=2, ddl=False)
+    seen: dict[str, int] = {}
+    types: dict[str, dict[str, str]] = {}
+
+    def collect(table: TableName, frame: DataFrame, info: BatchInfo) -> None:
+        name = f"{table.database}.{table.table}"
+        seen[name] = seen.get(name, 0) + frame.count()
+        types[name] = dict(frame.dtypes)
+
+    root = tmp_path / "lake"
+    options = {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+        "subscribe": topic,
+        "maxOffsetsPerTrigger": "700",
+        "stateLocation": str(tmp_path / "checkpoint" / "ticdc"),
+    }
+    sinks = [ParquetSink(root, spark), ForeachBatchSink(spark, collect)]
+    handler = ChangeBatches(options, sinks, DeadLetterFile(root / "_dead_letters.jsonl"))
+    _stream(spark, options, handler, tmp_path / "checkpoint").trigger(
+        availableNow=True
+    ).start().awaitTermination()
+    handler.close()
+    images = changelog_images(workload.config)
+    assert sum(seen.values()) == handler.stats.rows == images
+    stored = 0
+    for table in workload.tables:
+        name = f"{table.schema.database}.{table.schema.table}"
+        if not (table_dir(root, table.schema.database, table.schema.table) / "changelog").exists():
+            continue
+        frame = read_changelog(spark, root, table.schema.database, table.schema.table, format="parquet")
+        keys = frame.select("_topic", "_partition", "_offset", "_change_type")
+        assert keys.count() == keys.distinct().count()
+        stored += keys.count()
+        assert {c: t for c, t in dict(frame.dtypes).items() if c in types.get(name, {})} == {
+            c: t for c, t in types.get(name, {}).items() if c in dict(frame.dtypes)
+        }
+    assert stored == images
+    assert types["shop.t0"]["_commit_time"] == "timestamp" and types["shop.t0"]["_offset"] == "bigint"

@@ -117,7 +117,7 @@ class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
                 fields["topics"] = tuple(topic.strip() for topic in value.split(",") if topic.strip())
             elif key in _OPTION_FIELDS:
                 fields[_OPTION_FIELDS[key]] = value
-            elif key != "path":
+            else:
                 raise ValueError(f"unknown option {name!r} of the {NAME} source")
         for required, option in (("bootstrap_servers", "kafka.bootstrap.servers"), ("topics", "subscribe")):
             if not fields.get(required):
@@ -223,7 +223,7 @@ class TicdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"options": self.options, "_target": None, "_kafka": None}  # tasks need only the options
 
     def initialOffset(self) -> Offsets:
-        return _offsets_json(self._offsets(self.options.starting_offsets))
+        return _offsets_json(_resolve(self.options.starting_offsets, self._client().bounds()))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_offsets_per_trigger
@@ -265,9 +265,6 @@ class TicdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._kafka is not None:
             self._kafka.close()
             self._kafka = None
-
-    def _offsets(self, setting: str) -> dict[TopicPartition, int]:
-        return _resolve(setting, self._client().bounds())
 
     def _client(self) -> _KafkaOffsets:
         if self._kafka is None:
