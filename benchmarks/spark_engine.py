@@ -1,6 +1,6 @@
 """The Spark engine against the loop engine on the same topic: Kafka -> Delta changelog and mirror.
 
-Run: `python benchmarks/spark_engine.py [--rows N] [--batch N] [--cores 1,2]`.
+Run: `python benchmarks/spark_engine.py [--rows N] [--batch N] [--cores 1,2] [--repeats N]`.
 
 1. Produce once: `benchmarks/lakehouse.py`'s stream (`--rows` DML events of 4 tables, one with every
    column type, 4 partitions, rows dispatched by primary key, JSON) into the embedded broker. Not timed.
@@ -15,6 +15,7 @@ Run: `python benchmarks/spark_engine.py [--rows N] [--batch N] [--cores 1,2]`.
    CPU, librdkafka's fetch threads included), and the per-batch fixed cost: the median duration of ten tiny
    batches (100 records a partition) of a separate query in the same session.
    Every pass must apply every changelog image (the mirrors as many live rows as the simulator's tables).
+   Loop and Spark passes alternate; with `--repeats` each runs that often and the fastest counts.
 
 Figures are rows/s of DML events (an UPDATE makes two changelog images). Targets (issue 13): Spark changelog
 and mirror >= 0.5x the loop engine's single-process figure (decoding in its loop), and throughput growing
@@ -165,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000, help="DML events to produce")
     parser.add_argument("--batch", type=int, default=100_000, help="records per cycle / micro-batch")
     parser.add_argument("--cores", default="1,2", help="executor cores of the Spark changelog passes")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of every pass; the fastest counts")
     parser.add_argument("--spark-pass", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.spark_pass:
@@ -180,24 +182,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             records = sum(end_offsets.values())
             live = sum(len(table.rows) for table in workload.tables)
             print(f"  {records:,} records in {seconds:.1f} s (not timed)", flush=True)
-            loops = {}
-            for name, sink, workers in (
-                ("changelog", "changelog", 0),
-                ("mirror", "mirror", 0),
-                ("changelog, 2 decode workers", "changelog", 2),
-            ):
-                run = lakehouse.Pass(f"loop {name}", sink, work / f"loop-{len(loops)}", args.batch, workers)
-                loops[name] = lakehouse.consume(broker, run, records)
-            sparks = {}
-            for mode, count in [("changelog", c) for c in cores] + [("mirror", max(cores))]:
-                sparks[(mode, count)] = run_spark_pass(
-                    broker.bootstrap_servers, mode, count, args.batch, records, work
-                )
+            loops: dict[str, lakehouse.Pass] = {}
+            sparks: dict[tuple[str, int], dict[str, Any]] = {}
+            for repeat in range(args.repeats):  # loop and Spark alternate: a change of load hits both
+                for name, workers, spark_cores in _plan(cores):
+                    mode = name.split(",")[0]
+                    if workers >= 0:
+                        root = work / f"loop-{len(loops)}-{repeat}"
+                        run = lakehouse.Pass(f"loop {name}", mode, root, args.batch, workers)
+                        run = lakehouse.consume(broker, run, records)
+                        if name not in loops or run.seconds < loops[name].seconds:
+                            loops[name] = run
+                    if spark_cores:
+                        result = run_spark_pass(
+                            broker.bootstrap_servers,
+                            mode,
+                            spark_cores,
+                            args.batch,
+                            records,
+                            work / str(repeat),
+                        )
+                        best = sparks.get((mode, spark_cores))
+                        if best is None or result["seconds"] < best["seconds"]:
+                            sparks[(mode, spark_cores)] = result
         _verify(loops, sparks, live)
         _print(args, loops, sparks)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _plan(cores: list[int]) -> list[tuple[str, int, int]]:
+    """(pass, the loop's decode workers or -1 for no loop pass, the Spark pass's cores or 0 for none)."""
+    most = max(cores)
+    plan = [("changelog", 0, most), ("mirror", 0, most), ("changelog, 2 decode workers", 2, 0)]
+    return plan + [("changelog", -1, count) for count in cores if count != most]
 
 
 def _verify(loops: dict[str, Any], sparks: dict[tuple[str, int], dict[str, Any]], live: int) -> None:
@@ -218,9 +237,8 @@ def _print(
 ) -> None:
     rows = args.rows
     loop_rate = {name: rows / run.seconds for name, run in loops.items()}
-    print(
-        f"\n{rows:,} DML rows, {args.batch:,} records per cycle / micro-batch, {os.cpu_count()} cores (shared)"
-    )
+    cpus = os.cpu_count()
+    print(f"\n{rows:,} DML rows, {args.batch:,} records per cycle / micro-batch, {cpus} cores (shared)")
     print(f"{'pass':44} {'rows/s':>9} {'vs loop':>8}  notes")
     for name, rate in loop_rate.items():
         print(f"{'loop engine, 1 process: ' + name:44} {rate:>9,.0f} {'':>8}")
@@ -230,17 +248,16 @@ def _print(
         steady = result["steady_records"] / result["steady_s"] if result["steady_s"] else float("nan")
         records = result["records"]
         notes = (
-            f"{result['batches']} batches, first {result['first_batch_s']:.1f} s; steady {steady:,.0f} records/s; "
+            f"{result['batches']} batches, first {result['first_batch_s']:.1f} s, "
+            f"then {steady:,.0f} records/s; "
             f"driver {1e6 * result['driver_s'] / records:.1f} us/record, "
             f"executors {1e6 * result['executor_cpu_s'] / records:.1f} us CPU/record"
         )
         print(f"{f'spark engine, local[{cores}]: {mode}':44} {rate:>9,.0f} {ratio:>7.2f}x  {notes}")
-    target = (
-        "met"
-        if all(rows / r["seconds"] / loop_rate[m] >= TARGET_RATIO for (m, _), r in sparks.items())
-        else "NOT met"
-    )
-    print(f"target >= {TARGET_RATIO}x the loop engine's single process (decoding in its loop): {target}")
+    most = max(cores for _, cores in sparks)
+    compared = [rows / r["seconds"] / loop_rate[m] for (m, c), r in sparks.items() if c == most]
+    verdict = "met" if min(compared) >= TARGET_RATIO else "NOT met"
+    print(f"target >= {TARGET_RATIO}x the loop engine's single process at local[{most}]: {verdict}")
     changelog = {cores: rows / r["seconds"] for (mode, cores), r in sparks.items() if mode == "changelog"}
     if len(changelog) > 1:
         low, high = min(changelog), max(changelog)
