@@ -73,17 +73,17 @@ class SparkStandaloneCluster:
         return {"SPARK_LOCAL_IP": "127.0.0.1"}
 
     def running(self) -> list[int]:
-        """Processes of the cluster still alive: the master, the workers, and what they spawned (each
-        started its own process group)."""
-        groups = set(self._groups)
+        """Processes of the cluster still alive (zombies waiting to be reaped aside): the master, the
+        workers, and what they spawned (each started its own process group)."""
+        groups = {str(group) for group in self._groups}
         alive = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if os.getpgid(int(entry.name)) in groups:
-                        alive.append(int(entry.name))
-                except ProcessLookupError:
-                    continue
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()  # state, ppid, pgrp, ...
+            except OSError:
+                continue  # ended meanwhile
+            if fields[2] in groups and fields[0] != "Z":
+                alive.append(int(stat.parent.name))
         return alive
 
     def executors(self) -> dict[str, int]:
@@ -146,6 +146,9 @@ class SparkStandaloneCluster:
         for process in self._processes:
             process.wait()
         self._processes.clear()
+        deadline = time.monotonic() + _STOP_GRACE_SECONDS
+        while self.running() and time.monotonic() < deadline:  # children the kernel is still taking down
+            time.sleep(0.05)
 
     def __enter__(self) -> SparkStandaloneCluster:
         return self
