@@ -62,9 +62,7 @@ class BudgetConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
     kind: Literal["loop", "spark"] = "loop"
-    master: str = (
-        ""  # spark: local[N], spark://HOST:PORT, yarn, k8s://...; default: spark-submit's, or local[2]
-    )
+    master: str = ""  # spark: local[N], spark://HOST:PORT, yarn...; default: spark-submit's, or local[2]
     checkpoint: str = ""  # spark: the query's checkpoint directory; default <sink root>/_spark/<group>
     trigger_seconds: float = 0.0  # spark without --until-idle: the processingTime trigger (0: back to back)
 
