@@ -4,6 +4,7 @@ standalone cluster (a master and two workers started from the pip-installed pysp
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -99,6 +100,12 @@ def _planned(checkpoint: Path) -> set[str]:
     return {path.name for path in (checkpoint / "offsets").glob("[0-9]*")}
 
 
+def _committed_not_applied(checkpoint: Path) -> bool:
+    committed = {int(path.name) for path in (checkpoint / "commits").glob("[0-9]*")}
+    applied = {int(name.split("-")[1].split(".")[0]) for name in _batches(checkpoint)}
+    return bool(committed) and max(committed) > max(applied, default=-1)
+
+
 def _kill_when(process: subprocess.Popen[bytes], log: Path, reached: Callable[[], bool]) -> None:
     deadline = time.monotonic() + 300
     while not reached():
@@ -109,11 +116,15 @@ def _kill_when(process: subprocess.Popen[bytes], log: Path, reached: Callable[[]
     process.wait()
 
 
-def test_sigkill_before_during_and_after_a_batch_then_restart_is_exact_and_a_new_checkpoint_adds_nothing(
-    spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+def test_sigkill_around_a_batch_then_restart_is_exact_and_a_new_checkpoint_adds_nothing(
+    spark: SparkSession,
+    kafka_broker: EmbeddedBroker,
+    kafka_topic: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Three commands killed at three points of a batch, then the query restarted from the checkpoint (in
-    this process: a fresh handler, like a fresh driver), then a new checkpoint on the same lake."""
+    """Commands killed at four points of a batch, then the query restarted from the checkpoint (in this
+    process: a fresh handler, like a fresh driver), then a new checkpoint on the same lake."""
     topic = kafka_topic(3)
     workload = _produce(kafka_broker, topic, "json", "none", rows=4000)
     truth = write_ground_truth(workload, tmp_path / "truth.json")
@@ -134,7 +145,13 @@ def test_sigkill_before_during_and_after_a_batch_then_restart_is_exact_and_a_new
     recorded = _batches(checkpoint)
     _kill_when(process, log, lambda: bool(_batches(checkpoint) - recorded))
 
-    engine.run(_config(kafka_broker, topic, root, checkpoint), until_idle=1.0, spark=spark)
+    # between: Spark logged a batch's commit while the driver was still applying it
+    process, log = _start(kafka_broker, topic, root, checkpoint)
+    _kill_when(process, log, lambda: _committed_not_applied(checkpoint))
+
+    with caplog.at_level(logging.INFO, logger="consumer.spark.engine"):
+        engine.run(_config(kafka_broker, topic, root, checkpoint), until_idle=1.0, spark=spark)
+    assert "again from Kafka" in caplog.text  # the committed batch was read again and applied
     schemas = [table.schema for table in workload.tables]
     assert differences(delta_mirror_state(root, schemas), truth) == []
     assert delta_changelog_duplicates(root) == 0

@@ -229,6 +229,16 @@ def test_the_carry_store_writes_whole_batches_and_keeps_the_newest(tmp_path: Pat
     assert store.latest_metadata() == (4, schemas, {("t", 4)})
 
 
+def test_a_batch_s_ranges_are_recorded_until_its_record_is_old(tmp_path: Path) -> None:
+    store = CarryStore(str(tmp_path / "state"))
+    assert store.intent(0) is None
+    for batch in range(5):
+        store.write_intent(batch, [("t", 1, 10 * batch, 10 * batch + 10), ("t", 0, 0, batch)])
+        store.write(batch, Carry([], b"", set()))
+    assert store.intent(4) == [("t", 0, 0, 4), ("t", 1, 40, 50)]
+    assert store.intent(5 - KEEP_BATCHES - 1) is None  # pruned with the batch records
+
+
 def test_options_arrive_in_any_case_and_go_back_to_spark() -> None:
     options = TicdcOptions.parse(
         {

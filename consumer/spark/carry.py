@@ -6,7 +6,9 @@ schema or for the watermark, DDL copies waiting for the others) must outlive the
 batch the engine writes them here, with each partition's last WATERMARK, the schema cache and the
 partitions it wants paused: one file `batch-<id>.arrow`, an Arrow IPC file of segment rows
 (`consumer.spark.segments`) whose schema metadata holds the rest. The file exists only once every sink
-applied the batch: a batch found here is complete, so a batch Spark runs again is skipped.
+applied the batch: a batch found here is complete, so a batch Spark runs again is skipped. Before a batch
+is applied, its Kafka ranges go to `intent-<id>.json`: the engine applies a batch while Spark plans the
+next, so Spark may have committed a batch a dead driver never finished applying; a restart reads it again.
 
 Readers: the driver (the carry, after a restart), the source's tasks (the schemas) and its planner (the
 paused partitions). Everything goes through `pyarrow.fs`, so the location may be a local directory or an
@@ -31,6 +33,8 @@ KEEP_BATCHES = 3  # the newest files kept: a task or the planner may still be re
 _SCHEMAS = b"ticdc.schemas"  # a `SchemaCache.snapshot()`
 _PAUSED = b"ticdc.paused"  # JSON [[topic, partition], ...]
 _NAME = re.compile(r"batch-(\d{20})\.arrow")
+_INTENT = re.compile(r"intent-(\d{20})\.json")
+Range = tuple[str, int, int, int]  # topic, partition, first offset, end offset (exclusive)
 
 
 @dataclass(frozen=True)
@@ -66,11 +70,32 @@ class CarryStore:
         self._fs.move(temporary, final)
         for old in self.batches()[:-KEEP_BATCHES]:
             self._fs.delete_file(self._path(old))
+        for old in self._ids(_INTENT)[:-KEEP_BATCHES]:
+            self._fs.delete_file(self._intent_path(old))
+
+    def write_intent(self, batch_id: int, ranges: list[Range]) -> None:
+        """Record the Kafka ranges batch `batch_id` read, before it is applied: if the driver dies while
+        applying it after Spark recorded its commit, a restart reads them again from Kafka."""
+        self._fs.create_dir(self._root, recursive=True)
+        temporary = f"{self._root}/.{uuid.uuid4().hex}.tmp"
+        with self._fs.open_output_stream(temporary) as out:
+            out.write(json.dumps(sorted(ranges)).encode())
+        self._fs.move(temporary, self._intent_path(batch_id))
+
+    def intent(self, batch_id: int) -> list[Range] | None:
+        try:
+            with self._fs.open_input_stream(self._intent_path(batch_id)) as source:
+                return [(str(t), int(p), int(a), int(b)) for t, p, a, b in json.loads(source.read())]
+        except FileNotFoundError:
+            return None
 
     def batches(self) -> list[int]:
         """The batch ids recorded, oldest first."""
+        return self._ids(_NAME)
+
+    def _ids(self, pattern: re.Pattern[str]) -> list[int]:
         selector = pafs.FileSelector(self._root, allow_not_found=True)
-        found = (_NAME.fullmatch(info.base_name) for info in self._fs.get_file_info(selector))
+        found = (pattern.fullmatch(info.base_name) for info in self._fs.get_file_info(selector))
         return sorted(int(match.group(1)) for match in found if match)
 
     def latest(self) -> int | None:
@@ -103,6 +128,9 @@ class CarryStore:
 
     def _path(self, batch_id: int) -> str:
         return f"{self._root}/batch-{batch_id:020d}.arrow"
+
+    def _intent_path(self, batch_id: int) -> str:
+        return f"{self._root}/intent-{batch_id:020d}.json"
 
 
 def _paused(metadata: dict[bytes, bytes]) -> set[TopicPartition]:

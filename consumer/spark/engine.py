@@ -5,13 +5,16 @@ Executors read Kafka ranges and decode (`consumer.spark.source`); the stream's f
 `Pipeline` and `ConsumerState` the loop engine uses (schemas from DDLs and BOOTSTRAPs, rows held until their
 schema arrives, ordering by the global watermark, DDL barriers, the pending timeout and the error policy),
 and the pipeline applies the resolved units to the same `Sink` objects. A resolved batch's rows come typed
-from the executors (`_ExecutorRows`); only rows the executors could not type are decoded here.
+from the executors (`_ExecutorRows`); only rows the executors could not type are decoded here. A thread
+applies batch N while the executors read batch N+1.
 
 Exactly once across a driver killed at any point:
 
-- What a batch leaves unapplied (rows waiting, DDL copies), each partition's last WATERMARK and the schema
-  cache go to the state location after the sinks applied the batch (`consumer.spark.carry`); a restarted
-  driver starts from there, as a restarted loop engine starts from its committed offsets.
+- Before a batch is handed to the applying thread, its Kafka ranges are recorded in the state location;
+  after the sinks applied it, what it leaves unapplied (rows waiting, DDL copies), each partition's last
+  WATERMARK and the schema cache are (`consumer.spark.carry`). A restarted driver starts from the latest
+  such record, as a restarted loop engine starts from its committed offsets, and reads again from Kafka a
+  batch Spark had committed whose applying it did not finish.
 - A batch whose record exists is complete: Spark running it again (it had not recorded its commit) skips it.
 - A batch interrupted mid-way runs again from the previous record; the sinks skip the rows they hold (Delta
   app transactions and the Parquet manifest per partition), DDLs are idempotent.
@@ -21,10 +24,12 @@ Exactly once across a driver killed at any point:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +53,7 @@ from consumer.sources.record import SourceRecord
 from consumer.spark.carry import Carry, CarryStore
 from consumer.spark.segments import Segment, merged
 from consumer.spark.session import spark_session
-from consumer.spark.source import TicdcOptions, register
+from consumer.spark.source import OffsetRange, TicdcOptions, read_range, register
 from consumer.state.machine import ConsumerState
 from consumer.state.schema_cache import snapshot_schemas
 from consumer.state.units import RowOrigins, SchemaKey, TopicPartition
@@ -151,8 +156,8 @@ class ChangeBatches:
 
     `options`: the source's options (the same map, or `TicdcOptions`); `stateLocation` is required and
     belongs to one checkpoint. `sinks` and `dead_letters` as for a `Pipeline` (e.g.
-    `consumer.app.build_sinks`); `on_batch(pipeline)` runs after every batch (progress display). Call
-    `close` when the query is over.
+    `consumer.app.build_sinks`); `on_batch(pipeline)` runs after every batch, on the applying thread
+    (progress display). Call `close` when the query is over: it applies the last batch handed over.
     """
 
     def __init__(
@@ -184,57 +189,94 @@ class ChangeBatches:
         self._live: list[Segment] = []  # the records fed and not yet carried: where typed rows are found
         self._unfed: list[Segment] = []  # a restored carry, fed before the next batch
         self._watermarks: dict[TopicPartition, int] = {}  # each partition's last WATERMARK offset
+        self._applier = ThreadPoolExecutor(1, thread_name_prefix="ticdc-apply")
+        self._applying: Future[None] | None = None  # the batch handed over last, while it is applied
 
     @property
     def stats(self) -> PipelineStats:
         return self._stats
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        collecting = gc.isenabled()
-        gc.disable()  # as `Pipeline.run`: a batch's rows are many short-lived objects without cycles
+        """Collect batch `batch_id` (the executors read and decode it while the previous batch is still
+        being applied here), record its ranges, and hand it to the applying thread."""
         try:
+            rows = frame.toArrow().to_pylist()  # the one action: each action would read Kafka again
+            self.drain()
             if self._next_batch != batch_id and self._restore(batch_id):
                 return
-            rows = frame.toArrow().to_pylist()  # the one action: each action would read Kafka again
             segments = sorted((Segment.from_row(row) for row in rows), key=lambda s: (s.tp, s.start_offset))
-            self._apply(batch_id, segments)
+            ranges = [(s.topic, s.partition, s.start_offset, s.end_offset) for s in segments]
+            self._store.write_intent(batch_id, ranges)
+            self._applying = self._applier.submit(self._apply, batch_id, segments)
         except BaseException as exc:
-            self._next_batch = None  # mid-batch state: the next call starts again from the last record
-            self.failure = exc
+            self._stopped(exc)
             raise
-        finally:
-            if collecting:
-                gc.enable()
+
+    def drain(self) -> None:
+        """Wait until the batch handed over last is applied; raise what stopped it."""
+        applying, self._applying = self._applying, None
+        if applying is not None:
+            try:
+                applying.result()
+            except BaseException as exc:
+                self._stopped(exc)
+                raise
 
     def close(self) -> None:
-        """Release the sinks and the dead-letter destination."""
-        if self._pipeline is not None:
-            self._pipeline.close()
-        else:
-            for sink in self.sinks:
-                sink.close()
-            self.dead_letters.close()
+        """Apply the batch handed over last, then release the sinks and the dead-letter destination."""
+        try:
+            self.drain()
+        finally:
+            self._applier.shutdown()
+            if self._pipeline is not None:
+                self._pipeline.close()
+            else:
+                for sink in self.sinks:
+                    sink.close()
+                self.dead_letters.close()
+
+    def _stopped(self, exc: BaseException) -> None:
+        """A batch failed: the in-memory state is mid-batch, so the next call starts from the last record."""
+        with contextlib.suppress(BaseException):
+            if self._applying is not None:
+                self._applying.result()
+        self._applying = None
+        self._next_batch = None
+        if self.failure is None:
+            self.failure = exc
 
     # -- batches ---------------------------------------------------------------------------------------
     def _restore(self, batch_id: int) -> bool:
-        """Start over from the record of the batch before `batch_id`; True when `batch_id` itself was
-        recorded (it is complete: Spark runs it again only because it had not recorded its commit)."""
+        """Start over from the record of the latest batch before `batch_id` (applying again, from Kafka, a
+        batch Spark committed whose applying a dead driver did not finish); True when `batch_id` itself was
+        recorded (complete: Spark runs it again only because it had not recorded its commit)."""
         latest = self._store.latest()
         if latest is not None and latest > batch_id:
             raise ConsumerError(
                 f"{self._store.location} records batch {latest}, ahead of the query's batch {batch_id}: "
                 "a state location belongs to one checkpoint"
             )
-        if (latest is None and batch_id > 0) or (latest is not None and latest < batch_id - 1):
-            raise ConsumerError(
-                f"{self._store.location} has no record of batch {batch_id - 1}: a state location belongs to "
-                "one checkpoint, and rows carried past that batch would be lost"
-            )
         self._start(self._store.read(latest) if latest is not None else None)
         if latest == batch_id:
             self._next_batch = batch_id + 1
             return True
+        for missed in range(0 if latest is None else latest + 1, batch_id):
+            self._apply(missed, self._read_again(missed))
         return False
+
+    def _read_again(self, batch_id: int) -> list[Segment]:
+        ranges = self._store.intent(batch_id)
+        if ranges is None:
+            raise ConsumerError(
+                f"{self._store.location} has no record of batch {batch_id}: a state location belongs to "
+                "one checkpoint, and rows carried past that batch would be lost"
+            )
+        log.info("applying batch %d again from Kafka: %s", batch_id, ranges)
+        segments = []
+        for topic, partition, start, end in ranges:
+            for row in read_range(self.options, OffsetRange(topic, partition, start, end)):
+                segments.append(Segment.from_row(row.to_pylist()[0]))
+        return segments
 
     def _start(self, carry: Carry | None) -> None:
         """A fresh pipeline and state machine (keeping the totals), to be fed the carry first."""
@@ -264,18 +306,25 @@ class ChangeBatches:
         self._watermarks = {}
 
     def _apply(self, batch_id: int, segments: list[Segment]) -> None:
+        """The applying thread's job (or the restoring call's): feed, resolve, write, record."""
         if self._pipeline is None:
             self._start(None)
         assert self._pipeline is not None
-        segments = self._assign(self._pipeline, segments)
-        feed = [*self._unfed, *segments]
-        self._unfed = []
-        self._live = [*self._live, *segments]
-        self._rows.use(self._live)
-        self.executor_cpu_seconds += sum(segment.cpu_seconds for segment in segments)
-        if self._pipeline.step_decoded(self._records(feed)):
-            self.changed_batches += 1
-        self._carry(batch_id, self._pipeline)
+        collecting = gc.isenabled()
+        gc.disable()  # as `Pipeline.run`: a batch's rows are many short-lived objects without cycles
+        try:
+            segments = self._assign(self._pipeline, segments)
+            feed = [*self._unfed, *segments]
+            self._unfed = []
+            self._live = [*self._live, *segments]
+            self._rows.use(self._live)
+            self.executor_cpu_seconds += sum(segment.cpu_seconds for segment in segments)
+            if self._pipeline.step_decoded(self._records(feed)):
+                self.changed_batches += 1
+            self._carry(batch_id, self._pipeline)
+        finally:
+            if collecting:
+                gc.enable()
         if self.on_batch:
             self.on_batch(self._pipeline)
 
@@ -429,9 +478,11 @@ def _run_continuously(start: QueryStarter, trigger_seconds: float, handler: Chan
 
 
 def _await(query: StreamingQuery, handler: ChangeBatches) -> None:
+    """Until the query ends and its last batch is applied."""
     try:
         query.awaitTermination()
     except StreamingQueryException as exc:
         if handler.failure is not None:
             raise handler.failure from None
         raise SparkQueryError(f"the streaming query failed: {str(exc).splitlines()[0]}") from exc
+    handler.drain()
