@@ -27,7 +27,8 @@ from consumer.protocol.model import TableSchema
 from consumer.simulate.output import SimulationReport, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.delta import DeltaSink, consistent_ts, table_dir, table_paths
+from consumer.sinks.delta import DeltaSink, consistent_ts, table_paths
+from consumer.sinks.layout import table_dir
 from consumer.sinks.parquet import ParquetSink
 from consumer.sources.kafka import KafkaSource
 from consumer.spark.readers import read_changelog, read_mirror

@@ -1,4 +1,6 @@
-"""Shared test setup: the embedded Kafka broker fixtures (`kafka_broker`, `kafka_topic`)."""
+"""Shared test setup: the embedded Kafka broker fixtures (`kafka_broker`, `kafka_topic`), one SparkSession,
+and markers: a test using the broker is `e2e`, one using Spark is `spark` (`pytest -m "not e2e and not spark
+and not slow"` is the fast set)."""
 
 pytest_plugins = ["consumer.testing.pytest_plugin"]
 
@@ -18,3 +20,14 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+_MARKED_BY_FIXTURE = {"kafka_broker": "e2e", "kafka_topic": "e2e", "spark": "spark"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            marker = _MARKED_BY_FIXTURE.get(fixture)
+            if marker:
+                item.add_marker(marker)

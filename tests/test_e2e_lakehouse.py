@@ -121,6 +121,7 @@ def test_mirror_equals_ground_truth_through_every_ddl_type(
     assert consistent_ts(tmp_path / "lake") == workload.last_watermark
 
 
+@pytest.mark.slow
 def test_sigkill_at_several_points_then_restart_ends_exact(
     kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:
@@ -144,6 +145,7 @@ def test_sigkill_at_several_points_then_restart_ends_exact(
     assert _changelog_duplicates(root) == 0
 
 
+@pytest.mark.slow
 def test_three_members_of_one_group_equal_one_process(
     kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:

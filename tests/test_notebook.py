@@ -92,6 +92,7 @@ def test_the_committed_notebook_is_clean() -> None:
     assert "sys.path" not in "".join(cell.source for cell in code)  # the package is installed
 
 
+@pytest.mark.slow
 def test_the_lakehouse_equals_the_ground_truth(summary: dict[str, Any]) -> None:
     workload = Workload(WorkloadConfig(**summary["workload_config"]))
     records = list(workload.records())

@@ -20,7 +20,8 @@ from consumer.errors import RecordLocation, SinkError
 from consumer.protocol.model import DDL, Column, DataType, DDLType, DMLType, Index, RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
-from consumer.sinks.delta import DeltaSink, consistent_ts, dropped_at, live_mirror, table_dir
+from consumer.sinks.delta import DeltaSink, consistent_ts, dropped_at, live_mirror
+from consumer.sinks.layout import table_dir
 from consumer.testing.messages import raw_dml
 
 TS = 449512873440575500
@@ -398,11 +399,6 @@ def test_every_ddl_is_logged_once(tmp_path: Path) -> None:
     assert not (tmp_path / "shop").exists()  # only logged
 
 
-def test_names_become_safe_path_segments(tmp_path: Path) -> None:
-    assert table_dir(tmp_path, "shop_1", "_orders.v2") == tmp_path / "shop_1" / "_orders.v2"
-    assert table_dir(tmp_path, "_ddl", "../a b") == tmp_path / "~5Fddl" / "~2E.~2Fa~20b"
-
-
 # -- recorded progress ---------------------------------------------------------------------------------
 def test_recorded_offsets_snapshot_and_consistent_ts_round_trip(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
@@ -468,3 +464,40 @@ def test_concurrent_members_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     written = [(r["_partition"], r["_offset"]) for r in _changelog(tmp_path)]
     assert written == [(p, o) for p in (0, 1) for o in range(BATCHES * ROWS)]
     assert sorted(_mirror(tmp_path)) == [p * 1000 + o for p in (0, 1) for o in range(BATCHES * ROWS)]
+
+
+def test_user_columns_named_like_metadata_land_in_changelog_and_mirror(tmp_path: Path) -> None:
+    odd = msgspec.structs.replace(
+        SCHEMA,
+        table="odd `t` é",
+        columns=(
+            Column("_offset", DataType("bigint", length=20), nullable=False),
+            Column("_deleted", DataType("varchar", "utf8mb4", "utf8mb4_bin", length=8)),
+            Column("_commit_ts", DataType("int", length=11)),
+            Column("a b`c", DataType("int", length=11)),
+        ),
+        indexes=(Index("primary", True, True, False, ("_offset",)),),
+    )
+    row = {"_offset": 7, "_deleted": "no", "_commit_ts": 3, "a b`c": 4}
+    insert = _raw(DMLType.INSERT, TS, row, schema=odd)
+    delete = _raw(DMLType.DELETE, TS + 1, old={**row, "_offset": 8}, schema=odd)
+    sink = DeltaSink(tmp_path)
+    sink.write(
+        _changes(
+            [(insert, 0, 10), (_raw(DMLType.INSERT, TS, {**row, "_offset": 8}, schema=odd), 0, 11)], odd
+        ),
+        CONTEXT,
+    )
+    sink.write(_changes([(delete, 0, 12)], odd), CONTEXT)
+
+    where = table_dir(tmp_path, "shop", "odd `t` é")
+    changelog = sorted(_rows(where / "changelog"), key=lambda r: r["_offset"])
+    assert [(r["_offset"], r["__offset"], r["__deleted"], r["__commit_ts"]) for r in changelog] == [
+        (10, 7, "no", 3),
+        (11, 8, "no", 3),
+        (12, 8, "no", 3),
+    ]
+    mirror = live_mirror(where / "mirror").to_pylist()
+    assert [
+        (r["__offset"], r["__deleted"], r["__commit_ts"], r["a b`c"], r["_commit_ts"]) for r in mirror
+    ] == [(7, "no", 3, 4, TS)]

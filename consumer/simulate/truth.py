@@ -13,10 +13,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from consumer.batches.changes import stored_name
 from consumer.protocol.model import TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.render import value_object
-from consumer.sinks.delta import live_mirror, table_dir
+from consumer.sinks.delta import live_mirror
+from consumer.sinks.layout import table_dir
 
 TableRows = dict[Any, dict[str, Any]]
 
@@ -105,9 +107,9 @@ def arrow_table_rows(table: pa.Table, schema: TableSchema, key: str = "id") -> T
     codec = TableCodec(schema)
     columns = {}
     for column in codec.columns:
-        if column.name not in table.column_names:
+        if stored_name(column.name) not in table.column_names:
             continue
-        stored = table.column(column.name).combine_chunks()
+        stored = table.column(stored_name(column.name)).combine_chunks()
         columns[column.name] = [value_object(v) for v in column.to_python(stored.cast(column.arrow_type))]
     names = list(columns)
     rows = [dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)]

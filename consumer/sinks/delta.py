@@ -1,7 +1,7 @@
 """Delta Lake sink (delta-rs): per upstream table an append-only changelog and a mirror of its current rows.
 
 Layout under `root`, a local directory (table discovery and RENAME move directories); database and table
-names are escaped to one safe path segment each (see `_segment`):
+names are escaped to one safe path segment each (`consumer.sinks.layout`):
 
     <root>/<database>/<table>/changelog   every change image (change-data-feed convention), append only
     <root>/<database>/<table>/mirror      the upstream table's current rows, MERGEd on its key
@@ -39,11 +39,12 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from consumer.batches.changes import META_COLUMNS, TableChanges, latest_per_key
+from consumer.batches.changes import META_COLUMNS, TableChanges, latest_per_key, stored_schema
 from consumer.errors import SinkError
 from consumer.protocol.model import DDL, DDLType
 from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent, TopicPartition
+from consumer.sinks.layout import DDL_LOG, table_dir
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,6 @@ TRUNCATED_PROPERTY = "ticdc.truncated_at"
 STORED_AS, STORED_DURATION = "ticdc.stored_as", "duration[us]"  # field metadata of a stored TIME column
 """Table property set on both tables of a dropped upstream table: the DROP TABLE's commit ts."""
 
-DDL_LOG = "_ddl"
 HISTORY_WINDOW = 32  # newest commits searched for this sink's commit metadata
 DIRECTORIES_LOCK = ".ticdc-directories.lock"  # under the root: see `DeltaSink._directories_held`
 
@@ -250,6 +250,8 @@ class DeltaSink:
                 latest.select(columns).append_column(DELETED_FIELD, deleted), _arrow_schema(table)
             )
             newer = "s._commit_ts >= t._commit_ts"
+            # Explicit column maps: delta-rs's *_all forms do not quote names (a backtick in one breaks them).
+            assignments = {_quote(name): f"s.{_quote(name)}" for name in source.column_names}
             (
                 table.merge(
                     source,
@@ -259,8 +261,8 @@ class DeltaSink:
                     merge_schema=True,
                     commit_properties=_properties(context, _offset_transactions(pending, context.group)),
                 )
-                .when_matched_update_all(newer)
-                .when_not_matched_insert_all()
+                .when_matched_update(assignments, newer)
+                .when_not_matched_insert(assignments)
                 .execute()
             )
 
@@ -270,7 +272,7 @@ class DeltaSink:
     def _change_table(self, ddl: DDL, table_dir: Path, context: CommitContext) -> None:
         if ddl.type is DDLType.ALTER:
             if ddl.table_schema is not None:
-                self._alter(table_dir, TableCodec(ddl.table_schema).arrow_schema, context)
+                self._alter(table_dir, stored_schema(TableCodec(ddl.table_schema)), context)
             return
         self._empty_mirror(table_dir / "mirror", ddl.commit_ts, context)
         if ddl.type is DDLType.ERASE:
@@ -471,11 +473,6 @@ class DeltaSink:
 
 
 # -- reading what the sink recorded --------------------------------------------------------------------
-def table_dir(root: str | Path, database: str, table: str) -> Path:
-    """Where a table's `changelog` and `mirror` live: `<root>/<database>/<table>`, names as `_segment`s."""
-    return Path(root) / _segment(database) / _segment(table)
-
-
 def table_paths(root: str | Path, *, include_ddl_log: bool = True) -> list[Path]:
     """Every Delta table this sink's layout has under `root` (including tables moved aside when dropped)."""
     base = Path(root)
@@ -660,19 +657,6 @@ def _castable(source: pa.DataType, target: pa.DataType) -> bool:
 
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
-
-
-def _segment(name: str) -> str:
-    """An identifier as one path segment, unchanged when it already is a plain one (so readers can build
-    the path from the names): other characters than letters, digits, `-`, `_` and `.` become `~XX` per
-    UTF-8 byte (delta-rs reads `%XX` in a local path as an escape), and so do a leading `.` (no `.` or
-    `..`) and the `_` of `_ddl` (the DDL log's directory)."""
-    escaped = "".join(c if c.isalnum() or c in "-_." else _escaped(c) for c in name)
-    return _escaped(escaped[0]) + escaped[1:] if escaped.startswith(".") or escaped == DDL_LOG else escaped
-
-
-def _escaped(char: str) -> str:
-    return "".join(f"~{byte:02X}" for byte in char.encode())
 
 
 def _ddl_row(event: DDLEvent) -> pa.Table:

@@ -35,11 +35,10 @@ from consumer.batches.changes import TSO_PHYSICAL_SHIFT, TableChanges
 from consumer.errors import SinkError
 from consumer.protocol.model import DDL, DDLType
 from consumer.sinks.base import CommitContext, DDLEvent, TopicPartition
-from consumer.sinks.delta import table_dir
+from consumer.sinks.layout import DDL_LOG, table_dir
 from consumer.spark.frames import offset_ranges, to_dataframe
 
 MANIFEST = "_progress.json"
-DDL_LOG = "_ddl"
 _STAGING = "_staging"
 
 Name = tuple[str, str]  # (database, table)

@@ -17,7 +17,8 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from consumer.sinks.delta import DELETED_FIELD, stored_durations, table_dir
+from consumer.sinks.delta import DELETED_FIELD, stored_durations
+from consumer.sinks.layout import table_dir
 from consumer.sinks.parquet import read_progress
 from consumer.spark.frames import spark_schema
 
