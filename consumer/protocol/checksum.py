@@ -1,0 +1,356 @@
+"""Row checksums (spec §8): TiDB's column-level CRC32 of a row image, to verify the rows TiCDC sent.
+
+One algorithm (spec §8.3), two implementations that check each other in the property tests:
+
+- `wire_checksum` hashes one image from its wire values (JSON text, or Avro datums), value by value. It is
+  the reference: the encoder side (the simulator, users' tests) computes checksums with it, and it settles
+  every mismatch the fast path reports.
+- `image_checksums` hashes typed Arrow images, column by column: each column's bytes are built by Arrow
+  and numpy kernels, Arrow joins a row's bytes, and zlib hashes each row once. It reads the images the
+  batch decode already built, so verifying does not parse the wire a second time.
+
+The typed images cannot always reproduce the bytes TiCDC hashed (a zero date the value policy turned into
+NULL; an ENUM whose member is the empty string), so a fast-path mismatch is re-checked on that row's wire
+values before the row is rejected.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import math
+import struct
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from itertools import pairwise
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from consumer.errors import ChecksumMismatchError, IntegrityError, RowCorruptedError
+from consumer.protocol import avro_codec
+from consumer.protocol.model import Checksum, Column, DataType, RawDML
+from consumer.protocol.rows import ChangeImages, ImageKind, TableCodec
+from consumer.protocol.types import ColumnType, _zone_name, fsp_of
+
+_U64 = 0xFFFF_FFFF_FFFF_FFFF
+_EIGHT_BYTE_TYPES = frozenset(
+    ("tinyint", "smallint", "mediumint", "int", "bigint", "year", "enum", "set", "bit")
+)
+_BINARY_TYPES = frozenset(("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"))
+_NEW_IMAGES = (ImageKind.INSERT, ImageKind.UPDATE_NEW)  # checked against `current`; the others `previous`
+_EMPTY = pa.scalar(b"", pa.large_binary())
+_NONE = Checksum(0, False, 0, 0)
+
+
+# -- the reference: one image from its wire values ------------------------------------------------------
+def wire_checksum(columns: Sequence[Column], image: Mapping[str, Any] | None) -> int:
+    """The checksum of a wire image (a DML's `data` or `old` as JSON or Avro carries it), over the table's
+    columns in schema order; a column absent from the image counts as NULL (a virtual generated column)."""
+    crc = 0
+    if not image:
+        return crc
+    for column in columns:
+        value = image.get(column.name)
+        if isinstance(value, tuple):  # an encoder's Avro (branch, datum) pair
+            value = value[1]
+        if value is not None:
+            crc = zlib.crc32(wire_value_bytes(column.data_type, value), crc)
+    return crc
+
+
+def wire_value_bytes(data_type: DataType, value: Any) -> bytes:
+    """The bytes TiDB hashes for one non-NULL value (spec §8.3), from its JSON or Avro wire form."""
+    kind = data_type.mysql_type
+    if kind in _EIGHT_BYTE_TYPES:
+        return (_wire_int(value) & _U64).to_bytes(8, "little")
+    if kind in ("float", "double"):
+        number = float(value)
+        if kind == "float":
+            number = float(np.float32(number))
+        return struct.pack("<d", number if math.isfinite(number) else 0.0)
+    if kind in _BINARY_TYPES:
+        return _length_value(value if isinstance(value, bytes) else base64.b64decode(value, validate=True))
+    if kind == "timestamp":
+        return _length_value(_utc_text(value).encode())
+    if kind == "vector":
+        elements = [float(x) for x in value[1:-1].split(",")] if value != "[]" else []
+        return struct.pack("<I", len(elements)) + np.asarray(elements, "<f4").tobytes()
+    return _length_value(str(value).encode())  # decimal, text, date, datetime, time, json: as sent
+
+
+def _wire_int(value: Any) -> int:
+    if isinstance(value, dict):  # Avro UnsignedBigint
+        return int(value["value"])
+    return int(value)
+
+
+def _length_value(raw: bytes) -> bytes:
+    return struct.pack("<I", len(raw)) + raw
+
+
+def _utc_text(value: Any) -> str:
+    """A TIMESTAMP's wall-clock text in its `location`, as UTC text with as many fractional digits."""
+    if isinstance(value, dict):
+        location, text = value["location"], value["value"]
+    else:
+        location, text = value.location, value.value
+    if location == "UTC" or text.startswith("0000-") or "-00" in text[:10]:
+        return text  # UTC already, or a zero date (TiDB hashes it unchanged)
+    local = dt.datetime.fromisoformat(text).replace(tzinfo=ZoneInfo(_zone_name(location)))
+    utc = local.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    digits = len(text) - 20 if "." in text else 0
+    return utc[: 20 + digits] if digits else utc[:19]
+
+
+def dml_wire_images(raw: RawDML) -> tuple[Any, Any]:
+    """A DML's `data` and `old` wire images, parsed generically (one row at a time: the settling path)."""
+    if raw.encoding == "avro":
+        body = avro_codec.read_dml(raw.payload)
+        return body["data"], body["old"]
+    body = msgspec.json.decode(raw.payload)
+    return body.get("data"), body.get("old")
+
+
+# -- the fast path: typed Arrow images, column by column ------------------------------------------------
+def image_checksums(columns: Sequence[ColumnType], rows: pa.RecordBatch) -> list[int]:
+    """The checksum of every row of typed images of one table version (`TableCodec.columns`, in order)."""
+    pieces = [
+        piece
+        for column, array in zip(columns, rows.columns, strict=True)
+        if array.null_count < len(array)
+        and (piece := _COLUMN_BYTES[column.family](column, array)) is not None
+    ]
+    if not pieces:
+        return [0] * rows.num_rows
+    joined = pc.fill_null(pc.binary_join_element_wise(*pieces, _EMPTY, null_handling="skip"), _EMPTY)
+    bounds = np.frombuffer(joined.buffers()[1], np.int64, len(joined) + 1, joined.offset * 8).tolist()
+    data = memoryview(joined.buffers()[2] or b"")
+    crc = zlib.crc32
+    return [crc(data[start:end]) for start, end in pairwise(bounds)]
+
+
+def _validity(array: pa.Array) -> pa.Buffer | None:
+    return pc.is_valid(array).buffers()[1] if array.null_count else None
+
+
+def _binary(n: int, validity: pa.Buffer | None, offsets: np.ndarray, data: np.ndarray) -> pa.Array:
+    return pa.Array.from_buffers(
+        pa.large_binary(), n, [validity, pa.py_buffer(offsets.astype(np.int64)), pa.py_buffer(data)]
+    )
+
+
+def _eight_bytes(values: np.ndarray, array: pa.Array) -> pa.Array:
+    """Each value as 8 little-endian bytes (uint64 bits, or the IEEE bits of a double)."""
+    n = len(values)
+    return _binary(
+        n,
+        _validity(array),
+        np.arange(0, 8 * (n + 1), 8),
+        values.astype(values.dtype.newbyteorder("<")).view(np.uint8),
+    )
+
+
+def _prefixed(
+    validity: pa.Buffer | None, offsets: np.ndarray, data: np.ndarray, prefixes: np.ndarray
+) -> pa.Array:
+    """Each row's bytes `data[offsets[i]:offsets[i+1]]` after a 4-byte little-endian prefix."""
+    n = len(prefixes)
+    start = int(offsets[0])
+    placed = (offsets - start) + 4 * np.arange(n + 1, dtype=np.int64)
+    out = np.empty(int(placed[-1]), np.uint8)
+    heads = (placed[:-1, None] + np.arange(4)).ravel()
+    out[heads] = prefixes.astype("<u4").view(np.uint8)
+    body = np.ones(len(out), bool)
+    body[heads] = False
+    out[body] = data[start : int(offsets[-1])]
+    return _binary(n, validity, placed, out)
+
+
+def _length_prefixed(text: pa.Array, validity: pa.Buffer | None) -> pa.Array:
+    """Strings or bytes as TiDB hashes them: uint32 byte length, then the bytes."""
+    raw = pc.cast(pc.fill_null(text, ""), pa.large_binary())
+    offsets = np.frombuffer(raw.buffers()[1], np.int64, len(raw) + 1, raw.offset * 8)
+    data = np.frombuffer(raw.buffers()[2] or b"", np.uint8)
+    return _prefixed(validity, offsets, data, np.diff(offsets))
+
+
+def _unsigned(array: pa.Array) -> np.ndarray:
+    """Integers (bool, intN, or decimal(20,0) for BIGINT UNSIGNED) as uint64 bits."""
+    if pa.types.is_boolean(array.type):
+        return np.asarray(pc.cast(pc.fill_null(array, False), pa.uint8())).astype(np.uint64)
+    if pa.types.is_decimal(array.type):
+        return np.asarray(pc.cast(pc.fill_null(array, 0), pa.uint64()))
+    return np.asarray(pc.fill_null(array, 0)).astype(np.int64).view(np.uint64)
+
+
+def _integer_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+    return _eight_bytes(_unsigned(array), array)
+
+
+def _float_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+    doubles = np.asarray(pc.fill_null(array, 0.0)).astype(np.float64)
+    return _eight_bytes(np.where(np.isfinite(doubles), doubles, 0.0), array)
+
+
+def _enum_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+    labels = pa.array(["", *column.data_type.elements], pa.string())
+    index = pc.fill_null(pc.index_in(array, value_set=labels), 0)
+    return _eight_bytes(np.asarray(index).astype(np.uint64), array)
+
+
+def _set_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+    members = pc.split_pattern(pc.fill_null(array, ""), ",")
+    elements = pa.array(column.data_type.elements, pa.string())
+    bits = np.asarray(pc.fill_null(pc.index_in(pc.list_flatten(members), value_set=elements), -1))
+    rows = np.asarray(pc.list_parent_indices(members))
+    masks = np.zeros(len(array), np.uint64)
+    named = bits >= 0
+    np.bitwise_or.at(masks, rows[named], np.left_shift(np.uint64(1), bits[named].astype(np.uint64)))
+    return _eight_bytes(masks, array)
+
+
+def _text_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+    return _length_prefixed(array, _validity(array))
+
+
+def _decimal_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+    """Decimals as TiDB prints them: every digit of the scale, never an exponent (Arrow prints small
+    values of a scale above 6 with one, so those few are printed by Python)."""
+    if pa.types.is_string(array.type):  # beyond 38 digits the column keeps the wire text
+        return _length_prefixed(array, _validity(array))
+    text = pc.cast(array, pa.string())
+    if pc.any(pc.match_substring(text, "E")).as_py():
+        text = pa.array([None if v is None else format(v, "f") for v in array.to_pylist()], pa.string())
+    return _length_prefixed(text, _validity(array))
+
+
+def _date_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+    return _length_prefixed(pc.strftime(array, "%Y-%m-%d"), _validity(array))
+
+
+def _datetime_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+    """DATETIME, and TIMESTAMP (its typed value is UTC, which is what TiDB hashes): the fsp's digits."""
+    fsp = fsp_of(column.data_type)
+    text = pc.strftime(array, "%Y-%m-%d %H:%M:%S")  # seconds with six fractional digits
+    return _length_prefixed(pc.utf8_slice_codeunits(text, 0, 20 + fsp if fsp else 19), _validity(array))
+
+
+def _time_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+    """TIME as TiDB's Duration prints it: [-]HH:MM:SS[.f...], hours of two digits or more."""
+    fsp = fsp_of(column.data_type)
+    micros = np.asarray(pc.fill_null(pc.cast(array, pa.int64()), 0))
+    seconds, fraction = np.divmod(np.abs(micros), 1_000_000)
+    hours, rest = np.divmod(seconds, 3600)
+    parts = [
+        pa.array(np.where(micros < 0, "-", "")),
+        _digits(hours, 2),
+        ":",
+        _digits(rest // 60, 2),
+        ":",
+        _digits(rest % 60, 2),
+    ]
+    if fsp:
+        parts += [".", pc.utf8_slice_codeunits(_digits(fraction, 6), 0, fsp)]
+    return _length_prefixed(pc.binary_join_element_wise(*parts, ""), _validity(array))
+
+
+def _digits(values: np.ndarray, width: int) -> pa.Array:
+    return pc.utf8_lpad(pc.cast(pa.array(values), pa.string()), width, "0")
+
+
+def _vector_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+    """VECTOR as binary: uint32 dimension, then each element's float32 bytes."""
+    offsets = np.asarray(array.offsets).astype(np.int64)
+    data = np.asarray(array.values).astype("<f4").view(np.uint8)
+    return _prefixed(_validity(array), offsets * 4, data, np.diff(offsets))
+
+
+_COLUMN_BYTES: dict[str, Callable[[ColumnType, pa.Array], pa.Array]] = {
+    "integer": _integer_bytes,
+    "year": _integer_bytes,
+    "bit": _integer_bytes,
+    "float": _float_bytes,
+    "enum": _enum_bytes,
+    "set": _set_bytes,
+    "text": _text_bytes,
+    "binary": _text_bytes,
+    "json": _text_bytes,
+    "decimal": _decimal_bytes,
+    "date": _date_bytes,
+    "datetime": _datetime_bytes,
+    "timestamp": _datetime_bytes,
+    "time": _time_bytes,
+    "vector": _vector_bytes,
+}
+
+
+# -- verifying a batch ------------------------------------------------------------------------------------
+def verify_changes(
+    codec: TableCodec, images: ChangeImages, raws: Sequence[RawDML]
+) -> tuple[int, dict[int, IntegrityError]]:
+    """Check every image of a decoded batch that carries a checksum: the number verified, and the DMLs
+    (index in `raws`) that failed, each with why. A zero expected value means "no checksum" (spec §8.1)."""
+    checksums = images.checksums
+    rejected: dict[int, IntegrityError] = {
+        row: _corrupted(checksum, row)
+        for row, checksum in enumerate(checksums)
+        if checksum is not None and checksum.corrupted
+    }
+    expected = [
+        _expected(checksums[source], kind) for source, kind in zip(images.source, images.kinds, strict=True)
+    ]
+    targets = [i for i, value in enumerate(expected) if value and images.source[i] not in rejected]
+    if not targets:
+        return 0, rejected
+    rows = images.rows if len(targets) == len(expected) else images.rows.take(targets)
+    computed = image_checksums(codec.columns, rows)
+    suspects = {images.source[i] for i, crc in zip(targets, computed, strict=True) if crc != expected[i]}
+    verified = len(targets)
+    for row in sorted(suspects):
+        failure = _settled(codec, raws[row], checksums[row] or _NONE, row)
+        if failure is not None:
+            rejected[row] = failure
+            verified -= sum(1 for i in targets if images.source[i] == row)
+    return verified, rejected
+
+
+def _expected(checksum: Checksum | None, kind: int) -> int:
+    if checksum is None:
+        return 0
+    return checksum.current if kind in _NEW_IMAGES else checksum.previous
+
+
+def _corrupted(checksum: Checksum, row: int) -> RowCorruptedError:
+    return RowCorruptedError(
+        f"TiCDC marked the row corrupted (checksum version {checksum.version}, "
+        f"current {checksum.current}, previous {checksum.previous})",
+        row=row,
+    )
+
+
+def _settled(codec: TableCodec, raw: RawDML, checksum: Checksum, row: int) -> IntegrityError | None:
+    """Re-check a fast-path mismatch on the row's wire values: None when they match after all."""
+    data, old = dml_wire_images(raw)
+    columns = codec.schema.columns
+    for name, wire, expected in (("new", data, checksum.current), ("old", old, checksum.previous)):
+        if not expected:
+            continue
+        computed = wire_checksum(columns, wire)
+        if computed != expected:
+            field = "current" if name == "new" else "previous"
+            return ChecksumMismatchError(
+                f"checksum mismatch on the {name} image: TiCDC sent {field}={expected}, "
+                f"the row's values hash to {computed}",
+                row=row,
+            )
+    return None
+
+
+def row_checksum(codec: TableCodec, row: Mapping[str, Any] | None) -> int:
+    """The checksum of a typed row (what an encoder puts in `checksum`), computed on its JSON wire form."""
+    return wire_checksum(codec.schema.columns, codec.encode_image(dict(row) if row else None, "json"))
