@@ -230,37 +230,80 @@ def _decimal_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
 
 
 def _date_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
-    return _length_prefixed(pc.strftime(array, "%Y-%m-%d"), _validity(array))
+    days = np.asarray(pc.fill_null(array.cast(pa.int32()), 0)).astype(np.int64)
+    return _fixed_text(_date_fields(days), array)
 
 
 def _datetime_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
     """DATETIME, and TIMESTAMP (its typed value is UTC, which is what TiDB hashes): the fsp's digits."""
-    fsp = fsp_of(column.data_type)
-    text = pc.strftime(array, "%Y-%m-%d %H:%M:%S")  # seconds with six fractional digits
-    return _length_prefixed(pc.utf8_slice_codeunits(text, 0, 20 + fsp if fsp else 19), _validity(array))
+    micros = np.asarray(pc.fill_null(array.cast(pa.int64()), 0))
+    days, micros = np.divmod(micros, 86_400_000_000)
+    seconds, fraction = np.divmod(micros, 1_000_000)
+    fields = [*_date_fields(days), " ", *_clock_fields(seconds, 2)]
+    return _fixed_text(fields + _fraction_fields(fraction, fsp_of(column.data_type)), array)
 
 
 def _time_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
-    """TIME as TiDB's Duration prints it: [-]HH:MM:SS[.f...], hours of two digits or more."""
-    fsp = fsp_of(column.data_type)
-    micros = np.asarray(pc.fill_null(pc.cast(array, pa.int64()), 0))
+    """TIME as TiDB's Duration prints it: [-]HH:MM:SS[.f...], hours of two or three digits."""
+    micros = np.asarray(pc.fill_null(array.cast(pa.int64()), 0))
     seconds, fraction = np.divmod(np.abs(micros), 1_000_000)
+    fields = ["-", *_clock_fields(seconds, 3), *_fraction_fields(fraction, fsp_of(column.data_type))]
+    keep = np.ones((len(micros), _width(fields)), bool)
+    keep[:, 0] = micros < 0  # the sign only when negative
+    keep[:, 1] = seconds >= 100 * 3600  # a third hour digit only when needed
+    return _fixed_text(fields, array, keep)
+
+
+_Field = str | tuple[np.ndarray, int]  # a literal, or numbers printed with that many digits
+
+
+def _date_fields(days: np.ndarray) -> list[_Field]:
+    """Proleptic Gregorian year, month and day of days since 1970-01-01 (H. Hinnant's civil_from_days)."""
+    shifted = days + 719_468
+    era = np.floor_divide(shifted, 146_097)
+    day_of_era = shifted - era * 146_097
+    year_of_era = (day_of_era - day_of_era // 1460 + day_of_era // 36_524 - day_of_era // 146_096) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    month_from_march = (5 * day_of_year + 2) // 153
+    day = day_of_year - (153 * month_from_march + 2) // 5 + 1
+    month = np.where(month_from_march < 10, month_from_march + 3, month_from_march - 9)
+    year = year_of_era + era * 400 + (month <= 2)
+    return [(year, 4), "-", (month, 2), "-", (day, 2)]
+
+
+def _clock_fields(seconds: np.ndarray, hour_digits: int) -> list[_Field]:
     hours, rest = np.divmod(seconds, 3600)
-    parts = [
-        pa.array(np.where(micros < 0, "-", "")),
-        _digits(hours, 2),
-        ":",
-        _digits(rest // 60, 2),
-        ":",
-        _digits(rest % 60, 2),
-    ]
-    if fsp:
-        parts += [".", pc.utf8_slice_codeunits(_digits(fraction, 6), 0, fsp)]
-    return _length_prefixed(pc.binary_join_element_wise(*parts, ""), _validity(array))
+    return [(hours, hour_digits), ":", (rest // 60, 2), ":", (rest % 60, 2)]
 
 
-def _digits(values: np.ndarray, width: int) -> pa.Array:
-    return pc.utf8_lpad(pc.cast(pa.array(values), pa.string()), width, "0")
+def _fraction_fields(micros: np.ndarray, fsp: int) -> list[_Field]:
+    return [".", (micros // 10 ** (6 - fsp), fsp)] if fsp else []
+
+
+def _width(fields: list[_Field]) -> int:
+    return sum(1 if isinstance(field, str) else field[1] for field in fields)
+
+
+def _fixed_text(fields: list[_Field], array: pa.Array, keep: np.ndarray | None = None) -> pa.Array:
+    """Text of fixed-width fields as TiDB hashes it (uint32 length, then the bytes), printed digit by digit
+    for the whole column at once; `keep` drops a row's unused leading characters."""
+    width = _width(fields)
+    text = np.empty((len(array), 4 + width), np.uint8)
+    position = 4
+    for field in fields:
+        if isinstance(field, str):
+            text[:, position] = ord(field)
+            position += 1
+            continue
+        numbers, digits = field
+        for power in range(digits - 1, -1, -1):
+            text[:, position] = numbers // 10**power % 10 + 48
+            position += 1
+    lengths = np.full(len(array), width, np.uint32) if keep is None else keep.sum(axis=1, dtype=np.uint32)
+    text[:, :4] = lengths.astype("<u4").view(np.uint8).reshape(-1, 4)
+    data = text.ravel() if keep is None else text[np.hstack([np.ones((len(array), 4), bool), keep])]
+    offsets = np.concatenate([[0], np.cumsum(lengths.astype(np.int64) + 4)])
+    return _binary(len(array), _validity(array), offsets, data)
 
 
 def _vector_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
