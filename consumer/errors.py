@@ -130,11 +130,20 @@ class ClaimCheckInvalidError(LargeMessageError):
     code = "claim-check-invalid"
 
 
-class ClaimCheckUnavailableError(LargeMessageError):
-    """Claim-check storage kept failing after the retries: an outage, not bad input, so the pipeline
-    stops without committing past the row (a later run reads it again) instead of dead-lettering it."""
+class LargeMessageUnavailableError(LargeMessageError):
+    """Claim-check storage or upstream TiDB kept failing after the retries: an outage, not bad input, so
+    the pipeline stops without committing past the row (a later run reads it again) instead of sending it
+    to the error policy."""
 
+    code = "large-message-unavailable"
+
+
+class ClaimCheckUnavailableError(LargeMessageUnavailableError):
     code = "claim-check-unavailable"
+
+
+class UpstreamUnavailableError(LargeMessageUnavailableError):
+    code = "upstream-unavailable"
 
 
 class UpstreamLookupError(LargeMessageError):
