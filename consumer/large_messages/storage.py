@@ -192,11 +192,11 @@ class ClaimCheckStore:
         """The object's bytes; raises a `LargeMessageError` saying why it was not read."""
         try:
             root, location = self._allowed(uri)
+            path = root.filesystem_path(location, self.max_object_bytes)
         except ClaimCheckNotAllowedError:
             with self._counting:
                 self.stats.refused += 1
             raise
-        path = root.filesystem_path(location, self.max_object_bytes)
         started = time.monotonic()
         for attempt in range(self.retries + 1):
             try:
