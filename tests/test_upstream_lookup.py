@@ -83,8 +83,9 @@ SCHEMA = TableSchema(
     indexes=(Index("primary", True, True, False, ("id",)),),
 )
 OLD_TEXT = (
-    "5", "before", "1.50", "2020-02-20 02:20:20.100", "2020-02-20 10:20:20.000001", "2020-02-20", "-02:20:20",
-    "2020", "red", "a,c", b"\x00\x41", '{"k": [1, 2.5, null]}', b"\x00\xffraw", "[1,2,3]", "3.14", "2.71", None,
+    "5", "before", "1.50", "2020-02-20 02:20:20.100", "2020-02-20 10:20:20.000001", "2020-02-20",
+    "-02:20:20", "2020", "red", "a,c", b"\x00\x41", '{"k": [1, 2.5, null]}', b"\x00\xffraw", "[1,2,3]",
+    "3.14", "2.71", None,
 )  # fmt: skip
 NEW_TEXT = (
     "5", "after ' OR 1=1 --", "-7.25", "2021-03-01 00:00:00.000", "2021-03-01 00:00:00.000000", "1999-12-31",
@@ -196,9 +197,9 @@ def _where_equalities(condition: exp.Expression) -> dict[str, Any] | None:
         isinstance(condition, exp.EQ)
         and isinstance(condition.this, exp.Column)
         and condition.this.this.quoted
+        and isinstance(condition.expression, exp.Literal)
     ):
-        if isinstance(condition.expression, exp.Literal):
-            return {condition.this.name: condition.expression.this}
+        return {condition.this.name: condition.expression.this}
     return None
 
 
@@ -260,8 +261,8 @@ def _key_only(dml: DML) -> KeyOnlyDML:
 
 
 EXPECTED_OLD = {
-    "id": 5, "name": "before", "amount": Decimal("1.50"), "created": dt.datetime(2020, 2, 20, 2, 20, 20, 100000),
-    "updated": dt.datetime(2020, 2, 20, 10, 20, 20, 1, tzinfo=dt.UTC), "day": dt.date(2020, 2, 20),
+    "id": 5, "name": "before", "amount": Decimal("1.50"),
+    "created": dt.datetime(2020, 2, 20, 2, 20, 20, 100000), "updated": dt.datetime(2020, 2, 20, 10, 20, 20, 1, tzinfo=dt.UTC), "day": dt.date(2020, 2, 20),
     "clock": -dt.timedelta(hours=2, minutes=20, seconds=20), "yr": 2020, "color": "red", "tags": "a,c",
     "flags": 65, "doc": {"k": [1, 2.5, None]}, "data": b"\x00\xffraw", "vec": [1.0, 2.0, 3.0],
     "ratio": 3.140000104904175, "score": 2.71, "note": None,
@@ -308,8 +309,8 @@ def test_an_update_reads_its_new_image_at_its_commit_and_its_old_image_just_befo
     assert verify_changes(codec, images, [raw]) == (2, {})  # TiCDC's checksums vouch for the rows read
     select = select_sql(SCHEMA, ("id",))
     assert select == (
-        "SELECT `id`, `name`, `amount`, `created`, `updated`, `day`, `clock`, `yr`, `color`, `tags`, `flags`, "
-        "`doc`, `data`, `vec`, `ratio`, `score`, `note` FROM `shop`.`or``ders` WHERE `id` = %s"
+        "SELECT `id`, `name`, `amount`, `created`, `updated`, `day`, `clock`, `yr`, `color`, `tags`, "
+        "`flags`, `doc`, `data`, `vec`, `ratio`, `score`, `note` FROM `shop`.`or``ders` WHERE `id` = %s"
     )
     assert state.statements == [
         "SET NAMES utf8mb4",
@@ -386,7 +387,7 @@ def test_a_row_upstream_does_not_have_is_an_error_not_a_guess(
     missing = DML(
         **{**{f: getattr(dml, f) for f in dml.__struct_fields__}, "data": {"id": 404}, "old": {"id": 404}}
     )
-    with pytest.raises(UpstreamLookupError, match="upstream has no row .* with key {'id': 404}"):
+    with pytest.raises(UpstreamLookupError, match=r"upstream has no row .* with key \{'id': 404\}"):
         lookup.resolve(_key_only(missing), SCHEMA)
 
 
