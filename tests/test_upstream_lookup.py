@@ -262,7 +262,8 @@ def _key_only(dml: DML) -> KeyOnlyDML:
 
 EXPECTED_OLD = {
     "id": 5, "name": "before", "amount": Decimal("1.50"),
-    "created": dt.datetime(2020, 2, 20, 2, 20, 20, 100000), "updated": dt.datetime(2020, 2, 20, 10, 20, 20, 1, tzinfo=dt.UTC), "day": dt.date(2020, 2, 20),
+    "created": dt.datetime(2020, 2, 20, 2, 20, 20, 100000),
+    "updated": dt.datetime(2020, 2, 20, 10, 20, 20, 1, tzinfo=dt.UTC), "day": dt.date(2020, 2, 20),
     "clock": -dt.timedelta(hours=2, minutes=20, seconds=20), "yr": 2020, "color": "red", "tags": "a,c",
     "flags": 65, "doc": {"k": [1, 2.5, None]}, "data": b"\x00\xffraw", "vec": [1.0, 2.0, 3.0],
     "ratio": 3.140000104904175, "score": 2.71, "note": None,
