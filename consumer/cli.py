@@ -14,6 +14,8 @@ import msgspec
 from consumer import app
 from consumer.config import ConfigError, load_config
 from consumer.errors import ConsumerError
+from consumer.large_messages.claim_check import ClaimCheckWriter
+from consumer.large_messages.encoder import DEFAULT_MAX_MESSAGE_BYTES, LargeMessageEncoder
 from consumer.progress import ProgressReporter
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DDL, Bootstrap, RawDML, TableSchema, Watermark
@@ -132,12 +134,29 @@ class _DecodeStream:
 @click.option("--bootstrap-partition0-only", is_flag=True, help="send-bootstrap-to-all-partition = false")
 @click.option("--watermark-every-txns", type=int, default=50, show_default=True)
 @click.option("--no-ddl", is_flag=True, help="no DDLs after the initial CREATE TABLEs")
+@click.option("--checksum", is_flag=True, help="rows carry TiDB row checksums (integrity-check-level)")
+@click.option(
+    "--large-message",
+    type=click.Choice(["none", "handle-key-only", "claim-check"]),
+    default="none",
+    show_default=True,
+    help="large-message-handle-option for DMLs over --max-message-bytes",
+)
+@click.option("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES, show_default=True)
+@click.option("--claim-check-uri", help="claim-check-storage-uri: file:///DIR, s3://BUCKET/PREFIX, ...")
+@click.option("--claim-check-raw-value", is_flag=True, help="claim-check objects hold bare values")
 @click.option("--truth", type=click.Path(dir_okay=False, path_type=Path), help="ground-truth file to write")
 def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | None, **options: Any) -> None:
     """Produce a TiCDC-like Simple-protocol stream and write its ground truth."""
     if not brokers and not out:
         raise click.UsageError("give --brokers (produce to Kafka) or --out (write a capture file)")
-    encoder = MessageEncoder(options.pop("encoding"), options.pop("compression"))
+    encoder = _large_message_encoder(
+        MessageEncoder(options.pop("encoding"), options.pop("compression")),
+        options.pop("large_message"),
+        options.pop("max_message_bytes"),
+        options.pop("claim_check_uri"),
+        raw_value=options.pop("claim_check_raw_value"),
+    )
     config = WorkloadConfig(
         tables=options["tables"],
         rows=options["rows"],
@@ -149,6 +168,7 @@ def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | No
         bootstrap_to_all_partitions=not options["bootstrap_partition0_only"],
         watermark_every_txns=options["watermark_every_txns"],
         ddl=not options["no_ddl"],
+        checksums=options["checksum"],
     )
     workload = Workload(config)
     if out:
@@ -159,6 +179,17 @@ def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | No
     write_ground_truth(workload, truth_path)
     kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(report.by_kind.items()))
     click.echo(f"produced {report.records} records to {out or topic} ({kinds}); ground truth in {truth_path}")
+
+
+def _large_message_encoder(
+    encoder: MessageEncoder, option: str, max_bytes: int, uri: str | None, *, raw_value: bool
+) -> MessageEncoder | LargeMessageEncoder:
+    if option == "none":
+        return encoder
+    if option == "claim-check" and not uri:
+        raise click.UsageError("--large-message claim-check needs --claim-check-uri")
+    writer = ClaimCheckWriter(uri, raw_value=raw_value) if option == "claim-check" and uri else None
+    return LargeMessageEncoder(encoder, option, max_bytes, writer)  # type: ignore[arg-type]
 
 
 @main.command()

@@ -7,17 +7,22 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from consumer.protocol.codec import MessageEncoder
-from consumer.protocol.model import DML, Bootstrap, Watermark
+from consumer.protocol.model import DML, Bootstrap, Message, TableSchema, Watermark
 from consumer.render import row_object
 from consumer.simulate.workload import StreamRecord, Workload
 from consumer.sources.capture import write_capture
 from consumer.sources.record import SourceRecord
+
+
+class RecordEncoder(Protocol):
+    """Turns a message into a record value: a `MessageEncoder`, or a `LargeMessageEncoder` around one."""
+
+    def encode(self, message: Message, schema: TableSchema | None = None) -> bytes: ...
 
 
 @dataclass
@@ -45,14 +50,14 @@ def record_key(record: StreamRecord) -> bytes | None:
     return b"" if isinstance(record.message, DML | Bootstrap) else None
 
 
-def encoded(workload: Workload, encoder: MessageEncoder) -> Iterable[tuple[StreamRecord, bytes]]:
+def encoded(workload: Workload, encoder: RecordEncoder) -> Iterable[tuple[StreamRecord, bytes]]:
     for record in workload.records():
         yield record, encoder.encode(record.message, record.schema)
 
 
 def produce_to_kafka(
     workload: Workload,
-    encoder: MessageEncoder,
+    encoder: RecordEncoder,
     bootstrap_servers: str,
     topic: str,
     *,
@@ -117,7 +122,7 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
 
 
 def write_capture_file(
-    workload: Workload, encoder: MessageEncoder, topic: str, path: Path
+    workload: Workload, encoder: RecordEncoder, topic: str, path: Path
 ) -> SimulationReport:
     """The same stream as a capture file, with the offsets a broker would have assigned."""
     report = SimulationReport()
@@ -160,7 +165,7 @@ class WatermarkHeartbeat:
     def __init__(
         self,
         workload: Workload,
-        encoder: MessageEncoder,
+        encoder: RecordEncoder,
         bootstrap_servers: str,
         topic: str,
         interval: float = 0.5,

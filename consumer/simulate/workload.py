@@ -20,10 +20,12 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
+from consumer.protocol.checksum import row_checksum
 from consumer.protocol.model import (
     DDL,
     DML,
     Bootstrap,
+    Checksum,
     Column,
     DataType,
     DDLType,
@@ -33,6 +35,7 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
+from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import JSON_NULL
 
 Dispatch = Literal["table", "primary-key"]
@@ -52,6 +55,7 @@ class WorkloadConfig:
     bootstrap_to_all_partitions: bool = True
     watermark_every_txns: int = 50
     ddl: bool = True  # ALTER ADD/DROP COLUMN, CREATE INDEX, TRUNCATE, RENAME, DROP TABLE along the way
+    checksums: bool = False  # rows carry TiDB's row checksums (spec §8), as with integrity-check-level
     max_txn_rows: int = 4
     start_physical_ms: int | None = None  # the TSO clock's start; default: now
 
@@ -85,6 +89,7 @@ class Workload:
         self._logical = 0
         self.tables: list[_Table] = []
         self.last_watermark = 0
+        self._codecs: dict[tuple[str, str, int], TableCodec] = {}
 
     # -- the stream ----------------------------------------------------------------------------------
     def records(self) -> Iterator[StreamRecord]:
@@ -190,6 +195,12 @@ class Workload:
 
     def _dml(self, table: _Table, kind: DMLType, commit_ts: int, data: Any = None, old: Any = None) -> DML:
         schema = table.schema
+        checksum = None
+        if self.config.checksums:
+            codec = self._codecs.get(schema.key)
+            if codec is None or codec.schema != schema:
+                codec = self._codecs[schema.key] = TableCodec(schema)
+            checksum = Checksum(1, False, row_checksum(codec, data), row_checksum(codec, old))
         return DML(
             type=kind,
             database=schema.database,
@@ -200,6 +211,7 @@ class Workload:
             schema_version=schema.version,
             data=data,
             old=old,
+            checksum=checksum,
         )
 
     def _insert(self, table: _Table, commit_ts: int) -> DML:
