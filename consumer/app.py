@@ -7,8 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pyarrow as pa
 
-from consumer.config import MetricsConfig, RunConfig, file_source_path, kafka_source_parts
+from consumer.config import ConfigError, MetricsConfig, RunConfig, file_source_path, kafka_source_parts
+from consumer.large_messages.resolver import LargeMessageResolver
+from consumer.large_messages.storage import ClaimCheckStore
+from consumer.large_messages.upstream import UpstreamLookup
 from consumer.members import GroupMembers, MemberFailed, MemberProcess
 from consumer.pipeline import Pipeline, PipelineStats
 from consumer.protocol.codec import MessageDecoder
@@ -49,8 +53,32 @@ def build_dead_letters(config: RunConfig) -> DeadLetterSink:
     return DeadLetterFile(target.partition(":")[2])
 
 
+def build_large_messages(config: RunConfig, decoder: MessageDecoder) -> LargeMessageResolver:
+    """What makes key-only DMLs whole: claim-check storage under the configured roots, and upstream TiDB."""
+    settings = config.large_messages
+    try:
+        store = ClaimCheckStore.from_uris(
+            settings.claim_check_roots,
+            settings.claim_check_root_override,
+            max_object_bytes=settings.max_object_bytes,
+            retries=settings.fetch_retries,
+        )
+    except (pa.ArrowException, OSError) as exc:  # pyarrow.fs refused a root URI or its options
+        raise ConfigError(f"large_messages.claim_check_roots: {exc}") from exc
+    return LargeMessageResolver(
+        decoder,
+        store,
+        raw_value=settings.claim_check_raw_value,
+        upstream=UpstreamLookup(settings.upstream_dsn) if settings.upstream_dsn else None,
+        concurrency=settings.fetch_concurrency,
+    )
+
+
 def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeline:
-    policy = ValuePolicy(unrepresentable=config.decode.unrepresentable)
+    policy = ValuePolicy(
+        unrepresentable=config.decode.unrepresentable, verify_checksums=config.integrity.verify_checksums
+    )
+    decoder = MessageDecoder(config.decode.encoding, config.decode.compression)
     state = ConsumerState(
         policy=config.errors.policy,
         budget_bytes=config.budget.pending_bytes,
@@ -61,10 +89,11 @@ def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeli
         state=state,
         sinks=sinks if sinks is not None else build_sinks(config),
         dead_letters=build_dead_letters(config),
-        decoder=MessageDecoder(config.decode.encoding, config.decode.compression),
+        decoder=decoder,
         policy=policy,
         max_batch_records=config.budget.max_batch_records,
         decode_workers=config.budget.workers(),
+        large_messages=build_large_messages(config, decoder),
     )
 
 

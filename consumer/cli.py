@@ -238,6 +238,8 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
     reporter = ProgressReporter(metrics_port=config.metrics.port)
     try:
         stats = app.run(config, until_idle=until_idle, on_cycle=reporter)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
     except ConsumerError as exc:
         click.echo(f"stopped: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -247,6 +249,17 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
         f"{stats.records} records, {stats.rows} changelog rows, {stats.ddls} DDLs, "
         f"{stats.dead_letters} dead letters"
     )
+    if stats.verified_images or stats.integrity_failures:
+        click.echo(
+            f"checksums: {stats.verified_images} row images verified, "
+            f"{stats.integrity_failures} rows failed verification"
+        )
+    if stats.claim_check_fetches or stats.upstream_lookups:
+        click.echo(
+            f"large messages: {stats.claim_check_fetches} claim-checks fetched "
+            f"({stats.claim_check_bytes} bytes, {stats.claim_check_seconds:.1f} s), "
+            f"{stats.upstream_lookups} upstream lookups"
+        )
 
 
 @main.command()

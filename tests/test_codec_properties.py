@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
-from consumer.protocol.model import DML, DMLType, KeyOnlyDML, RawDML, TableSchema
+from consumer.protocol.model import DML, DMLType, RawDML, TableSchema
 from consumer.protocol.rows import ImageKind, TableCodec
 from consumer.testing.strategies import dml_messages, table_messages, table_schemas
 
@@ -18,8 +18,6 @@ PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 
 def _decode(value: bytes, schema: TableSchema) -> object:
     decoded = MessageDecoder().decode(value)
-    if isinstance(decoded, KeyOnlyDML):  # a claim-check message: its key-only row, as `decode` shows it
-        decoded = decoded.row
     return TableCodec(schema).decode(decoded) if isinstance(decoded, RawDML) else decoded
 
 
@@ -48,8 +46,7 @@ def _dml_batches(draw: st.DrawFn) -> tuple[TableSchema, list[DML]]:
 
 def _raws(schema: TableSchema, dmls: list[DML], encoding: str) -> list[RawDML]:
     encoder = MessageEncoder(encoding)  # type: ignore[arg-type]
-    decoded = [MessageDecoder().decode(encoder.encode(d, schema)) for d in dmls]
-    return [d.row if isinstance(d, KeyOnlyDML) else d for d in decoded]  # type: ignore[misc]
+    return [MessageDecoder().decode(encoder.encode(d, schema)) for d in dmls]  # type: ignore[misc]
 
 
 def _python_columns(codec: TableCodec, batch: pa.RecordBatch) -> dict[str, list]:
