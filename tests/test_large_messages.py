@@ -4,6 +4,7 @@ both envelope modes, and a row that cannot be made whole says why."""
 
 from __future__ import annotations
 
+import gzip
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +46,7 @@ class CountingHandler(pafs.FileSystemHandler):
         self.opened: list[str] = []
         self.failures = failures
 
-    def _open(self, path: str) -> Any:
+    def _open(self, path: str, compression: Any = "detect") -> Any:
         self.opened.append(path)
         if self.failures:
             self.failures -= 1
@@ -111,6 +112,7 @@ def root(tmp_path: Path) -> Path:
     (root / "etc").symlink_to("/etc")
     os.mkfifo(root / "fifo.json")
     (root / "big.json").write_bytes(b"x" * 2048)
+    (root / "bomb.gz").write_bytes(gzip.compress(b"x" * 1_000_000))  # read as stored, never inflated
     return root
 
 
@@ -125,6 +127,8 @@ def test_an_object_under_the_root_is_read(root: Path) -> None:
     assert store.read(f"file://{root}/ok.json") == b"payload"
     assert handler.opened == [str(root / "ok.json")]
     assert (store.stats.fetches, store.stats.bytes) == (1, 7)
+    real = ClaimCheckStore.from_uris([f"file://{root}"], max_object_bytes=2048)
+    assert real.read(f"file://{root}/bomb.gz") == (root / "bomb.gz").read_bytes()
 
 
 def _hostile(root: Path) -> list[tuple[str, type[Exception], str]]:

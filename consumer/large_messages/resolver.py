@@ -58,8 +58,13 @@ class LargeMessageResolver:
         for index, message in enumerate(messages):
             if index not in fetches:
                 results[index] = _outcome(partial(self._looked_up, message))
-        for index, future in fetches.items():
-            results[index] = _outcome(future.result)
+        try:
+            for index, future in fetches.items():
+                results[index] = _outcome(future.result)
+        except LargeMessageUnavailableError:
+            for future in fetches.values():  # an outage: start no more reads
+                future.cancel()
+            raise
         return [result for result in results if result is not None]
 
     def close(self) -> None:

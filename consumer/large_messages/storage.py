@@ -192,7 +192,6 @@ class ClaimCheckStore:
         """The object's bytes; raises a `LargeMessageError` saying why it was not read."""
         try:
             root, location = self._allowed(uri)
-            path = root.filesystem_path(location, self.max_object_bytes)
         except ClaimCheckNotAllowedError:
             with self._counting:
                 self.stats.refused += 1
@@ -200,7 +199,7 @@ class ClaimCheckStore:
         started = time.monotonic()
         for attempt in range(self.retries + 1):
             try:
-                value = self._read_once(root.filesystem, path, uri)
+                value = self._read_once(root, location, uri)
                 break
             except FileNotFoundError:
                 raise ClaimCheckMissingError(f"claim-check object {uri!r} does not exist") from None
@@ -236,8 +235,15 @@ class ClaimCheckStore:
             f"claim-check location not allowed: {uri!r} is under no claim_check_roots ({configured})"
         )
 
-    def _read_once(self, filesystem: pafs.FileSystem, path: str, uri: str) -> bytes:
-        with filesystem.open_input_stream(path) as stream:
+    def _read_once(self, root: ClaimCheckRoot, location: StoragePath, uri: str) -> bytes:
+        try:
+            path = root.filesystem_path(location, self.max_object_bytes)
+        except ClaimCheckNotAllowedError:
+            with self._counting:
+                self.stats.refused += 1
+            raise
+        # compression=None: pyarrow would otherwise decompress by file extension (`x.gz`), past the limit
+        with root.filesystem.open_input_stream(path, compression=None) as stream:
             value = stream.read(self.max_object_bytes + 1)
         if len(value) > self.max_object_bytes:
             raise ClaimCheckTooLargeError(
