@@ -56,6 +56,7 @@ class WorkloadConfig:
     watermark_every_txns: int = 50
     ddl: bool = True  # ALTER ADD/DROP COLUMN, CREATE INDEX, TRUNCATE, RENAME, DROP TABLE along the way
     checksums: bool = False  # rows carry TiDB's row checksums (spec §8), as with integrity-check-level
+    large_value_bytes: int = 0  # table 0's rows get a TEXT value this long: its DMLs are large messages
     max_txn_rows: int = 4
     start_physical_ms: int | None = None  # the TSO clock's start; default: now
 
@@ -216,15 +217,20 @@ class Workload:
 
     def _insert(self, table: _Table, commit_ts: int) -> DML:
         key, table.next_id = table.next_id, table.next_id + 1
-        row = {c.name: _random_value(c, self.rng) for c in table.schema.columns} | {"id": key}
+        row = {c.name: self._value(table, c) for c in table.schema.columns} | {"id": key}
         table.rows[key] = row
         return self._dml(table, DMLType.INSERT, commit_ts, data=row)
+
+    def _value(self, table: _Table, column: Column) -> Any:
+        if self.config.large_value_bytes and column.name == "c_text" and table is self.tables[0]:
+            return self.rng.randbytes(self.config.large_value_bytes // 2).hex()
+        return _random_value(column, self.rng)
 
     def _update(self, table: _Table, key: int, commit_ts: int) -> DML:
         old = table.rows[key]
         new = dict(old)
         for column in self.rng.sample(table.schema.columns[1:], k=min(2, len(table.schema.columns) - 1)):
-            new[column.name] = _random_value(column, self.rng)
+            new[column.name] = self._value(table, column)
         table.rows[key] = new
         return self._dml(table, DMLType.UPDATE, commit_ts, data=new, old=old)
 
