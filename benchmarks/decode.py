@@ -13,6 +13,9 @@ before any figure is printed, so the comparison is like for like:
 - Avro ours: the same two calls on the Avro encoding of the same rows.
 - Avro bare fastavro: `fastavro.schemaless_reader` of each value into dicts (parsing only, no Arrow).
 - Envelope only: `MessageDecoder().decode` alone, what routing a record costs.
+- Change images, without and with checksum verification: the same rows carrying TiDB row checksums
+  (spec §8), decoded by `TableCodec.decode_changes` (what the pipeline runs), then, in the second path,
+  verified by `verify_changes` (every image must verify): the cost of `[integrity] verify_checksums`.
 
 Ours also builds the (all-NULL) `old` image and `has_data`/`has_old`, which the naive path skips.
 TIMESTAMP values are written in `--tz` (default Asia/Shanghai), so both paths convert zones.
@@ -40,8 +43,9 @@ import fastavro
 import pyarrow as pa
 
 from consumer.protocol import avro_codec
+from consumer.protocol.checksum import row_checksum, verify_changes
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
-from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema
+from consumer.protocol.model import DML, Checksum, Column, DataType, DMLType, Index, RawDML, TableSchema
 from consumer.protocol.rows import RowImages, TableCodec
 from consumer.protocol.types import ValuePolicy
 
@@ -58,6 +62,10 @@ JSON_NAIVE_ORJSON = "JSON naive, orjson.loads (reference)"
 AVRO_ENVELOPE = "Avro envelope only (routing)"
 AVRO_OURS = "Avro ours (envelope + typed Arrow)"
 AVRO_BARE = "Avro bare fastavro.schemaless_reader"
+JSON_CHANGES = "JSON change images (checksummed rows)"
+JSON_VERIFIED = "JSON change images + verify checksums"
+AVRO_CHANGES = "Avro change images (checksummed rows)"
+AVRO_VERIFIED = "Avro change images + verify checksums"
 STATUSES = ("active", "inactive", "banned", "pending")
 TARGET_JSON_VS_NAIVE = 3.0
 TARGET_JSON_ROWS_PER_S = 250_000
@@ -131,8 +139,11 @@ def typed_rows(count: int, seed: int = 7) -> list[dict[str, Any]]:
     return rows
 
 
-def encode_all(rows: list[dict[str, Any]], encoding: str, policy: ValuePolicy) -> list[bytes]:
+def encode_all(
+    rows: list[dict[str, Any]], encoding: str, policy: ValuePolicy, *, checksums: bool = False
+) -> list[bytes]:
     encoder = MessageEncoder(encoding, policy=policy)  # type: ignore[arg-type]
+    codec = encoder.table_codec(SCHEMA)
     base_ts = 449_811_300_000_000_000
     return [
         encoder.encode(
@@ -145,6 +156,7 @@ def encode_all(rows: list[dict[str, Any]], encoding: str, policy: ValuePolicy) -
                 build_ts=1_735_689_600_000 + i // 100,
                 schema_version=SCHEMA.version,
                 data=row,
+                checksum=Checksum(1, False, row_checksum(codec, row), 0) if checksums else None,
             ),
             SCHEMA,
         )
@@ -161,6 +173,21 @@ def ours(values: Sequence[bytes], codec: TableCodec, batch: int) -> list[RowImag
         raws: list[Any] = [decode(v) for v in values[start : start + batch]]
         out.append(codec.decode_batch(raws))
     return out
+
+
+def changes(values: Sequence[bytes], codec: TableCodec, batch: int, verify: bool) -> int:
+    """Envelopes, then change images per batch (the pipeline's decode), then optionally their checksums;
+    returns the images verified."""
+    decode = MessageDecoder().decode
+    verified = 0
+    for start in range(0, len(values), batch):
+        raws: list[Any] = [decode(v) for v in values[start : start + batch]]
+        images = codec.decode_changes(raws)
+        if verify:
+            count, rejected = verify_changes(codec, images, raws)
+            assert not rejected, rejected
+            verified += count
+    return verified
 
 
 def envelope_only(values: Sequence[bytes]) -> list[Any]:
@@ -293,6 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = typed_rows(args.rows)
     json_values = encode_all(rows, "json", policy)
     avro_values = encode_all(rows, "avro", policy)
+    json_checksummed = encode_all(rows, "json", policy, checksums=True)
+    avro_checksummed = encode_all(rows, "avro", policy, checksums=True)
     del rows
     assert isinstance(MessageDecoder().decode(json_values[0]), RawDML)
     assert isinstance(MessageDecoder().decode(avro_values[0]), RawDML)
@@ -310,6 +339,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         (AVRO_ENVELOPE, lambda: envelope_only(avro_values)),
         (AVRO_OURS, lambda: ours(avro_values, codec, batch)),
         (AVRO_BARE, lambda: bare_fastavro(avro_values)),
+        (JSON_CHANGES, lambda: changes(json_checksummed, codec, batch, verify=False)),
+        (JSON_VERIFIED, lambda: changes(json_checksummed, codec, batch, verify=True)),
+        (AVRO_CHANGES, lambda: changes(avro_checksummed, codec, batch, verify=False)),
+        (AVRO_VERIFIED, lambda: changes(avro_checksummed, codec, batch, verify=True)),
     ]
     # Rounds interleave the paths, so a burst of load on the machine does not favour one of them.
     timings: dict[str, float] = {}
@@ -321,6 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             timings[name] = min(timings.get(name, float("inf")), seconds)
             if round_ == 0 and name in (JSON_OURS, JSON_NAIVE, AVRO_OURS):
                 results[name] = result
+            if name in (JSON_VERIFIED, AVRO_VERIFIED):
+                assert result == n, f"{name}: {result} of {n} images verified"
             del result
         if round_ == 0:
             verify(results[JSON_OURS], results[JSON_NAIVE], results[AVRO_OURS])
@@ -367,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     info += [
         ("JSON envelope / JSON ours", rate[JSON_ENVELOPE] / json_ours),
         ("Avro envelope / Avro ours", rate[AVRO_ENVELOPE] / rate[AVRO_OURS]),
+        ("JSON with / without verification", rate[JSON_VERIFIED] / rate[JSON_CHANGES]),
+        ("Avro with / without verification", rate[AVRO_VERIFIED] / rate[AVRO_CHANGES]),
     ]
     for name, value in info:
         print(f"{name:<{width}} {value:>11.2f}x {'(info)':>12}")

@@ -55,6 +55,10 @@ class LocalS3Server:
             raise
         atexit.register(self.stop)
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     def environment(self) -> dict[str, str]:
         """What a client process needs to reach this server as S3 (pyarrow, delta-rs, boto3)."""
         return {
