@@ -18,7 +18,7 @@ from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import DEFAULT_MAX_MESSAGE_BYTES, LargeMessageEncoder
 from consumer.progress import ProgressReporter
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
-from consumer.protocol.model import DDL, Bootstrap, RawDML, TableSchema, Watermark
+from consumer.protocol.model import DDL, Bootstrap, KeyOnlyDML, RawDML, TableSchema, Watermark
 from consumer.protocol.rows import TableCodec
 from consumer.render import message_object
 from consumer.simulate.output import produce_to_kafka, write_capture_file, write_ground_truth
@@ -72,6 +72,8 @@ class _DecodeStream:
     def feed(self, path: Path) -> None:
         try:
             message = self.decoder.decode(path.read_bytes())
+            if isinstance(message, KeyOnlyDML):  # shown as sent: its key columns (the rest is elsewhere)
+                message = message.row
             if isinstance(message, RawDML):
                 self._dml(path, message)
                 return

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.batches.decode_pool import DecodePool, Decoding
-from consumer.errors import ConsumerError, IntegrityError, RecordLocation, RejectedRowsError, ValueDecodeError
+from consumer.errors import ConsumerError, RecordLocation, RejectedRowsError, ValueDecodeError
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.protocol.codec import MessageDecoder
@@ -39,7 +39,6 @@ SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the
 # loop makes next to no reference cycles. While running, a full collection runs this often instead.
 GC_EVERY_SECONDS = 30.0
 JOIN_GRACE_SECONDS = 30.0  # an unassigned member waits this much longer before judging the topic idle
-_INTEGRITY_CODES = frozenset(error.code for error in (*IntegrityError.__subclasses__(), IntegrityError))
 
 
 @dataclass(slots=True)
@@ -420,6 +419,7 @@ class Pipeline:
                 if self.state.policy == "fail":
                     raise exc.rejected[min(exc.rejected)] from exc
                 self.policy.stats.unrepresentable = counted
+                self.stats.integrity_failures += len(exc.rejected)
                 for index in sorted(exc.rejected, reverse=True):
                     bad_raw, bad_location = rows.pop(index)
                     error = exc.rejected[index]
@@ -439,8 +439,6 @@ class Pipeline:
     def _dead_letter(self, unit: DeadLetter) -> None:
         self.dead_letters.write(unit)
         self.stats.dead_letters += 1
-        if unit.reason_code in _INTEGRITY_CODES:
-            self.stats.integrity_failures += 1
         log.warning("dead-lettered %s: %s", unit.location, unit.reason)
 
     def _count_integrity_and_fetches(self) -> None:

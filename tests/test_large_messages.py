@@ -5,6 +5,7 @@ both envelope modes, and a row that cannot be made whole says why."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,9 +14,11 @@ from typing import Any
 import msgspec
 import pyarrow.fs as pafs
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from consumer.cli import main
 from consumer.errors import (
     ClaimCheckInvalidError,
     ClaimCheckMissingError,
@@ -30,7 +33,17 @@ from consumer.large_messages.encoder import LargeMessageEncoder, key_only_dml
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
-from consumer.protocol.model import DML, Column, DataType, DMLType, Index, KeyOnlyDML, RawDML, TableSchema
+from consumer.protocol.model import (
+    DML,
+    Bootstrap,
+    Column,
+    DataType,
+    DMLType,
+    Index,
+    KeyOnlyDML,
+    RawDML,
+    TableSchema,
+)
 from consumer.protocol.rows import TableCodec
 from consumer.testing.s3 import LocalS3Server
 from consumer.testing.strategies import dml_messages, table_schemas
@@ -406,3 +419,14 @@ def test_a_claim_check_on_s3_resolves_to_the_row(
     writer = ClaimCheckWriter("s3://claims-round-trip/cc/", raw_value=raw)
     encoder = MessageEncoder("json", compression)  # type: ignore[arg-type]
     assert _round_trip("s3://claims-round-trip/cc", writer, encoder, dml, schema) == dml
+
+
+def test_the_decode_command_shows_a_key_only_message_as_sent(tmp_path: Path) -> None:
+    schema, dml = _sample()
+    encoder = MessageEncoder()
+    (tmp_path / "1").write_bytes(encoder.encode(Bootstrap(table_schema=schema, build_ts=0)))
+    (tmp_path / "2").write_bytes(encoder.encode(key_only_dml(dml, schema, "s3://b/cc/x.json"), schema))
+    result = CliRunner().invoke(main, ["decode", str(tmp_path / "1"), str(tmp_path / "2")])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output.splitlines()[-1])
+    assert (shown["kind"], shown["data"], shown["old"]) == ("DML", {"id": 1}, {"id": 1})

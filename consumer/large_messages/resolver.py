@@ -27,7 +27,8 @@ Resolved = RawDML | LargeMessageError
 
 class LargeMessageResolver:
     """`store` reads claim-checks (no roots: every claim-check is refused); `upstream`, when given, looks
-    handle-key-only rows up, typed by the schema `schemas` finds for them."""
+    handle-key-only rows up, typed by the schema `schemas` finds for them (a `Pipeline` sets it to its
+    state's schema cache)."""
 
     def __init__(
         self,
