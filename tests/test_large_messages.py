@@ -27,6 +27,7 @@ from consumer.errors import (
     ClaimCheckUnavailableError,
     EncodeError,
     HandleKeyOnlyError,
+    RecordLocation,
 )
 from consumer.large_messages.claim_check import ClaimCheckWriter, unwrap
 from consumer.large_messages.encoder import LargeMessageEncoder, key_only_dml
@@ -45,6 +46,7 @@ from consumer.protocol.model import (
     TableSchema,
 )
 from consumer.protocol.rows import TableCodec
+from consumer.state.machine import ConsumerState
 from consumer.testing.s3 import LocalS3Server
 from consumer.testing.strategies import dml_messages, table_schemas
 
@@ -430,3 +432,20 @@ def test_the_decode_command_shows_a_key_only_message_as_sent(tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     shown = json.loads(result.output.splitlines()[-1])
     assert (shown["kind"], shown["data"], shown["old"]) == ("DML", {"id": 1}, {"id": 1})
+
+
+def test_a_state_machine_given_key_only_rows_sets_them_aside() -> None:
+    schema, dml = _sample()
+    state = ConsumerState()
+    state.assign([("t", 0)])
+    state.process(RecordLocation("t", 0, 0), _key_only(schema, dml))
+    state.process(RecordLocation("t", 0, 1), _key_only(schema, dml, "s3://b/cc/x.json"))
+    letters = state.resolve()
+    assert [(u.location.offset, u.reason_code) for u in letters] == [  # type: ignore[union-attr]
+        (0, "handle-key-only"),
+        (1, "claim-check-not-allowed"),
+    ]
+    with pytest.raises(HandleKeyOnlyError):
+        failing = ConsumerState(policy="fail")
+        failing.assign([("t", 0)])
+        failing.process(RecordLocation("t", 0, 0), _key_only(schema, dml))

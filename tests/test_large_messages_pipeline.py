@@ -232,7 +232,7 @@ def test_a_third_claim_checked_on_s3_through_kafka_into_delta_equals_the_ground_
     workload = Workload(
         WorkloadConfig(rows=3000, tables=3, partitions=3, dispatch="primary-key", checksums=True)
     )
-    writer = ClaimCheckWriter(f"s3://ticdc-claims/{topic}/cc")
+    writer = ClaimCheckWriter(f"s3://ticdc-claims/{topic}/cc?allow_delayed_open=true")  # one PUT an object
     limit = MAX_MESSAGE_BYTES[("json", "lz4")]
     encoder = LargeMessageEncoder(MessageEncoder("json", "lz4"), "claim-check", limit, writer)
     produce_to_kafka(workload, encoder, kafka_broker.bootstrap_servers, topic)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,21 +20,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from consumer.testing.broker import free_port
+
 _STOP_GRACE_SECONDS = 5.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class LocalS3Server:
     """A running moto S3 server; starts in the constructor, `stop()` (or `with`) ends it."""
 
     def __init__(self, *, startup_timeout: float = 30.0) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         directory = Path(tempfile.mkdtemp(prefix="moto-"))
         self._recording = directory / "requests.jsonl"
