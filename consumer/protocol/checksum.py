@@ -123,7 +123,7 @@ def image_checksums(columns: Sequence[ColumnType], rows: pa.RecordBatch) -> list
         piece
         for column, array in zip(columns, rows.columns, strict=True)
         if array.null_count < len(array)
-        and (piece := _COLUMN_BYTES[column.family](column, array)) is not None
+        for piece in _COLUMN_BYTES[column.family](column, array)
     ]
     if not pieces:
         return [0] * rows.num_rows
@@ -144,39 +144,25 @@ def _binary(n: int, validity: pa.Buffer | None, offsets: np.ndarray, data: np.nd
     )
 
 
-def _eight_bytes(values: np.ndarray, array: pa.Array) -> pa.Array:
+def _eight_bytes(values: np.ndarray, array: pa.Array) -> list[pa.Array]:
     """Each value as 8 little-endian bytes (uint64 bits, or the IEEE bits of a double)."""
     n = len(values)
-    return _binary(
-        n,
-        _validity(array),
-        np.arange(0, 8 * (n + 1), 8),
-        values.astype(values.dtype.newbyteorder("<")).view(np.uint8),
-    )
+    data = values.astype(values.dtype.newbyteorder("<")).view(np.uint8)
+    return [_binary(n, _validity(array), np.arange(0, 8 * (n + 1), 8), data)]
 
 
-def _prefixed(
-    validity: pa.Buffer | None, offsets: np.ndarray, data: np.ndarray, prefixes: np.ndarray
-) -> pa.Array:
-    """Each row's bytes `data[offsets[i]:offsets[i+1]]` after a 4-byte little-endian prefix."""
-    n = len(prefixes)
-    start = int(offsets[0])
-    placed = (offsets - start) + 4 * np.arange(n + 1, dtype=np.int64)
-    out = np.empty(int(placed[-1]), np.uint8)
-    heads = (placed[:-1, None] + np.arange(4)).ravel()
-    out[heads] = prefixes.astype("<u4").view(np.uint8)
-    body = np.ones(len(out), bool)
-    body[heads] = False
-    out[body] = data[start : int(offsets[-1])]
-    return _binary(n, validity, placed, out)
+def _prefix(counts: np.ndarray, validity: pa.Buffer | None) -> pa.Array:
+    """Each row's uint32 little-endian count (a byte length, or a vector's dimension) as 4 bytes."""
+    n = len(counts)
+    return _binary(n, validity, np.arange(0, 4 * (n + 1), 4), counts.astype("<u4").view(np.uint8))
 
 
-def _length_prefixed(text: pa.Array, validity: pa.Buffer | None) -> pa.Array:
-    """Strings or bytes as TiDB hashes them: uint32 byte length, then the bytes."""
-    raw = pc.cast(pc.fill_null(text, ""), pa.large_binary())
+def _length_prefixed(text: pa.Array, validity: pa.Buffer | None) -> list[pa.Array]:
+    """Strings or bytes as TiDB hashes them: uint32 byte length, then the bytes (two pieces, which the
+    row join concatenates: nothing is copied twice)."""
+    raw = pc.cast(text, pa.large_binary())
     offsets = np.frombuffer(raw.buffers()[1], np.int64, len(raw) + 1, raw.offset * 8)
-    data = np.frombuffer(raw.buffers()[2] or b"", np.uint8)
-    return _prefixed(validity, offsets, data, np.diff(offsets))
+    return [_prefix(np.diff(offsets), validity), raw]
 
 
 def _unsigned(array: pa.Array) -> np.ndarray:
@@ -188,22 +174,22 @@ def _unsigned(array: pa.Array) -> np.ndarray:
     return np.asarray(pc.fill_null(array, 0)).astype(np.int64).view(np.uint64)
 
 
-def _integer_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+def _integer_bytes(column: ColumnType, array: pa.Array) -> list[pa.Array]:
     return _eight_bytes(_unsigned(array), array)
 
 
-def _float_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+def _float_bytes(column: ColumnType, array: pa.Array) -> list[pa.Array]:
     doubles = np.asarray(pc.fill_null(array, 0.0)).astype(np.float64)
     return _eight_bytes(np.where(np.isfinite(doubles), doubles, 0.0), array)
 
 
-def _enum_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+def _enum_bytes(column: ColumnType, array: pa.Array) -> list[pa.Array]:
     labels = pa.array(["", *column.data_type.elements], pa.string())
     index = pc.fill_null(pc.index_in(array, value_set=labels), 0)
     return _eight_bytes(np.asarray(index).astype(np.uint64), array)
 
 
-def _set_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+def _set_bytes(column: ColumnType, array: pa.Array) -> list[pa.Array]:
     members = pc.split_pattern(pc.fill_null(array, ""), ",")
     elements = pa.array(column.data_type.elements, pa.string())
     bits = np.asarray(pc.fill_null(pc.index_in(pc.list_flatten(members), value_set=elements), -1))
@@ -214,11 +200,11 @@ def _set_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
     return _eight_bytes(masks, array)
 
 
-def _text_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+def _text_bytes(column: ColumnType, array: pa.Array) -> list[pa.Array]:
     return _length_prefixed(array, _validity(array))
 
 
-def _decimal_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+def _decimal_bytes(column: ColumnType, array: pa.Array) -> list[pa.Array]:
     """Decimals as TiDB prints them: every digit of the scale, never an exponent (Arrow prints small
     values of a scale above 6 with one, so those few are printed by Python)."""
     if pa.types.is_string(array.type):  # beyond 38 digits the column keeps the wire text
@@ -229,12 +215,12 @@ def _decimal_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
     return _length_prefixed(text, _validity(array))
 
 
-def _date_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+def _date_bytes(column: ColumnType, array: pa.Array) -> list[pa.Array]:
     days = np.asarray(pc.fill_null(array.cast(pa.int32()), 0)).astype(np.int64)
     return _fixed_text(_date_fields(days), array)
 
 
-def _datetime_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+def _datetime_bytes(column: ColumnType, array: pa.Array) -> list[pa.Array]:
     """DATETIME, and TIMESTAMP (its typed value is UTC, which is what TiDB hashes): the fsp's digits."""
     micros = np.asarray(pc.fill_null(array.cast(pa.int64()), 0))
     days, micros = np.divmod(micros, 86_400_000_000)
@@ -243,7 +229,7 @@ def _datetime_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
     return _fixed_text(fields + _fraction_fields(fraction, fsp_of(column.data_type)), array)
 
 
-def _time_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
+def _time_bytes(column: ColumnType, array: pa.Array) -> list[pa.Array]:
     """TIME as TiDB's Duration prints it: [-]HH:MM:SS[.f...], hours of two or three digits."""
     micros = np.asarray(pc.fill_null(array.cast(pa.int64()), 0))
     seconds, fraction = np.divmod(np.abs(micros), 1_000_000)
@@ -254,6 +240,7 @@ def _time_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
     return _fixed_text(fields, array, keep)
 
 
+_DIGIT_PAIRS = np.frombuffer("".join(f"{i:02d}" for i in range(100)).encode(), np.uint8).reshape(100, 2)
 _Field = str | tuple[np.ndarray, int]  # a literal, or numbers printed with that many digits
 
 
@@ -284,7 +271,7 @@ def _width(fields: list[_Field]) -> int:
     return sum(1 if isinstance(field, str) else field[1] for field in fields)
 
 
-def _fixed_text(fields: list[_Field], array: pa.Array, keep: np.ndarray | None = None) -> pa.Array:
+def _fixed_text(fields: list[_Field], array: pa.Array, keep: np.ndarray | None = None) -> list[pa.Array]:
     """Text of fixed-width fields as TiDB hashes it (uint32 length, then the bytes), printed digit by digit
     for the whole column at once; `keep` drops a row's unused leading characters."""
     width = _width(fields)
@@ -296,24 +283,31 @@ def _fixed_text(fields: list[_Field], array: pa.Array, keep: np.ndarray | None =
             position += 1
             continue
         numbers, digits = field
-        for power in range(digits - 1, -1, -1):
-            text[:, position] = numbers // 10**power % 10 + 48
+        if digits % 2:  # an odd leading digit alone, then two digits at a time from a table
+            text[:, position] = numbers // 10 ** (digits - 1) % 10 + 48
             position += 1
+        for power in range(digits - digits % 2 - 2, -1, -2):
+            text[:, position : position + 2] = _DIGIT_PAIRS[numbers // 10**power % 100]
+            position += 2
     lengths = np.full(len(array), width, np.uint32) if keep is None else keep.sum(axis=1, dtype=np.uint32)
     text[:, :4] = lengths.astype("<u4").view(np.uint8).reshape(-1, 4)
     data = text.ravel() if keep is None else text[np.hstack([np.ones((len(array), 4), bool), keep])]
     offsets = np.concatenate([[0], np.cumsum(lengths.astype(np.int64) + 4)])
-    return _binary(len(array), _validity(array), offsets, data)
+    return [_binary(len(array), _validity(array), offsets, data)]
 
 
-def _vector_bytes(column: ColumnType, array: pa.Array) -> pa.Array:
-    """VECTOR as binary: uint32 dimension, then each element's float32 bytes."""
+def _vector_bytes(column: ColumnType, array: pa.Array) -> list[pa.Array]:
+    """VECTOR as binary: uint32 dimension, then each element's float32 bytes (the elements' buffer as is)."""
     offsets = np.asarray(array.offsets).astype(np.int64)
-    data = np.asarray(array.values).astype("<f4").view(np.uint8)
-    return _prefixed(_validity(array), offsets * 4, data, np.diff(offsets))
+    elements = pa.py_buffer(np.asarray(array.values).astype("<f4"))
+    validity = _validity(array)
+    data = pa.Array.from_buffers(
+        pa.large_binary(), len(array), [validity, pa.py_buffer(offsets * 4), elements]
+    )
+    return [_prefix(np.diff(offsets), validity), data]
 
 
-_COLUMN_BYTES: dict[str, Callable[[ColumnType, pa.Array], pa.Array]] = {
+_COLUMN_BYTES: dict[str, Callable[[ColumnType, pa.Array], list[pa.Array]]] = {
     "integer": _integer_bytes,
     "year": _integer_bytes,
     "bit": _integer_bytes,
