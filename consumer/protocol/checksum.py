@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import math
 import struct
 import zlib
@@ -43,7 +44,6 @@ _EIGHT_BYTE_TYPES = frozenset(
 )
 _BINARY_TYPES = frozenset(("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"))
 _NEW_IMAGES = (ImageKind.INSERT, ImageKind.UPDATE_NEW)  # checked against `current`; the others `previous`
-_EMPTY = pa.scalar(b"", pa.large_binary())
 _NONE = Checksum(0, False, 0, 0)
 
 
@@ -127,11 +127,18 @@ def image_checksums(columns: Sequence[ColumnType], rows: pa.RecordBatch) -> list
     ]
     if not pieces:
         return [0] * rows.num_rows
-    joined = pc.fill_null(pc.binary_join_element_wise(*pieces, _EMPTY, null_handling="skip"), _EMPTY)
+    empty = _empty()
+    joined = pc.fill_null(pc.binary_join_element_wise(*pieces, empty, null_handling="skip"), empty)
     bounds = np.frombuffer(joined.buffers()[1], np.int64, len(joined) + 1, joined.offset * 8).tolist()
     data = memoryview(joined.buffers()[2] or b"")
     crc = zlib.crc32
     return [crc(data[start:end]) for start, end in pairwise(bounds)]
+
+
+@functools.cache
+def _empty() -> pa.Scalar:
+    """b"" as the joins' separator (made on first use: building a scalar imports pandas into pyarrow)."""
+    return pa.scalar(b"", pa.large_binary())
 
 
 def _validity(array: pa.Array) -> pa.Buffer | None:
