@@ -61,18 +61,19 @@ class CountingHandler(pafs.FileSystemHandler):
         self.opened: list[str] = []
         self.failures = failures
 
-    def _open(self, path: str, compression: Any = "detect") -> Any:
+    def _opening(self, path: str) -> None:
         self.opened.append(path)
         if self.failures:
             self.failures -= 1
             raise OSError("simulated storage outage")
-        return self.local.open_input_stream(path)
 
     def open_input_stream(self, path: str) -> Any:
-        return self._open(path)
+        self._opening(path)
+        return self.local.open_input_stream(path)
 
     def open_input_file(self, path: str) -> Any:
-        return self._open(path)
+        self._opening(path)
+        return self.local.open_input_file(path)
 
     def get_type_name(self) -> str:
         return "counting"

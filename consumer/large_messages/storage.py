@@ -242,11 +242,15 @@ class ClaimCheckStore:
             with self._counting:
                 self.stats.refused += 1
             raise
-        # compression=None: pyarrow would otherwise decompress by file extension (`x.gz`), past the limit
-        with root.filesystem.open_input_stream(path, compression=None) as stream:
-            value = stream.read(self.max_object_bytes + 1)
-        if len(value) > self.max_object_bytes:
-            raise ClaimCheckTooLargeError(
-                f"claim-check object {uri!r} is larger than max_object_bytes ({self.max_object_bytes})"
-            )
+        # A random-access file knows its size before any byte is read (S3: the HEAD pyarrow sends anyway),
+        # so an oversized object is refused unread; and it never decompresses by file extension (`x.gz`).
+        with root.filesystem.open_input_file(path) as file:
+            size = file.size()
+            if size > self.max_object_bytes:
+                raise ClaimCheckTooLargeError(
+                    f"claim-check object {uri!r} is larger than max_object_bytes ({self.max_object_bytes})"
+                )
+            value = file.read(size)
+        if len(value) != size:
+            raise OSError(f"claim-check object {uri!r}: read {len(value)} of its {size} bytes")
         return bytes(value)
