@@ -421,3 +421,13 @@ def test_the_dsn_carries_credentials_and_options() -> None:
     assert options["ssl"] == {"ca": "/ca.pem"} and options["read_timeout"] == 5.0
     with pytest.raises(ValueError, match="unknown options"):
         connection_options("mysql://h:4000/?sslmode=x")
+
+
+def test_an_upstream_row_that_does_not_fit_the_schema_is_an_error(
+    upstream: tuple[Upstream, UpstreamLookup],
+) -> None:
+    state, lookup = upstream
+    state.put(TSO + 3000, {"id": "5"}, (*NEW_TEXT[:8], "purple", *NEW_TEXT[9:]))  # no such ENUM member
+    state.put(TSO + 2999, {"id": "5"}, OLD_TEXT)
+    with pytest.raises(UpstreamLookupError, match="does not fit the table's column types"):
+        lookup.resolve(_key_only(_update(TSO + 3000)), SCHEMA)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
-from consumer.errors import HandleKeyOnlyError, LargeMessageError, LargeMessageUnavailableError
+from consumer.errors import ConsumerError, HandleKeyOnlyError, LargeMessageUnavailableError
 from consumer.large_messages.claim_check import RawValueSetting, full_message
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.large_messages.upstream import UpstreamLookup
@@ -22,7 +22,7 @@ from consumer.protocol.model import KeyOnlyDML, RawDML, TableSchema
 
 DEFAULT_CONCURRENCY = 16
 SchemaLookup = Callable[[KeyOnlyDML], TableSchema | None]
-Resolved = RawDML | LargeMessageError
+Resolved = RawDML | ConsumerError
 
 
 class LargeMessageResolver:
@@ -99,10 +99,11 @@ class LargeMessageResolver:
 
 
 def _outcome(produce: Callable[[], RawDML]) -> Resolved:
-    """The full DML, or the reason there is none; an outage propagates."""
+    """The full DML, or the reason there is none (e.g. the key-only message's key does not decode); an
+    outage propagates."""
     try:
         return produce()
     except LargeMessageUnavailableError:
         raise
-    except LargeMessageError as exc:
+    except ConsumerError as exc:
         return exc

@@ -23,6 +23,7 @@ import msgspec
 import pymysql
 
 from consumer.errors import (
+    ConsumerError,
     SnapshotTooOldError,
     UpstreamLookupError,
     UpstreamUnavailableError,
@@ -130,7 +131,14 @@ class UpstreamLookup:
                 f"as of TSO {ts}"
             )
         self.lookups += 1
-        return {column.name: _wire(column, value) for column, value in zip(codec.columns, found, strict=True)}
+        try:
+            return {
+                column.name: _wire(column, value) for column, value in zip(codec.columns, found, strict=True)
+            }
+        except (ConsumerError, ValueError, TypeError, OverflowError) as exc:
+            raise UpstreamLookupError(
+                f"the upstream row does not fit the table's column types: {exc}"
+            ) from exc
 
     def _check_safe_point(self, ts: int) -> None:
         if time.monotonic() - self._safe_point_read > SAFE_POINT_REFRESH_S:
