@@ -162,6 +162,8 @@ def _hostile(root: Path) -> list[tuple[str, type[Exception], str]]:
         ("https://example.com/ok.json", ClaimCheckNotAllowedError, "not a storage scheme"),
         (f"s3://bucket{root}/ok.json", ClaimCheckNotAllowedError, "is under no claim_check_roots"),
         (f"file://{root}/ok.json?x=1", ClaimCheckNotAllowedError, "no query"),
+        (f"file://{root}/%2e%2e/ok.json", ClaimCheckNotAllowedError, "only plain names"),
+        (f"file://{root}/{'a' * 1100}.json", ClaimCheckNotAllowedError, "at most 1024 characters"),
         (f"file://{root}/fifo.json", ClaimCheckMissingError, "not a regular file"),
         (f"file://{root}/big.json", ClaimCheckTooLargeError, "larger than max_object_bytes (1024)"),
         (f"file://{root}/missing.json", ClaimCheckMissingError, "does not exist"),
@@ -176,7 +178,7 @@ def test_locations_outside_the_roots_are_refused_and_never_opened(root: Path) ->
             store.read(location)
         assert raised.value.code.startswith("claim-check-"), location
     assert handler.opened == []
-    assert store.stats.fetches == 0 and store.stats.refused == 13
+    assert store.stats.fetches == 0 and store.stats.refused == 15
 
 
 def test_without_roots_every_claim_check_is_refused(root: Path) -> None:

@@ -47,7 +47,8 @@ _FAMILIES = {
     "azure": "azure",
     "azblob": "azure",
 }
-_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # TiCDC writes `<uuid4>.json`
+_MAX_LOCATION = 1024  # S3's own limit for a key
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +204,8 @@ class ClaimCheckStore:
                 break
             except FileNotFoundError:
                 raise ClaimCheckMissingError(f"claim-check object {uri!r} does not exist") from None
+            except pa.ArrowInvalid as exc:  # the storage refuses the path itself: retrying cannot help
+                raise ClaimCheckNotAllowedError(f"claim-check location not allowed: {uri!r}: {exc}") from exc
             except (OSError, pa.ArrowException) as exc:
                 if attempt == self.retries:
                     raise ClaimCheckUnavailableError(
@@ -228,8 +231,15 @@ class ClaimCheckStore:
                 )
             return self.override, self.override.relocated(name)
         for root in self.roots:
-            if location.under(root.path):
-                return root, location
+            if not location.under(root.path):
+                continue
+            below = location.segments[len(root.path.segments) :]
+            if len(uri) > _MAX_LOCATION or not all(_FILE_NAME.fullmatch(name) for name in below):
+                raise ClaimCheckNotAllowedError(
+                    f"claim-check location not allowed: {uri[:200]!r}: below the root, only plain names "
+                    f"([A-Za-z0-9._-]) and at most {_MAX_LOCATION} characters"
+                )
+            return root, location
         configured = ", ".join(repr(root.uri) for root in self.roots) or "none configured"
         raise ClaimCheckNotAllowedError(
             f"claim-check location not allowed: {uri!r} is under no claim_check_roots ({configured})"
