@@ -12,12 +12,14 @@ import click
 import msgspec
 
 from consumer import app
-from consumer.config import ConfigError, load_config
+from consumer.config import ConfigError, DecodeConfig, load_config
 from consumer.errors import ConsumerError
 from consumer.progress import ProgressReporter
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
+from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DDL, Bootstrap, RawDML, TableSchema, Watermark
+from consumer.protocol.protocols import PROTOCOLS, RecordDecoder
 from consumer.protocol.rows import TableCodec
+from consumer.protocol.types import ValuePolicy
 from consumer.render import message_object
 from consumer.simulate.output import produce_to_kafka, write_capture_file, write_ground_truth
 from consumer.simulate.workload import Workload, WorkloadConfig
@@ -27,22 +29,49 @@ EXIT_BAD_INPUT = 2
 EXIT_SCHEMA_MISSING = 3
 _ENCODINGS = click.Choice(["auto", "json", "avro"])
 _COMPRESSIONS = click.Choice(["auto", "none", "snappy", "lz4"])
+_PROTOCOLS = click.Choice(list(PROTOCOLS))
+
+
+def _protocol_options(function: Any) -> Any:
+    """--protocol and what the TiCDC Avro protocol needs: its registry and the producer's zone."""
+    options = [
+        click.option("--protocol", type=_PROTOCOLS, help="simple (default), avro (Confluent) or debezium"),
+        click.option(
+            "--schema-registry", help="Confluent schema registry URL (avro), may hold user:password@"
+        ),
+        click.option("--schema-registry-auth", help="USER:PASSWORD for the registry (HTTP basic auth)"),
+        click.option(
+            "--timestamp-zone", help="zone of TiCDC Avro TIMESTAMP text (TiCDC's --tz), default UTC"
+        ),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
 
 
 @click.group()
 def main() -> None:
-    """Consumer SDK for TiCDC's Simple protocol."""
+    """Consumer SDK for TiCDC's Kafka protocols: Simple, Avro (Confluent) and Debezium."""
 
 
 @main.command()
 @click.option("--encoding", type=_ENCODINGS, default="auto", show_default=True)
 @click.option("--compression", type=_COMPRESSIONS, default="auto", show_default=True)
+@_protocol_options
 @click.argument(
     "paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
-def decode(encoding: str, compression: str, paths: tuple[Path, ...]) -> None:
-    """Decode raw record values (one per file, in order, as one stream) to JSON lines."""
-    stream = _DecodeStream(MessageDecoder(encoding, compression))  # type: ignore[arg-type]
+def decode(encoding: str, compression: str, paths: tuple[Path, ...], **protocol: Any) -> None:
+    """Decode raw record values (one per file, in order, as one stream) to JSON lines.
+
+    Files hold record values only: an Avro key-only DELETE (a tombstone) needs `run`, which reads keys."""
+    settings = {"encoding": encoding, "compression": compression, **protocol}
+    try:
+        config = msgspec.convert({k: v for k, v in settings.items() if v is not None}, DecodeConfig)
+        policy = ValuePolicy(timestamp_location=config.timestamp_zone)
+        stream = _DecodeStream(app.build_decoder(config, policy), policy)
+    except (msgspec.ValidationError, ConsumerError) as exc:
+        raise click.UsageError(str(exc)) from exc
     for path in paths:
         stream.feed(path)
     for (database, table, version), waiting in stream.waiting_for_schema().items():
@@ -60,8 +89,9 @@ def decode(encoding: str, compression: str, paths: tuple[Path, ...]) -> None:
 class _DecodeStream:
     """Schema messages feed the cache; a DML waits (in order) until its schema version is known."""
 
-    def __init__(self, decoder: MessageDecoder) -> None:
+    def __init__(self, decoder: RecordDecoder, policy: ValuePolicy) -> None:
         self.decoder = decoder
+        self.policy = policy
         self.codecs: dict[tuple[str, str, int], TableCodec] = {}
         self.pending: dict[tuple[str, str, int], list[tuple[Path, RawDML]]] = {}
         self.bad_files = 0
@@ -69,7 +99,7 @@ class _DecodeStream:
 
     def feed(self, path: Path) -> None:
         try:
-            message = self.decoder.decode(path.read_bytes())
+            message = self.decoder.decode_record(None, path.read_bytes())
             if isinstance(message, RawDML):
                 self._dml(path, message)
                 return
@@ -80,6 +110,9 @@ class _DecodeStream:
             self._bad(path, exc)
 
     def _dml(self, path: Path, raw: RawDML) -> None:
+        described = self.decoder.described_schema(raw.schema_key)
+        if described is not None:
+            self._register(described)
         codec = self.codecs.get(raw.schema_key)
         if codec is None:
             self.pending.setdefault(raw.schema_key, []).append((path, raw))
@@ -96,7 +129,8 @@ class _DecodeStream:
             self._register(schema)
 
     def _register(self, schema: TableSchema) -> None:
-        self.codecs.setdefault(schema.key, TableCodec(schema))
+        if schema.key not in self.codecs:
+            self.codecs[schema.key] = TableCodec(schema, self.policy, registry=self.decoder.registry)
         for path, raw in self.pending.pop(schema.key, []):
             try:
                 self._emit(self.codecs[schema.key].decode(raw))
@@ -184,6 +218,12 @@ def capture(brokers: str, topic: str, out: Path, idle_seconds: float, from_group
 @click.option("--mode", type=click.Choice(["changelog", "mirror", "both"]))
 @click.option("--encoding", type=_ENCODINGS)
 @click.option("--compression", type=_COMPRESSIONS)
+@_protocol_options
+@click.option(
+    "--ordering",
+    type=click.Choice(["auto", "watermark", "arrival"]),
+    help="rows wait for watermarks (cross-table consistency) or go out on arrival (exact per key)",
+)
 @click.option("--until-idle", type=float, help="stop cleanly once no record arrived for this many seconds")
 @click.option("--metrics-port", type=int, help="serve Prometheus metrics on this port")
 @click.option(
@@ -195,7 +235,15 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
     overrides = {
         "source": {"url": flags["source_url"], "group": flags["group"]},
         "sink": {"url": flags["sink_url"], "mode": flags["mode"]},
-        "decode": {"encoding": flags["encoding"], "compression": flags["compression"]},
+        "decode": {
+            "encoding": flags["encoding"],
+            "compression": flags["compression"],
+            "protocol": flags["protocol"],
+            "schema_registry": flags["schema_registry"],
+            "schema_registry_auth": flags["schema_registry_auth"],
+            "timestamp_zone": flags["timestamp_zone"],
+            "ordering": flags["ordering"],
+        },
         "metrics": {"port": flags["metrics_port"]},
         "budget": {"processes": flags["processes"]},
     }

@@ -26,6 +26,8 @@ class SchemaRegistry:
     `SchemaRegistryClient` setting through (e.g. `basic.auth.user.info`, `ssl.ca.location`)."""
 
     def __init__(self, url: str, config: dict[str, Any] | None = None) -> None:
+        self.url = url
+        self.config = dict(config or {})
         try:
             self.client = SchemaRegistryClient({**(config or {}), "url": url})
         except (ValueError, TypeError) as exc:  # the client validates its settings on construction
@@ -33,6 +35,10 @@ class SchemaRegistry:
         self._schemas: LRUCache[int, Any] = LRUCache(SCHEMAS_CACHED)
         self._registered: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()  # encoders may run in a producer thread beside the decoder
+
+    def __reduce__(self) -> tuple[type[SchemaRegistry], tuple[str, dict[str, Any]]]:
+        """Pickled as its settings (decode workers build their own client and cache)."""
+        return (SchemaRegistry, (self.url, self.config))
 
     def schema(self, schema_id: int) -> Any:
         """The parsed writer schema (JSON) of `schema_id`."""
