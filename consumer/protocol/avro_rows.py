@@ -39,6 +39,7 @@ from consumer.protocol.confluent_avro import (
 from consumer.protocol.model import DMLType, RawDML, TableSchema
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import ImageKind
+from consumer.protocol.self_described import enum_labels, set_labels
 from consumer.protocol.types import ColumnType, ValuePolicy
 
 _SYNC = b"ticdc-consumer.."  # 16 bytes: the container's sync marker
@@ -256,9 +257,9 @@ def _converter(column: ColumnType, wire: AvroColumn) -> _Converter:
     if kind in ("json", "vector"):
         return lambda values, _: column.from_json(values.to_pylist())
     if kind == "enum":
-        return lambda values, _: _labels(values, wire.data_type.elements)
+        return lambda values, _: enum_labels(values, wire.data_type.elements)
     if kind == "set":
-        return lambda values, _: _members(values, wire.data_type.elements)
+        return lambda values, _: set_labels(values, wire.data_type.elements)
     return lambda values, _: values.cast(target)
 
 
@@ -309,25 +310,6 @@ def _timestamps(column: ColumnType, values: pa.Array, policy: ValuePolicy) -> pa
         return naive.cast(column.arrow_type)
     local = pc.assume_timezone(naive, policy.timestamp_location, ambiguous="earliest", nonexistent="earliest")
     return local.cast(column.arrow_type)
-
-
-def _labels(values: pa.Array, elements: tuple[str, ...]) -> pa.Array:
-    known = pc.is_in(values, value_set=pa.array(elements, pa.string()))
-    if not pc.all(pc.or_(known, pc.is_null(values))).as_py():
-        raise ValueError(f"not one of the enum's elements {list(elements)}")
-    return values
-
-
-def _members(values: pa.Array, elements: tuple[str, ...]) -> pa.Array:
-    allowed = set(elements)
-    checked: set[str] = set()
-    for value in pc.unique(values).to_pylist():
-        if value is None or value in checked:
-            continue
-        if value and not set(value.split(",")) <= allowed:
-            raise ValueError(f"{value!r} holds labels outside the set's elements {list(elements)}")
-        checked.add(value)
-    return values
 
 
 # -- a batch of rows of one table version --------------------------------------------------------------

@@ -18,8 +18,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
@@ -43,6 +41,7 @@ from consumer.protocol.model import (
     Watermark,
 )
 from consumer.protocol.registry import SchemaRegistry, subject_names
+from consumer.protocol.self_described import joined_allowed, split_allowed, stable_table_id
 from consumer.protocol.types import (
     ColumnType,
     ValuePolicy,
@@ -109,11 +108,6 @@ def table_topic(prefix: str, database: str, table: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", raw)[:249]
 
 
-def stable_table_id(database: str, table: str) -> int:
-    """The protocol has no table id: one derived from the names, the same in every process."""
-    return zlib.crc32(f"{database}\0{table}".encode())
-
-
 def schema_version(key_id: int, value_id: int) -> int:
     return key_id << _ID_BITS | value_id
 
@@ -121,15 +115,6 @@ def schema_version(key_id: int, value_id: int) -> int:
 def schema_ids(version: int) -> tuple[int, int]:
     """(key id, value id) of a version made by `schema_version`; 0 stands for "none"."""
     return version >> _ID_BITS, version & ((1 << _ID_BITS) - 1)
-
-
-def split_allowed(text: str) -> tuple[str, ...]:
-    """ENUM/SET `allowed`: split on unescaped commas, `\\,` meaning a comma inside an element."""
-    return tuple(part.replace("\\,", ",") for part in re.split(r"(?<!\\),", text)) if text else ()
-
-
-def joined_allowed(elements: Sequence[str]) -> str:
-    return ",".join(e.replace(",", "\\,") for e in elements)
 
 
 # -- writer schemas -> the SDK's table version ---------------------------------------------------------
