@@ -16,12 +16,22 @@ from consumer.config import ConfigError, DecodeConfig, load_config
 from consumer.errors import ConsumerError
 from consumer.progress import ProgressReporter
 from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
+from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions
 from consumer.protocol.model import DDL, Bootstrap, RawDML, TableSchema, Watermark
 from consumer.protocol.protocols import PROTOCOLS, RecordDecoder
+from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.render import message_object
-from consumer.simulate.output import produce_to_kafka, write_capture_file, write_ground_truth
+from consumer.simulate.output import (
+    AvroStream,
+    DebeziumStream,
+    StreamWriter,
+    produce_to_kafka,
+    write_capture_file,
+    write_ground_truth,
+)
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.capture import capture_topic
 
@@ -167,11 +177,18 @@ class _DecodeStream:
 @click.option("--watermark-every-txns", type=int, default=50, show_default=True)
 @click.option("--no-ddl", is_flag=True, help="no DDLs after the initial CREATE TABLEs")
 @click.option("--truth", type=click.Path(dir_okay=False, path_type=Path), help="ground-truth file to write")
+@click.option("--protocol", type=_PROTOCOLS, default="simple", show_default=True)
+@click.option("--schema-registry", help="Confluent registry URL the avro protocol registers its schemas in")
+@click.option("--tidb-extension", is_flag=True, help="avro/debezium: enable-tidb-extension = true")
+@click.option(
+    "--avro-watermark", is_flag=True, help="avro: avro-enable-watermark = true (needs --tidb-extension)"
+)
+@click.option("--debezium-disable-schema", is_flag=True, help="debezium: debezium-disable-schema = true")
 def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | None, **options: Any) -> None:
-    """Produce a TiCDC-like Simple-protocol stream and write its ground truth."""
+    """Produce a TiCDC-like stream (Simple, Avro or Debezium protocol) and write its ground truth."""
     if not brokers and not out:
         raise click.UsageError("give --brokers (produce to Kafka) or --out (write a capture file)")
-    encoder = MessageEncoder(options.pop("encoding"), options.pop("compression"))
+    encoder = _stream_writer(options, topic)
     config = WorkloadConfig(
         tables=options["tables"],
         rows=options["rows"],
@@ -193,6 +210,24 @@ def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | No
     write_ground_truth(workload, truth_path)
     kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(report.by_kind.items()))
     click.echo(f"produced {report.records} records to {out or topic} ({kinds}); ground truth in {truth_path}")
+
+
+def _stream_writer(options: dict[str, Any], topic: str) -> StreamWriter:
+    protocol, extension = options.pop("protocol"), options.pop("tidb_extension")
+    registry, watermark = options.pop("schema_registry"), options.pop("avro_watermark")
+    disable_schema = options.pop("debezium_disable_schema")
+    encoding, compression = options.pop("encoding"), options.pop("compression")
+    if protocol == "avro":
+        if not registry:
+            raise click.UsageError("--protocol avro needs --schema-registry URL")
+        avro = AvroOptions(tidb_extension=extension, watermark=watermark and extension)
+        return AvroStream(ConfluentAvroEncoder(SchemaRegistry(registry), avro), topic)
+    if protocol == "debezium":
+        options_ = DebeziumOptions(
+            tidb_extension=extension, disable_schema=disable_schema, compression=compression
+        )
+        return DebeziumStream(DebeziumEncoder(options_))
+    return MessageEncoder(encoding, compression)
 
 
 @main.command()
