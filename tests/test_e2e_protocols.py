@@ -11,10 +11,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
 from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions
+from consumer.protocol.model import DataType
 from consumer.protocol.registry import SchemaRegistry
 from consumer.simulate.output import AvroStream, DebeziumStream, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
@@ -55,11 +57,29 @@ def _run(broker: EmbeddedBroker, topic: str, root: Path, *flags: str) -> str:
 
 
 def _workload(**options: Any) -> Workload:
-    return Workload(WorkloadConfig(**{"rows": 3000, "tables": 3, "partitions": 3, "dispatch": "primary-key", **options}))
+    return Workload(
+        WorkloadConfig(**{"rows": 3000, "tables": 3, "partitions": 3, "dispatch": "primary-key", **options})
+    )
 
 
-def _mirror(root: Path, workload: Workload) -> dict[str, Any]:
-    return delta_mirror_state(root, (table.schema for table in workload.tables))
+def _mirror(root: Path, workload: Workload, retyped: Any = None) -> dict[str, Any]:
+    """The mirrors, read with the types the consumer derived (`retyped`: DataType -> DataType)."""
+    schemas = [table.schema for table in workload.tables]
+    if retyped is not None:
+        schemas = [
+            msgspec.structs.replace(
+                schema,
+                columns=tuple(
+                    msgspec.structs.replace(c, data_type=retyped(c.data_type)) for c in schema.columns
+                ),
+            )
+            for schema in schemas
+        ]
+    return delta_mirror_state(root, schemas)
+
+
+def _double_decimals(data_type: DataType) -> DataType:
+    return DataType("double") if data_type.mysql_type == "decimal" else data_type
 
 
 def test_avro_without_watermarks_mirror_is_exact_per_key(
@@ -72,7 +92,9 @@ def test_avro_without_watermarks_mirror_is_exact_per_key(
     encoder = ConfluentAvroEncoder(SchemaRegistry(schema_registry.url), AvroOptions())
     produce_to_kafka(workload, AvroStream(encoder, topic), kafka_broker.bootstrap_servers, topic)
     truth = write_ground_truth(workload, tmp_path / "truth.json")
-    out = _run(kafka_broker, topic, tmp_path / "lake", "--protocol", "avro", "--schema-registry", schema_registry.url)
+    out = _run(
+        kafka_broker, topic, tmp_path / "lake", "--protocol", "avro", "--schema-registry", schema_registry.url
+    )
     assert "0 dead letters" in out
     assert differences(_mirror(tmp_path / "lake", workload), truth) == []
     assert consistent_ts(tmp_path / "lake") == 0  # no watermark: no cross-table consistency point
@@ -89,7 +111,7 @@ def test_avro_watermark_mode_with_every_ddl_orders_by_watermark(
     truth = write_ground_truth(workload, tmp_path / "truth.json")
     flags = ("--protocol", "avro", "--schema-registry", schema_registry.url, "--ordering", "watermark")
     _run(kafka_broker, topic, tmp_path / "lake", *flags)
-    assert differences(_mirror(tmp_path / "lake", workload), _as_text_decimals(truth)) == []
+    assert differences(_mirror(tmp_path / "lake", workload), truth) == []
     assert consistent_ts(tmp_path / "lake") == workload.last_watermark
 
 
@@ -105,12 +127,13 @@ def test_debezium_with_extension_through_every_ddl(
     out = _run(kafka_broker, topic, tmp_path / "lake", "--protocol", "debezium", "--ordering", "watermark")
     assert "0 dead letters" in out
     if disable_schema:  # untyped: each column holds its JSON text; the keys and row sets must still match
-        mirror = _mirror(tmp_path / "lake", workload)
+        mirror = _mirror(tmp_path / "lake", workload, lambda _: DataType("json"))
         assert {name: sorted(rows) for name, rows in mirror.items() if rows} == {
             name: sorted(r["id"] for r in t["rows"]) for name, t in truth["tables"].items() if t["rows"]
         }
         return
-    assert differences(_mirror(tmp_path / "lake", workload), _as_floats(truth)) == []
+    mirror = _mirror(tmp_path / "lake", workload, _double_decimals)
+    assert differences(mirror, _as_floats(truth)) == []
     assert consistent_ts(tmp_path / "lake") == workload.last_watermark
 
 
@@ -119,15 +142,11 @@ def _as_floats(truth: dict[str, Any]) -> dict[str, Any]:
     return _mapped(truth, lambda v: float(Decimal(v)))
 
 
-def _as_text_decimals(truth: dict[str, Any]) -> dict[str, Any]:
-    """String-mode Avro DECIMAL keeps TiDB's text, typed as the widest decimal: the same number."""
-    return truth
-
-
 def _mapped(truth: dict[str, Any], convert: Any) -> dict[str, Any]:
     decimals = {"amount", "c_decimal", "c_wide_decimal"}
-    tables = {
-        name: {**table, "rows": [{k: convert(v) if k in decimals and v is not None else v for k, v in row.items()} for row in table["rows"]]}
-        for name, table in truth["tables"].items()
-    }
+
+    def row(values: dict[str, Any]) -> dict[str, Any]:
+        return {k: convert(v) if k in decimals and v is not None else v for k, v in values.items()}
+
+    tables = {name: {**t, "rows": [row(r) for r in t["rows"]]} for name, t in truth["tables"].items()}
     return {**truth, "tables": tables}
