@@ -87,7 +87,9 @@ class _Payload(msgspec.Struct, gc=False):
 
 
 class _Envelope(msgspec.Struct, gc=False):
-    payload: _Payload
+    """Scanned once: the (large) schema is kept as bytes, the payload decoded from its own slice."""
+
+    payload: msgspec.Raw
     schema: msgspec.Raw = msgspec.Raw(b"null")
 
 
@@ -101,13 +103,10 @@ class _Images(msgspec.Struct, gc=False):
     after: dict[str, msgspec.Raw] | None = None
 
 
-class _ImagesEnvelope(msgspec.Struct, gc=False):
-    payload: _Images
-
-
 _ENVELOPE = msgspec.json.Decoder(_Envelope)
+_PAYLOAD = msgspec.json.Decoder(_Payload)
 _KEY = msgspec.json.Decoder(_KeyEnvelope)
-_IMAGES = msgspec.json.Decoder(_ImagesEnvelope)
+_IMAGES = msgspec.json.Decoder(_Images)
 _NULL = b"null"
 
 
@@ -140,15 +139,16 @@ class DebeziumDecoder:
         value = self._plain(value)
         try:
             envelope = _ENVELOPE.decode(value)
+            body = bytes(envelope.payload)
+            payload = _PAYLOAD.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise MalformedMessageError(f"invalid Debezium JSON: {exc}") from exc
-        payload = envelope.payload
         source = payload.source
         kind = _OPS.get(payload.op)
         if kind is not None:
             if source is None or source.commit_ts <= 0 or not source.table:
                 raise MalformedMessageError("a Debezium DML without source.db/table/commit_ts")
-            schema = self._described(source, envelope.schema, key, value)
+            schema = self._described(source, envelope.schema, key, body)
             return RawDML(
                 type=kind,
                 database=source.db,
@@ -157,7 +157,7 @@ class DebeziumDecoder:
                 commit_ts=source.commit_ts,
                 build_ts=0,
                 schema_version=schema.version,
-                payload=value,
+                payload=body,  # the `payload` object only: the rows' decode need not scan the schema again
                 encoding=ENCODING,
             )
         if payload.op == "m":
@@ -174,14 +174,14 @@ class DebeziumDecoder:
         return decompress(value, self.compression)
 
     def _described(
-        self, source: _Source, schema_raw: msgspec.Raw, key: bytes | None, value: bytes
+        self, source: _Source, schema_raw: msgspec.Raw, key: bytes | None, body: bytes
     ) -> TableSchema:
         """The record's table version: derived once per distinct (value schema, key) of a table."""
         name = (source.db, source.table)
         schema_bytes = bytes(schema_raw)
         key_identity = self._key_identity(key)
         if schema_bytes == _NULL:  # schema disabled: the identity is the column names
-            images = _IMAGES.decode(value).payload
+            images = _IMAGES.decode(body)
             schema_bytes = "\0".join(images.after or images.before or {}).encode()
             typed = False
         else:
@@ -440,7 +440,7 @@ class DebeziumRows:
         payload = msgspec.defstruct(
             "Payload", [("before", image | None, None), ("after", image | None, None)]
         )
-        self._decoder = msgspec.json.Decoder(msgspec.defstruct("Body", [("payload", payload)]))
+        self._decoder = msgspec.json.Decoder(payload)
 
     def images(self, raws: Sequence[RawDML]) -> tuple[pa.RecordBatch, list[int], list[int], list[bool]]:
         """(rows, source, kinds, key_only) as `AvroRows.images` gives them."""
@@ -449,7 +449,7 @@ class DebeziumRows:
         kinds: list[int] = []
         for index, raw in enumerate(raws):
             try:
-                body = self._decoder.decode(raw.payload).payload
+                body = self._decoder.decode(raw.payload)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 raise ValueDecodeError(str(exc), column=_column_in(str(exc)), row=index) from exc
             if raw.type is DMLType.UPDATE:
@@ -550,7 +550,7 @@ def _typed_values(column: ColumnType, values: list[Any]) -> pa.Array:
 
 
 def _column_in(message: str) -> str:
-    found = re.search(r"at `\$\.payload\.(?:before|after)\.(.+?)`", message)
+    found = re.search(r"at `\$\.(?:before|after)\.(.+?)`", message)
     return found.group(1) if found else "<row>"
 
 
