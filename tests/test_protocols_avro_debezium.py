@@ -26,7 +26,7 @@ from consumer.testing.registry import LocalSchemaRegistry
 from consumer.testing.strategies import rows, table_schemas
 
 PROPERTY = settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 
