@@ -8,10 +8,10 @@ from typing import Any
 
 import msgspec
 
-from consumer.config import MetricsConfig, RunConfig, file_source_path, kafka_source_parts
+from consumer.config import DecodeConfig, MetricsConfig, RunConfig, file_source_path, kafka_source_parts
 from consumer.members import GroupMembers, MemberFailed, MemberProcess
 from consumer.pipeline import Pipeline, PipelineStats
-from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.protocols import DecoderSettings, RecordDecoder, record_decoder
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterSink, DeadLetterTopic
@@ -49,19 +49,37 @@ def build_dead_letters(config: RunConfig) -> DeadLetterSink:
     return DeadLetterFile(target.partition(":")[2])
 
 
+def build_decoder(decode: DecodeConfig, policy: ValuePolicy) -> RecordDecoder:
+    return record_decoder(
+        DecoderSettings(
+            protocol=decode.protocol,
+            encoding=decode.encoding,
+            compression=decode.compression,
+            registry_url=decode.schema_registry,
+            registry_config=decode.registry_config(),
+            policy=policy,
+        )
+    )
+
+
 def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeline:
-    policy = ValuePolicy(unrepresentable=config.decode.unrepresentable)
+    policy = ValuePolicy(
+        unrepresentable=config.decode.unrepresentable, timestamp_location=config.decode.timestamp_zone
+    )
+    decoder = build_decoder(config.decode, policy)
     state = ConsumerState(
         policy=config.errors.policy,
         budget_bytes=config.budget.pending_bytes,
         pending_timeout=config.budget.pending_timeout_s,
+        ordering="watermark" if config.decode.watermark_ordering() else "arrival",
+        described=decoder.described_schema,
     )
     return Pipeline(
         group=config.source.group,
         state=state,
         sinks=sinks if sinks is not None else build_sinks(config),
         dead_letters=build_dead_letters(config),
-        decoder=MessageDecoder(config.decode.encoding, config.decode.compression),
+        decoder=decoder,
         policy=policy,
         max_batch_records=config.budget.max_batch_records,
         decode_workers=config.budget.workers(),

@@ -85,3 +85,16 @@ class SchemaNotFoundError(ConsumerError):
 
 class SinkError(ConsumerError):
     """A sink could not durably apply a batch."""
+
+
+class DependencyError(ConsumerError):
+    """A service the consumer needs failed (not the record's fault): the consumer stops instead of setting
+    records aside, so nothing is dead-lettered for an outage."""
+
+
+class SchemaRegistryError(DependencyError):
+    """The schema registry could not be reached or answered with a server error."""
+
+
+class UnknownSchemaError(DecodeError):
+    """A record names a writer schema id the registry does not have (the record's fault)."""
