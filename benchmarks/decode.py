@@ -52,11 +52,11 @@ from consumer.protocol import avro_codec
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroDecoder, ConfluentAvroEncoder
 from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions
-from consumer.protocol.registry import SchemaRegistry
-from consumer.testing.registry import LocalSchemaRegistry
 from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema
+from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import RowImages, TableCodec
 from consumer.protocol.types import ValuePolicy
+from consumer.testing.registry import LocalSchemaRegistry
 
 try:  # optional: a faster naive baseline, shown for reference when installed
     import orjson
