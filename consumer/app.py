@@ -9,13 +9,21 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from consumer.config import ConfigError, MetricsConfig, RunConfig, file_source_path, kafka_source_parts
+from consumer.config import (
+    ConfigError,
+    DecodeConfig,
+    MetricsConfig,
+    RunConfig,
+    file_source_path,
+    kafka_source_parts,
+)
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.large_messages.upstream import UpstreamLookup
 from consumer.members import GroupMembers, MemberFailed, MemberProcess
 from consumer.pipeline import Pipeline, PipelineStats
 from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.protocols import DecoderSettings, RecordDecoder, record_decoder
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterSink, DeadLetterTopic
@@ -53,8 +61,22 @@ def build_dead_letters(config: RunConfig) -> DeadLetterSink:
     return DeadLetterFile(target.partition(":")[2])
 
 
-def build_large_messages(config: RunConfig, decoder: MessageDecoder) -> LargeMessageResolver:
-    """What makes key-only DMLs whole: claim-check storage under the configured roots, and upstream TiDB."""
+def build_decoder(decode: DecodeConfig, policy: ValuePolicy) -> RecordDecoder:
+    return record_decoder(
+        DecoderSettings(
+            protocol=decode.protocol,
+            encoding=decode.encoding,
+            compression=decode.compression,
+            registry_url=decode.schema_registry,
+            registry_config=decode.registry_config(),
+            policy=policy,
+        )
+    )
+
+
+def build_large_messages(config: RunConfig) -> LargeMessageResolver:
+    """What makes key-only DMLs (Simple protocol, spec §7) whole: claim-check storage under the configured
+    roots, and upstream TiDB."""
     settings = config.large_messages
     try:
         store = ClaimCheckStore.from_uris(
@@ -66,7 +88,7 @@ def build_large_messages(config: RunConfig, decoder: MessageDecoder) -> LargeMes
     except (pa.ArrowException, OSError) as exc:  # pyarrow.fs refused a root URI or its options
         raise ConfigError(f"large_messages.claim_check_roots: {exc}") from exc
     return LargeMessageResolver(
-        decoder,
+        MessageDecoder(config.decode.encoding, config.decode.compression),
         store,
         raw_value=settings.claim_check_raw_value,
         upstream=UpstreamLookup(settings.upstream_dsn) if settings.upstream_dsn else None,
@@ -76,13 +98,17 @@ def build_large_messages(config: RunConfig, decoder: MessageDecoder) -> LargeMes
 
 def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeline:
     policy = ValuePolicy(
-        unrepresentable=config.decode.unrepresentable, verify_checksums=config.integrity.verify_checksums
+        unrepresentable=config.decode.unrepresentable,
+        timestamp_location=config.decode.timestamp_zone,
+        verify_checksums=config.integrity.verify_checksums,
     )
-    decoder = MessageDecoder(config.decode.encoding, config.decode.compression)
+    decoder = build_decoder(config.decode, policy)
     state = ConsumerState(
         policy=config.errors.policy,
         budget_bytes=config.budget.pending_bytes,
         pending_timeout=config.budget.pending_timeout_s,
+        ordering="watermark" if config.decode.watermark_ordering() else "arrival",
+        described=decoder.described_schema,
     )
     return Pipeline(
         group=config.source.group,
@@ -93,7 +119,7 @@ def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeli
         policy=policy,
         max_batch_records=config.budget.max_batch_records,
         decode_workers=config.budget.workers(),
-        large_messages=build_large_messages(config, decoder),
+        large_messages=build_large_messages(config),
     )
 
 

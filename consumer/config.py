@@ -35,9 +35,24 @@ class SourceConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
-    encoding: Literal["auto", "json", "avro"] = "auto"
+    protocol: Literal["simple", "avro", "debezium"] = "simple"
+    encoding: Literal["auto", "json", "avro"] = "auto"  # the Simple protocol's
     compression: Literal["auto", "none", "snappy", "lz4"] = "auto"
     unrepresentable: Literal["null", "raise"] = "null"
+    # "watermark": rows wait for every partition's watermark (cross-table consistency); "arrival": rows go out
+    # as they arrive, exact per key (streams without watermarks); "auto": watermark for Simple only
+    ordering: Literal["auto", "watermark", "arrival"] = "auto"
+    schema_registry: str = ""  # TiCDC Avro: the Confluent registry URL (may carry user:password@)
+    schema_registry_auth: str = ""  # USER:PASSWORD, HTTP basic auth (basic.auth.user.info)
+    schema_registry_config: dict[str, str] = msgspec.field(default_factory=dict)  # more client settings
+    timestamp_zone: str = "UTC"  # TiCDC Avro: the zone TIMESTAMP text is in (TiCDC's --tz)
+
+    def registry_config(self) -> dict[str, str]:
+        auth = {"basic.auth.user.info": self.schema_registry_auth} if self.schema_registry_auth else {}
+        return {**self.schema_registry_config, **auth}
+
+    def watermark_ordering(self) -> bool:
+        return self.ordering == "watermark" or (self.ordering == "auto" and self.protocol == "simple")
 
 
 class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -169,6 +184,8 @@ def _check_urls(config: RunConfig) -> None:
         )
     if config.sink.url.partition(":")[0] not in ("delta", "parquet", "jsonl"):
         raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
+    if config.decode.protocol == "avro" and not config.decode.schema_registry:
+        raise ConfigError("decode.protocol = avro needs decode.schema_registry (the registry URL)")
     if config.budget.processes < 1:
         raise ConfigError(f"budget.processes = {config.budget.processes}: at least one process runs")
     if config.budget.processes > 1 and source.scheme != "kafka":

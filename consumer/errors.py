@@ -94,6 +94,19 @@ class SinkError(ConsumerError):
     """A sink could not durably apply a batch."""
 
 
+class DependencyError(ConsumerError):
+    """A service the consumer needs failed (not the record's fault): the consumer stops instead of setting
+    records aside, so nothing is dead-lettered for an outage."""
+
+
+class SchemaRegistryError(DependencyError):
+    """The schema registry could not be reached or answered with a server error."""
+
+
+class UnknownSchemaError(DecodeError):
+    """A record names a writer schema id the registry does not have (the record's fault)."""
+
+
 class LargeMessageError(ConsumerError):
     """A DML whose message carries only its handle key (spec §7) could not be made whole."""
 
@@ -130,7 +143,7 @@ class ClaimCheckInvalidError(LargeMessageError):
     code = "claim-check-invalid"
 
 
-class LargeMessageUnavailableError(LargeMessageError):
+class LargeMessageUnavailableError(LargeMessageError, DependencyError):
     """Claim-check storage or upstream TiDB kept failing after the retries: an outage, not bad input, so
     the pipeline stops without committing past the row (a later run reads it again) instead of sending it
     to the error policy."""

@@ -16,11 +16,18 @@ from dataclasses import dataclass, field
 
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.batches.decode_pool import DecodePool, Decoding
-from consumer.errors import ConsumerError, RecordLocation, RejectedRowsError, ValueDecodeError
+from consumer.errors import (
+    ConsumerError,
+    DependencyError,
+    RecordLocation,
+    RejectedRowsError,
+    ValueDecodeError,
+)
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import DecodedMessage, KeyOnlyDML, TableSchema, Watermark
+from consumer.protocol.protocols import RecordDecoder
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import CommitContext, DDLEvent, Sink, TopicPartition
@@ -126,7 +133,7 @@ class Pipeline:
         state: ConsumerState,
         sinks: Sequence[Sink],
         dead_letters: DeadLetterSink,
-        decoder: MessageDecoder | None = None,
+        decoder: RecordDecoder | None = None,
         policy: ValuePolicy | None = None,
         max_batch_records: int = 100_000,
         poll_timeout: float = 0.2,
@@ -137,16 +144,18 @@ class Pipeline:
         self.state = state
         self.sinks = list(sinks)
         self.dead_letters = dead_letters
-        self.decoder = decoder or MessageDecoder()
+        self.decoder: RecordDecoder = decoder or MessageDecoder()
         self.policy = policy or ValuePolicy()
-        self.large_messages = large_messages or LargeMessageResolver(self.decoder, ClaimCheckStore([]))
+        self.large_messages = large_messages or LargeMessageResolver(MessageDecoder(), ClaimCheckStore([]))
         self.large_messages.schemas = self._schema_of
         self.max_batch_records = max_batch_records
         self.poll_timeout = poll_timeout
         self.stats = PipelineStats()
         # With decode workers the stages overlap: workers decode, a writer thread applies units to the sinks
         # in order (delta-rs releases the GIL), and this loop fetches, orders and confirms.
-        self._pool = DecodePool(decode_workers, self.policy) if decode_workers else None
+        self._pool = (
+            DecodePool(decode_workers, self.policy, self.decoder.registry) if decode_workers else None
+        )
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sink-writer") if decode_workers else None
         self._queue: deque[_Queued] = deque()  # resolved, not handed to the sinks yet: in resolve order
         self._queued_rows = 0
@@ -269,13 +278,15 @@ class Pipeline:
         each kept at its record's place; a record that does not decode (or cannot be made whole) goes to
         the state's error path between the records before and after it."""
         self.stats.records += len(records)
-        decode = self.decoder.decode
+        decode = self.decoder.decode_record
         decoded: list[tuple[RecordLocation, DecodedMessage | _Failed]] = []
         exceptional = False
         for record in records:
             location = record.location
             try:
-                message = decode(record.value)
+                message = decode(record.key, record.value)
+            except DependencyError:  # e.g. the schema registry is down: stop, set nothing aside
+                raise
             except ConsumerError as exc:
                 decoded.append((location, _Failed(exc, record.value)))
                 exceptional = True
@@ -454,7 +465,9 @@ class Pipeline:
     def _codec(self, unit: RowBatch) -> TableCodec:
         codec = self._codecs.get(unit.schema.key)
         if codec is None or codec.schema != unit.schema:
-            codec = self._codecs[unit.schema.key] = TableCodec(unit.schema, self.policy)
+            codec = self._codecs[unit.schema.key] = TableCodec(
+                unit.schema, self.policy, registry=self.decoder.registry
+            )
         return codec
 
     def _commit(self) -> None:

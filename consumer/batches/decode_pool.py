@@ -17,6 +17,7 @@ import multiprocessing
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import msgspec
 import pyarrow as pa
@@ -27,6 +28,9 @@ from consumer.errors import RecordLocation, RejectedRowsError, ValueDecodeError
 from consumer.protocol.model import RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import DecodeStats, ValuePolicy
+
+if TYPE_CHECKING:  # the registry client loads an HTTP stack: only TiCDC Avro needs it
+    from consumer.protocol.registry import SchemaRegistry
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +61,13 @@ class Decoding:
 
 
 class DecodePool:
-    """`workers` processes decoding `RowBatch` rows into changelog tables under `policy`.
+    """`workers` processes decoding `RowBatch` rows into changelog tables under `policy` (TiCDC Avro rows
+    read their writer schemas from `registry`).
 
     Values the policy nulls are counted into `policy.stats`, as when decoding in the loop.
     """
 
-    def __init__(self, workers: int, policy: ValuePolicy) -> None:
+    def __init__(self, workers: int, policy: ValuePolicy, registry: SchemaRegistry | None = None) -> None:
         if workers < 1:
             raise ValueError(f"a decode pool needs at least one worker, not {workers}")
         context = multiprocessing.get_context("forkserver")
@@ -72,7 +77,7 @@ class DecodePool:
             workers,
             mp_context=context,
             initializer=_start_worker,
-            initargs=(policy,),
+            initargs=(policy, registry),  # a registry travels as its settings: a worker has its own client
         )
         self._broken = False
         self._start_all(workers)
@@ -127,13 +132,15 @@ class DecodePool:
 
 
 _policy = ValuePolicy()
+_registry: SchemaRegistry | None = None
 _codecs: LRUCache[bytes, TableCodec] = LRUCache(_CODECS_PER_WORKER)
 
 
-def _start_worker(policy: ValuePolicy) -> None:
-    global _policy
+def _start_worker(policy: ValuePolicy, registry: SchemaRegistry | None) -> None:
+    global _policy, _registry
     gc.set_threshold(*DECODE_GC_THRESHOLDS)
     _policy = replace(policy, stats=DecodeStats())  # counts since start; `_decode` reports the increase
+    _registry = registry
 
 
 def _started() -> None:
@@ -143,7 +150,7 @@ def _started() -> None:
 def _decode(schema: bytes, rows: bytes) -> _Decoded:
     codec = _codecs.get(schema)
     if codec is None:
-        codec = _codecs[schema] = TableCodec(_SCHEMA.decode(schema), _policy)
+        codec = _codecs[schema] = TableCodec(_SCHEMA.decode(schema), _policy, registry=_registry)
     nulled, verified = _policy.stats.unrepresentable, _policy.stats.verified
     try:
         changes = table_changes(codec, _ROWS.decode(rows))

@@ -249,7 +249,9 @@ class DeltaSink:
             source = _conform(
                 latest.select(columns).append_column(DELETED_FIELD, deleted), _arrow_schema(table)
             )
-            newer = "s._commit_ts >= t._commit_ts"
+            # commit ts 0 is "unknown" (an Avro tombstone first on its partition): it came after the row's
+            # earlier changes on that partition, so it is never stale
+            newer = "s._commit_ts >= t._commit_ts OR s._commit_ts = 0"
             # Explicit column maps: delta-rs's *_all forms do not quote names (a backtick in one breaks them).
             assignments = {_quote(name): f"s.{_quote(name)}" for name in source.column_names}
             (

@@ -12,6 +12,15 @@ A driver loop looks like::
 
 Delivery is at least once: offsets never move past a record whose effect is not durable, so a crash or
 a rebalance redelivers it. Within one assignment of a partition, a record is emitted at most once.
+
+Ordering: with "watermark" (the Simple protocol, and streams that carry watermarks) a row resolves once
+every owned partition's watermark has passed its commit ts, so tables are consistent at the watermark. With
+"arrival" (protocols without watermarks: TiCDC Avro, Debezium without the TiDB extension) a row resolves
+as soon as it arrives: TiCDC writes every change of a key to one partition in commit order, so applying each
+partition in offset order applies each key's changes in commit order, and a mirror is exact per key, though
+no cross-table consistency point exists. In both, a row without a commit ts (0: an Avro tombstone) takes
+the newest commit ts seen before it on its partition, a lower bound that keeps it after every earlier change
+of its key (and is 0 when it is the first record of an assignment).
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 from consumer.errors import (
     ClaimCheckNotAllowedError,
@@ -51,6 +62,9 @@ from consumer.state.units import (
 from consumer.state.watermarks import PartitionWatermarks
 
 ErrorPolicy = Literal["dead-letter", "fail"]
+Ordering = Literal["watermark", "arrival"]
+# The resolve limit in "arrival" ordering: above every TSO, so everything known goes out.
+EVERYTHING = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +86,7 @@ class StateStats:
 class _Partition:
     offsets: PartitionOffsets
     reported: int | None = None  # last offset `committable` returned
+    newest_ts: int = 0  # newest commit ts seen on this assignment: the floor of a row without one
 
 
 class ConsumerState:
@@ -80,7 +95,9 @@ class ConsumerState:
     `budget_bytes` bounds, separately, rows waiting for a schema and rows waiting for the watermark;
     reaching it pauses partitions (see `paused`), it never drops a row. `policy` decides what happens to
     undecodable records and to rows whose schema does not arrive within `pending_timeout` seconds:
-    "dead-letter" hands them out as `DeadLetter` units, "fail" raises.
+    "dead-letter" hands them out as `DeadLetter` units, "fail" raises. `ordering`: see the module docstring.
+    `described`: the schema a row's own record described (protocols whose records carry their schema, e.g.
+    `ConfluentAvroDecoder.described_schema`), consulted when the cache lacks a row's version.
     """
 
     def __init__(
@@ -91,8 +108,12 @@ class ConsumerState:
         pending_timeout: float = DEFAULT_TIMEOUT_S,
         schemas: SchemaCache | None = None,
         clock: Callable[[], float] = time.monotonic,
+        ordering: Ordering = "watermark",
+        described: Callable[[SchemaKey], TableSchema | None] | None = None,
     ) -> None:
         self.policy = policy
+        self.ordering = ordering
+        self._described = described
         self.budget_bytes = budget_bytes
         self.schemas = schemas if schemas is not None else SchemaCache()
         self._pending = PendingBuffer(budget_bytes=budget_bytes, timeout=pending_timeout, clock=clock)
@@ -157,6 +178,10 @@ class ConsumerState:
                 self._take(location, message, offsets)
                 continue
             offsets.hold(location.offset)
+            if message.commit_ts > partition.newest_ts:
+                partition.newest_ts = message.commit_ts
+            elif not message.commit_ts and partition.newest_ts:
+                message = msgspec.structs.replace(message, commit_ts=partition.newest_ts)
             key = (message.database, message.table, message.schema_version)
             schema = known.get(key)
             if schema is not None:
@@ -165,7 +190,7 @@ class ConsumerState:
                 continue
             # pinned first: a row waiting for its schema keeps it from being evicted once it arrives
             self.schemas.pin(key)
-            schema = self.schemas.lookup(key, message.table_id)
+            schema = self.schemas.lookup(key, message.table_id) or self._self_described(key)
             if schema is None:
                 self._pending.hold(message, location)
                 continue
@@ -195,6 +220,12 @@ class ConsumerState:
         else:
             raise TypeError(f"{location}: not a decoded message: {type(message).__name__}")
 
+    def _self_described(self, key: SchemaKey) -> TableSchema | None:
+        schema = self._described(key) if self._described is not None else None
+        if schema is not None:
+            self._learn(schema)
+        return schema
+
     def learn_schemas(self, schemas: Iterable[TableSchema]) -> None:
         """Schemas known from outside the stream, such as a sink's recorded snapshot written by whichever
         group member owned a partition before: rows held for them are released like on a BOOTSTRAP."""
@@ -222,7 +253,8 @@ class ConsumerState:
         """Every unit ready now, in the order a sink must apply them (dead letters first, unordered)."""
         units: list[Unit] = [*self._expire(), *self._failed]
         self._failed = []
-        units += self._resolver.resolve(self._watermarks.global_watermark())
+        limit = EVERYTHING if self.ordering == "arrival" else self._watermarks.global_watermark()
+        units += self._resolver.resolve(limit)
         for unit in units:
             self._claims[unit] = _claim(unit)
         return units
