@@ -7,7 +7,7 @@ A DML whose record would exceed `max_message_bytes` is sent with only its handle
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -55,7 +55,7 @@ def key_only_dml(dml: DML, schema: TableSchema, location: str = "") -> DML:
     covers the full row, as TiCDC sends it)."""
     key = schema.handle_key()
 
-    def image(row: dict | None) -> dict | None:
+    def image(row: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if row is None else {name: row[name] for name in key if name in row}
 
     return msgspec.structs.replace(
