@@ -22,6 +22,8 @@ before any figure is printed, so the comparison is like for like:
   generic reader, rejected as the decode path.
 - Debezium ours: `DebeziumDecoder.decode_record` (envelope, schema identified by its bytes), then
   `decode_changes` (a msgspec Struct per table), with the Connect schema and the TiDB extension.
+- Simple change images of rows carrying TiDB row checksums (spec §8), without and with `verify_changes`
+  (every image must verify), JSON and Avro: the cost of `[integrity] verify_checksums`.
 
 Ours also builds the (all-NULL) `old` image and `has_data`/`has_old`, which the naive path skips.
 TIMESTAMP values are written in `--tz` (default Asia/Shanghai), so both paths convert zones.
@@ -49,10 +51,11 @@ import fastavro
 import pyarrow as pa
 
 from consumer.protocol import avro_codec
+from consumer.protocol.checksum import row_checksum, verify_changes
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroDecoder, ConfluentAvroEncoder
 from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions
-from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema
+from consumer.protocol.model import DML, Checksum, Column, DataType, DMLType, Index, RawDML, TableSchema
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import RowImages, TableCodec
 from consumer.protocol.types import ValuePolicy
@@ -75,6 +78,10 @@ JSON_CHANGES = "JSON ours, change images (decode_changes)"
 TICDC_AVRO_OURS = "TiCDC Avro ours (frame + typed Arrow, columnar)"
 TICDC_AVRO_FASTAVRO = "TiCDC Avro fastavro per datum (parse only)"
 DEBEZIUM_OURS = "Debezium JSON ours (envelope + typed Arrow)"
+JSON_CHECKSUMMED = "JSON change images, checksummed rows"
+JSON_VERIFIED = "JSON change images + verify checksums"
+AVRO_CHECKSUMMED = "Avro change images, checksummed rows"
+AVRO_VERIFIED = "Avro change images + verify checksums"
 TARGET_TICDC_AVRO_VS_JSON = 1.0
 TARGET_DEBEZIUM_VS_JSON = 0.8
 STATUSES = ("active", "inactive", "banned", "pending")
@@ -150,8 +157,11 @@ def typed_rows(count: int, seed: int = 7) -> list[dict[str, Any]]:
     return rows
 
 
-def encode_all(rows: list[dict[str, Any]], encoding: str, policy: ValuePolicy) -> list[bytes]:
+def encode_all(
+    rows: list[dict[str, Any]], encoding: str, policy: ValuePolicy, *, checksums: bool = False
+) -> list[bytes]:
     encoder = MessageEncoder(encoding, policy=policy)  # type: ignore[arg-type]
+    codec = encoder.table_codec(SCHEMA)
     base_ts = 449_811_300_000_000_000
     return [
         encoder.encode(
@@ -164,11 +174,27 @@ def encode_all(rows: list[dict[str, Any]], encoding: str, policy: ValuePolicy) -
                 build_ts=1_735_689_600_000 + i // 100,
                 schema_version=SCHEMA.version,
                 data=row,
+                checksum=Checksum(1, False, row_checksum(codec, row), 0) if checksums else None,
             ),
             SCHEMA,
         )
         for i, row in enumerate(rows)
     ]
+
+
+def verified_changes(values: Sequence[bytes], codec: TableCodec, batch: int, verify: bool) -> int:
+    """Envelopes, then change images per batch (the pipeline's decode), then optionally their checksums;
+    returns the images verified."""
+    decode = MessageDecoder().decode
+    verified = 0
+    for start in range(0, len(values), batch):
+        raws: list[Any] = [decode(v) for v in values[start : start + batch]]
+        images = codec.decode_changes(raws)
+        if verify:
+            count, rejected = verify_changes(codec, images, raws)
+            assert not rejected, rejected
+            verified += count
+    return verified
 
 
 # -- the paths --------------------------------------------------------------------------------------
@@ -374,6 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = typed_rows(args.rows)
     json_values = encode_all(rows, "json", policy)
     avro_values = encode_all(rows, "avro", policy)
+    json_checksummed = encode_all(rows, "json", policy, checksums=True)
+    avro_checksummed = encode_all(rows, "avro", policy, checksums=True)
     registry_server = LocalSchemaRegistry().start()  # a real HTTP registry on localhost (a test fixture)
     registry = SchemaRegistry(registry_server.url)
     ticdc_avro = avro_records(rows, registry, policy)
@@ -409,6 +437,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         (TICDC_AVRO_OURS, lambda: changes(ticdc_avro, avro_decoder, avro_codec_, batch)),
         (TICDC_AVRO_FASTAVRO, lambda: fastavro_datums(ticdc_avro, registry)),
         (DEBEZIUM_OURS, lambda: changes(debezium, dbz_decoder, dbz_codec, batch)),
+        (JSON_CHECKSUMMED, lambda: verified_changes(json_checksummed, codec, batch, verify=False)),
+        (JSON_VERIFIED, lambda: verified_changes(json_checksummed, codec, batch, verify=True)),
+        (AVRO_CHECKSUMMED, lambda: verified_changes(avro_checksummed, codec, batch, verify=False)),
+        (AVRO_VERIFIED, lambda: verified_changes(avro_checksummed, codec, batch, verify=True)),
     ]
     # Rounds interleave the paths, so a burst of load on the machine does not favour one of them.
     timings: dict[str, float] = {}
@@ -427,6 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 DEBEZIUM_OURS,
             ):
                 results[name] = result
+            if name in (JSON_VERIFIED, AVRO_VERIFIED):
+                assert result == n, f"{name}: {result} of {n} images verified"
             del result
         if round_ == 0:
             verify(results[JSON_OURS], results[JSON_NAIVE], results[AVRO_OURS])
@@ -489,6 +523,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("JSON envelope / JSON ours", rate[JSON_ENVELOPE] / json_ours),
         ("Avro envelope / Avro ours", rate[AVRO_ENVELOPE] / rate[AVRO_OURS]),
         ("TiCDC Avro ours / its fastavro parse", rate[TICDC_AVRO_OURS] / rate[TICDC_AVRO_FASTAVRO]),
+        ("JSON with / without verification", rate[JSON_VERIFIED] / rate[JSON_CHECKSUMMED]),
+        ("Avro with / without verification", rate[AVRO_VERIFIED] / rate[AVRO_CHECKSUMMED]),
     ]
     for name, value in info:
         print(f"{name:<{width}} {value:>11.2f}x {'(info)':>12}")

@@ -7,10 +7,22 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pyarrow as pa
 
-from consumer.config import DecodeConfig, MetricsConfig, RunConfig, file_source_path, kafka_source_parts
+from consumer.config import (
+    ConfigError,
+    DecodeConfig,
+    MetricsConfig,
+    RunConfig,
+    file_source_path,
+    kafka_source_parts,
+)
+from consumer.large_messages.resolver import LargeMessageResolver
+from consumer.large_messages.storage import ClaimCheckStore
+from consumer.large_messages.upstream import UpstreamLookup
 from consumer.members import GroupMembers, MemberFailed, MemberProcess
 from consumer.pipeline import Pipeline, PipelineStats
+from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.protocols import DecoderSettings, RecordDecoder, record_decoder
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
@@ -62,9 +74,33 @@ def build_decoder(decode: DecodeConfig, policy: ValuePolicy) -> RecordDecoder:
     )
 
 
+def build_large_messages(config: RunConfig) -> LargeMessageResolver:
+    """What makes key-only DMLs (Simple protocol, spec §7) whole: claim-check storage under the configured
+    roots, and upstream TiDB."""
+    settings = config.large_messages
+    try:
+        store = ClaimCheckStore.from_uris(
+            settings.claim_check_roots,
+            settings.claim_check_root_override,
+            max_object_bytes=settings.max_object_bytes,
+            retries=settings.fetch_retries,
+        )
+    except (pa.ArrowException, OSError) as exc:  # pyarrow.fs refused a root URI or its options
+        raise ConfigError(f"large_messages.claim_check_roots: {exc}") from exc
+    return LargeMessageResolver(
+        MessageDecoder(config.decode.encoding, config.decode.compression),
+        store,
+        raw_value=settings.claim_check_raw_value,
+        upstream=UpstreamLookup(settings.upstream_dsn) if settings.upstream_dsn else None,
+        concurrency=settings.fetch_concurrency,
+    )
+
+
 def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeline:
     policy = ValuePolicy(
-        unrepresentable=config.decode.unrepresentable, timestamp_location=config.decode.timestamp_zone
+        unrepresentable=config.decode.unrepresentable,
+        timestamp_location=config.decode.timestamp_zone,
+        verify_checksums=config.integrity.verify_checksums,
     )
     decoder = build_decoder(config.decode, policy)
     state = ConsumerState(
@@ -83,6 +119,7 @@ def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeli
         policy=policy,
         max_batch_records=config.budget.max_batch_records,
         decode_workers=config.budget.workers(),
+        large_messages=build_large_messages(config),
     )
 
 

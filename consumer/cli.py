@@ -14,11 +14,13 @@ import msgspec
 from consumer import app
 from consumer.config import ConfigError, DecodeConfig, load_config
 from consumer.errors import ConsumerError
+from consumer.large_messages.claim_check import ClaimCheckWriter
+from consumer.large_messages.encoder import DEFAULT_MAX_MESSAGE_BYTES, LargeMessageEncoder
 from consumer.progress import ProgressReporter
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
 from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions
-from consumer.protocol.model import DDL, Bootstrap, RawDML, TableSchema, Watermark
+from consumer.protocol.model import DDL, Bootstrap, KeyOnlyDML, RawDML, TableSchema, Watermark
 from consumer.protocol.protocols import PROTOCOLS, RecordDecoder
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import TableCodec
@@ -110,6 +112,8 @@ class _DecodeStream:
     def feed(self, path: Path) -> None:
         try:
             message = self.decoder.decode_record(None, path.read_bytes())
+            if isinstance(message, KeyOnlyDML):  # shown as sent: its key columns (the rest is elsewhere)
+                message = message.row
             if isinstance(message, RawDML):
                 self._dml(path, message)
                 return
@@ -176,6 +180,17 @@ class _DecodeStream:
 @click.option("--bootstrap-partition0-only", is_flag=True, help="send-bootstrap-to-all-partition = false")
 @click.option("--watermark-every-txns", type=int, default=50, show_default=True)
 @click.option("--no-ddl", is_flag=True, help="no DDLs after the initial CREATE TABLEs")
+@click.option("--checksum", is_flag=True, help="rows carry TiDB row checksums (integrity-check-level)")
+@click.option(
+    "--large-message",
+    type=click.Choice(["none", "handle-key-only", "claim-check"]),
+    default="none",
+    show_default=True,
+    help="large-message-handle-option for DMLs over --max-message-bytes",
+)
+@click.option("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES, show_default=True)
+@click.option("--claim-check-uri", help="claim-check-storage-uri: file:///DIR, s3://BUCKET/PREFIX, ...")
+@click.option("--claim-check-raw-value", is_flag=True, help="claim-check objects hold bare values")
 @click.option("--truth", type=click.Path(dir_okay=False, path_type=Path), help="ground-truth file to write")
 @click.option("--protocol", type=_PROTOCOLS, default="simple", show_default=True)
 @click.option("--schema-registry", help="Confluent registry URL the avro protocol registers its schemas in")
@@ -188,7 +203,7 @@ def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | No
     """Produce a TiCDC-like stream (Simple, Avro or Debezium protocol) and write its ground truth."""
     if not brokers and not out:
         raise click.UsageError("give --brokers (produce to Kafka) or --out (write a capture file)")
-    encoder = _stream_writer(options, topic)
+    encoder = _with_large_messages(_stream_writer(options, topic), options)
     config = WorkloadConfig(
         tables=options["tables"],
         rows=options["rows"],
@@ -200,6 +215,7 @@ def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | No
         bootstrap_to_all_partitions=not options["bootstrap_partition0_only"],
         watermark_every_txns=options["watermark_every_txns"],
         ddl=not options["no_ddl"],
+        checksums=options["checksum"],
     )
     workload = Workload(config)
     if out:
@@ -210,6 +226,20 @@ def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | No
     write_ground_truth(workload, truth_path)
     kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(report.by_kind.items()))
     click.echo(f"produced {report.records} records to {out or topic} ({kinds}); ground truth in {truth_path}")
+
+
+def _with_large_messages(writer: StreamWriter, options: dict[str, Any]) -> StreamWriter:
+    """The Simple protocol's writer with TiCDC's large-message handling, when asked for."""
+    option, max_bytes = options.pop("large_message"), options.pop("max_message_bytes")
+    uri, raw_value = options.pop("claim_check_uri"), options.pop("claim_check_raw_value")
+    if option == "none":
+        return writer
+    if not isinstance(writer, MessageEncoder):
+        raise click.UsageError("--large-message applies to the simple protocol")
+    if option == "claim-check" and not uri:
+        raise click.UsageError("--large-message claim-check needs --claim-check-uri")
+    claim_check = ClaimCheckWriter(uri, raw_value=raw_value) if option == "claim-check" and uri else None
+    return LargeMessageEncoder(writer, option, max_bytes, claim_check)  # type: ignore[arg-type]
 
 
 def _stream_writer(options: dict[str, Any], topic: str) -> StreamWriter:
@@ -290,6 +320,8 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
     reporter = ProgressReporter(metrics_port=config.metrics.port)
     try:
         stats = app.run(config, until_idle=until_idle, on_cycle=reporter)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
     except ConsumerError as exc:
         click.echo(f"stopped: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -299,6 +331,17 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
         f"{stats.records} records, {stats.rows} changelog rows, {stats.ddls} DDLs, "
         f"{stats.dead_letters} dead letters"
     )
+    if stats.verified_images or stats.integrity_failures:
+        click.echo(
+            f"checksums: {stats.verified_images} row images verified, "
+            f"{stats.integrity_failures} rows failed verification"
+        )
+    if stats.claim_check_fetches or stats.upstream_lookups:
+        click.echo(
+            f"large messages: {stats.claim_check_fetches} claim-checks fetched "
+            f"({stats.claim_check_bytes} bytes, {stats.claim_check_seconds:.1f} s), "
+            f"{stats.upstream_lookups} upstream lookups"
+        )
 
 
 @main.command()

@@ -17,6 +17,10 @@ from urllib.parse import urlparse
 
 import msgspec
 
+from consumer.errors import ConsumerError
+from consumer.large_messages.storage import parse_location
+from consumer.large_messages.upstream import connection_options
+
 ENV_PREFIX = "TICDC_CONSUMER_"
 # Value decoding is most of a record's CPU: a lone process on a multi-core machine decodes in worker
 # processes beside its loop; two beat one even on 2 cores (benchmarks/lakehouse.py). Several group members
@@ -79,6 +83,26 @@ class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
     port: int = 0  # 0: no Prometheus endpoint
 
 
+class LargeMessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Key-only DMLs (spec §7). A claim-check is read only under `claim_check_roots` (URIs: file:///DIR,
+    s3://BUCKET/PREFIX, gs://..., abfss://...; pyarrow.fs options may follow a `?`); none: all refused.
+    `claim_check_root_override` reads each object's base name from that one root instead (TiCDC's own
+    consumer does, for users who moved the files). `upstream_dsn` (mysql://USER:PASSWORD@HOST:PORT) looks
+    handle-key-only rows up in upstream TiDB; without it they go to the error policy."""
+
+    claim_check_roots: list[str] = msgspec.field(default_factory=list)
+    claim_check_root_override: str = ""
+    claim_check_raw_value: bool | Literal["auto"] = "auto"
+    max_object_bytes: int = 128 * 1024 * 1024
+    fetch_concurrency: int = 16
+    fetch_retries: int = 4
+    upstream_dsn: str = ""
+
+
+class IntegrityConfig(msgspec.Struct, forbid_unknown_fields=True):
+    verify_checksums: bool = True  # rows that carry TiDB checksums (spec §8) are verified; others pass
+
+
 class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     source: SourceConfig = msgspec.field(default_factory=SourceConfig)
     decode: DecodeConfig = msgspec.field(default_factory=DecodeConfig)
@@ -86,6 +110,8 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     errors: ErrorsConfig = msgspec.field(default_factory=ErrorsConfig)
     budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    large_messages: LargeMessagesConfig = msgspec.field(default_factory=LargeMessagesConfig)
+    integrity: IntegrityConfig = msgspec.field(default_factory=IntegrityConfig)
 
 
 class ConfigError(ValueError):
@@ -117,22 +143,27 @@ def load_config(
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
     _check_urls(config)
+    _check_large_messages(config.large_messages)
     return config
 
 
 def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    sections = {name for name in RunConfig.__struct_fields__}
     found: dict[str, dict[str, Any]] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX) :].lower()
-        section, _, field = rest.partition("_")
-        if section == "kafka":
-            found.setdefault("source", {}).setdefault("kafka", {})[field.replace("_", ".")] = value
-        elif section in sections and field:
-            found.setdefault(section, {})[field] = value
+        if rest.startswith("kafka_"):
+            found.setdefault("source", {}).setdefault("kafka", {})[rest[6:].replace("_", ".")] = value
+            continue
+        section = next((s for s in RunConfig.__struct_fields__ if rest.startswith(s + "_")), None)
+        if section is not None:
+            field = rest[len(section) + 1 :]
+            found.setdefault(section, {})[field] = value.split(",") if field in _LIST_FIELDS else value
     return found
+
+
+_LIST_FIELDS = frozenset(("claim_check_roots",))  # comma-separated in the environment
 
 
 def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> None:
@@ -163,6 +194,19 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError(
             "budget.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"
         )
+
+
+def _check_large_messages(config: LargeMessagesConfig) -> None:
+    roots = [*config.claim_check_roots, *filter(None, [config.claim_check_root_override])]
+    try:
+        for root in roots:
+            parse_location(root.partition("?")[0])
+        if config.upstream_dsn:
+            connection_options(config.upstream_dsn)
+    except (ConsumerError, ValueError) as exc:
+        raise ConfigError(f"large_messages: {exc}") from exc
+    if config.fetch_concurrency < 1 or config.max_object_bytes < 1 or config.fetch_retries < 0:
+        raise ConfigError("large_messages: fetch_concurrency and max_object_bytes >= 1, fetch_retries >= 0")
 
 
 def kafka_source_parts(url: str) -> tuple[str, list[str]]:

@@ -16,9 +16,17 @@ from dataclasses import dataclass, field
 
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.batches.decode_pool import DecodePool, Decoding
-from consumer.errors import ConsumerError, DependencyError, RecordLocation, ValueDecodeError
+from consumer.errors import (
+    ConsumerError,
+    DependencyError,
+    RecordLocation,
+    RejectedRowsError,
+    ValueDecodeError,
+)
+from consumer.large_messages.resolver import LargeMessageResolver
+from consumer.large_messages.storage import ClaimCheckStore
 from consumer.protocol.codec import MessageDecoder
-from consumer.protocol.model import DecodedMessage, Watermark
+from consumer.protocol.model import DecodedMessage, KeyOnlyDML, TableSchema, Watermark
 from consumer.protocol.protocols import RecordDecoder
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
@@ -57,6 +65,14 @@ def _rows(unit: Unit) -> int:
     return len(unit.rows) if isinstance(unit, RowBatch) else 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """A record that goes to the error policy instead of the state machine's ordering, and why."""
+
+    error: ConsumerError
+    value: bytes | None
+
+
 @dataclass
 class PipelineStats:
     """Running totals, read by the progress display and the metrics endpoint."""
@@ -67,6 +83,12 @@ class PipelineStats:
     dead_letters: int = 0
     commits: int = 0
     failed_commits: int = 0
+    verified_images: int = 0  # row images whose checksum matched
+    integrity_failures: int = 0  # rows set aside for a checksum mismatch or TiCDC's `corrupted` flag
+    claim_check_fetches: int = 0
+    claim_check_bytes: int = 0
+    claim_check_seconds: float = 0.0
+    upstream_lookups: int = 0
     rows_by_table: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
@@ -82,6 +104,12 @@ class PipelineStats:
             dead_letters=self.dead_letters + other.dead_letters,
             commits=self.commits + other.commits,
             failed_commits=self.failed_commits + other.failed_commits,
+            verified_images=self.verified_images + other.verified_images,
+            integrity_failures=self.integrity_failures + other.integrity_failures,
+            claim_check_fetches=self.claim_check_fetches + other.claim_check_fetches,
+            claim_check_bytes=self.claim_check_bytes + other.claim_check_bytes,
+            claim_check_seconds=self.claim_check_seconds + other.claim_check_seconds,
+            upstream_lookups=self.upstream_lookups + other.upstream_lookups,
             rows_by_table=tables,
             started=min(self.started, other.started),
         )
@@ -93,6 +121,9 @@ class Pipeline:
     `decode_workers` > 0 runs the stages side by side: that many processes decode values into typed
     columns and a thread applies units to the sinks, while the loop fetches, orders and commits. Call
     `close` when done (it stops them).
+
+    `large_messages` makes key-only DMLs (spec §7) whole before the state machine sees them; without one,
+    every claim-check is refused and every handle-key-only row goes to the error policy.
     """
 
     def __init__(
@@ -107,6 +138,7 @@ class Pipeline:
         max_batch_records: int = 100_000,
         poll_timeout: float = 0.2,
         decode_workers: int = 0,
+        large_messages: LargeMessageResolver | None = None,
     ) -> None:
         self.group = group
         self.state = state
@@ -114,6 +146,8 @@ class Pipeline:
         self.dead_letters = dead_letters
         self.decoder: RecordDecoder = decoder or MessageDecoder()
         self.policy = policy or ValuePolicy()
+        self.large_messages = large_messages or LargeMessageResolver(MessageDecoder(), ClaimCheckStore([]))
+        self.large_messages.schemas = self._schema_of
         self.max_batch_records = max_batch_records
         self.poll_timeout = poll_timeout
         self.stats = PipelineStats()
@@ -171,6 +205,7 @@ class Pipeline:
             try:
                 self._flush_and_commit()
             finally:
+                self._count_integrity_and_fetches()
                 if collecting:
                     gc.enable()
         return self.stats
@@ -181,6 +216,7 @@ class Pipeline:
         for sink in self.sinks:
             sink.close()
         self.dead_letters.close()
+        self.large_messages.close()
         if self._pool:
             self._pool.close()
         if self._writer:
@@ -207,6 +243,7 @@ class Pipeline:
             self._learn_recorded_schemas()
         self._flush_and_commit(drain=self._pool is None)
         self._backpressure()
+        self._count_integrity_and_fetches()
 
     # -- rebalance callbacks ---------------------------------------------------------------------------
     def on_assign(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int] | None:
@@ -237,25 +274,60 @@ class Pipeline:
 
     # -- stages ----------------------------------------------------------------------------------------
     def _ingest(self, records: Sequence[SourceRecord]) -> None:
-        """Decode the records and hand them to the state in one call; one that does not decode goes to the
-        state's error path between the records before and after it."""
+        """Decode the records and hand them to the state in one call. Key-only DMLs are made whole first,
+        each kept at its record's place; a record that does not decode (or cannot be made whole) goes to
+        the state's error path between the records before and after it."""
         self.stats.records += len(records)
         decode = self.decoder.decode_record
-        decoded: list[tuple[RecordLocation, DecodedMessage]] = []
+        decoded: list[tuple[RecordLocation, DecodedMessage | _Failed]] = []
+        exceptional = False
         for record in records:
             location = record.location
             try:
-                decoded.append((location, decode(record.key, record.value)))
+                message = decode(record.key, record.value)
             except DependencyError:  # e.g. the schema registry is down: stop, set nothing aside
                 raise
             except ConsumerError as exc:
-                self.state.process_many(decoded)
-                decoded.clear()
-                self.state.process_failed(location, exc.with_location(location), record.value)
-                self._changed = True
-        self.state.process_many(decoded)
+                decoded.append((location, _Failed(exc, record.value)))
+                exceptional = True
+                continue
+            exceptional = exceptional or message.__class__ is KeyOnlyDML
+            decoded.append((location, message))
+        if exceptional:
+            self._ingest_exceptional(decoded, records)
+        else:
+            self.state.process_many(decoded)  # type: ignore[arg-type]
         if not self._changed:
             self._changed = any(not isinstance(message, Watermark) for _, message in decoded)
+
+    def _ingest_exceptional(
+        self, decoded: list[tuple[RecordLocation, DecodedMessage | _Failed]], records: Sequence[SourceRecord]
+    ) -> None:
+        """Resolve the poll's key-only DMLs together (their claim-checks are fetched concurrently), then
+        feed the state in runs split at the records that go to the error policy."""
+        positions = [i for i, (_, message) in enumerate(decoded) if message.__class__ is KeyOnlyDML]
+        if positions:
+            resolved = self.large_messages.resolve([decoded[i][1] for i in positions])  # type: ignore[misc]
+            for position, whole in zip(positions, resolved, strict=True):
+                location = decoded[position][0]
+                if isinstance(whole, ConsumerError):
+                    decoded[position] = (location, _Failed(whole, records[position].value))
+                else:
+                    decoded[position] = (location, whole)
+        run: list[tuple[RecordLocation, DecodedMessage]] = []
+        for location, message in decoded:
+            if isinstance(message, _Failed):
+                self.state.process_many(run)
+                run = []
+                self.state.process_failed(location, message.error.with_location(location), message.value)
+                self._changed = True
+            else:
+                run.append((location, message))
+        self.state.process_many(run)
+
+    def _schema_of(self, message: KeyOnlyDML) -> TableSchema | None:
+        """The known schema of a handle-key-only row (what an upstream lookup is typed by)."""
+        return self.state.schemas.lookup(message.row.schema_key, message.row.table_id)
 
     def _flush_and_commit(self, *, drain: bool = True) -> None:
         """Apply resolved units in order, then commit what they made durable. Without `drain`, stop at a
@@ -352,7 +424,18 @@ class Pipeline:
                 self.policy.stats.unrepresentable = counted  # the retry counts the batch's values again
                 bad_raw, bad_location = rows.pop(exc.row)
                 origins = None
-                self._dead_letter(DeadLetter(bad_location, str(exc), bad_raw.payload))
+                self._dead_letter(DeadLetter(bad_location, str(exc), bad_raw.payload, exc.code))
+                continue
+            except RejectedRowsError as exc:  # every row that failed verification, at once
+                if self.state.policy == "fail":
+                    raise exc.rejected[min(exc.rejected)] from exc
+                self.policy.stats.unrepresentable = counted
+                self.stats.integrity_failures += len(exc.rejected)
+                for index in sorted(exc.rejected, reverse=True):
+                    bad_raw, bad_location = rows.pop(index)
+                    error = exc.rejected[index]
+                    self._dead_letter(DeadLetter(bad_location, str(error), bad_raw.payload, error.code))
+                origins = None
                 continue
             self._deliver(changes, context)
             return
@@ -368,6 +451,16 @@ class Pipeline:
         self.dead_letters.write(unit)
         self.stats.dead_letters += 1
         log.warning("dead-lettered %s: %s", unit.location, unit.reason)
+
+    def _count_integrity_and_fetches(self) -> None:
+        """Totals the stages keep themselves (decode workers report theirs through the policy's stats)."""
+        storage = self.large_messages.store.stats
+        self.stats.verified_images = self.policy.stats.verified
+        self.stats.claim_check_fetches = storage.fetches
+        self.stats.claim_check_bytes = storage.bytes
+        self.stats.claim_check_seconds = storage.seconds
+        upstream = self.large_messages.upstream
+        self.stats.upstream_lookups = upstream.lookups if upstream is not None else 0
 
     def _codec(self, unit: RowBatch) -> TableCodec:
         codec = self._codecs.get(unit.schema.key)

@@ -5,12 +5,14 @@ and not slow"` is the fast set)."""
 pytest_plugins = ["consumer.testing.pytest_plugin"]
 
 
+import os  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 from consumer.spark.session import spark_session  # noqa: E402
+from consumer.testing.s3 import LocalS3Server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +22,23 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[LocalS3Server]:
+    """One S3-protocol server (moto) per test run; this process and its children reach it as S3 through the
+    usual AWS environment variables, set for the session."""
+    with LocalS3Server() as server:
+        saved = {name: os.environ.get(name) for name in server.environment()}
+        os.environ.update(server.environment())
+        try:
+            yield server
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 _MARKED_BY_FIXTURE = {"kafka_broker": "e2e", "kafka_topic": "e2e", "spark": "spark"}

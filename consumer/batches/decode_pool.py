@@ -24,7 +24,7 @@ import pyarrow as pa
 from cachetools import LRUCache
 
 from consumer.batches.changes import TableChanges, table_changes
-from consumer.errors import RecordLocation, ValueDecodeError
+from consumer.errors import RecordLocation, RejectedRowsError, ValueDecodeError
 from consumer.protocol.model import RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import DecodeStats, ValuePolicy
@@ -47,7 +47,7 @@ PIECE_ROWS = 10_000
 DECODE_GC_THRESHOLDS = (100_000, 50, 100)
 
 
-_Decoded = tuple[pa.Table, int] | None
+_Decoded = tuple[pa.Table, int, int] | None  # changelog, values nulled by the policy, images verified
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +107,8 @@ class DecodePool:
             return None
 
     def result(self, decoding: Decoding, schema: TableSchema) -> TableChanges | None:
-        """The batch's changes; None when a value did not decode (the caller's error policy then names
-        the row) or a worker died."""
+        """The batch's changes; None when a value did not decode or a row failed verification (the caller's
+        error policy then names the rows) or a worker died."""
         try:
             pieces = [piece.result() for piece in decoding.pieces]
         except BrokenProcessPool as exc:
@@ -117,8 +117,9 @@ class DecodePool:
         decoded = [piece for piece in pieces if piece is not None]
         if len(decoded) < len(pieces):
             return None
-        self.policy.stats.unrepresentable += sum(count for _, count in decoded)
-        changelogs = [changelog for changelog, _ in decoded]
+        self.policy.stats.unrepresentable += sum(nulled for _, nulled, _ in decoded)
+        self.policy.stats.verified += sum(verified for _, _, verified in decoded)
+        changelogs = [changelog for changelog, _, _ in decoded]
         return TableChanges(schema, changelogs[0] if len(changelogs) == 1 else pa.concat_tables(changelogs))
 
     def close(self) -> None:
@@ -150,9 +151,9 @@ def _decode(schema: bytes, rows: bytes) -> _Decoded:
     codec = _codecs.get(schema)
     if codec is None:
         codec = _codecs[schema] = TableCodec(_SCHEMA.decode(schema), _policy, registry=_registry)
-    before = _policy.stats.unrepresentable
+    nulled, verified = _policy.stats.unrepresentable, _policy.stats.verified
     try:
         changes = table_changes(codec, _ROWS.decode(rows))
-    except ValueDecodeError:
+    except (ValueDecodeError, RejectedRowsError):
         return None
-    return changes.changelog, _policy.stats.unrepresentable - before
+    return changes.changelog, _policy.stats.unrepresentable - nulled, _policy.stats.verified - verified

@@ -65,6 +65,7 @@ class ChangeImages:
     rows: pa.RecordBatch
     source: list[int]  # the DML (index into the batch) each image comes from
     kinds: list[int]  # each image's `ImageKind`
+    checksums: list[Checksum | None]  # each DML's row checksums (spec §8), None where it sent none
 
 
 _UPDATE_KINDS = (ImageKind.UPDATE_OLD, ImageKind.UPDATE_NEW)
@@ -131,6 +132,7 @@ class TableCodec:
             rows=pa.concat_batches([c.rows for c in chunks]),
             source=source,
             kinds=list(chain.from_iterable(c.kinds for c in chunks)),
+            checksums=list(chain.from_iterable(c.checksums for c in chunks)),
         )
 
     def _chunk_sizes(self, raws: Sequence[RawDML]) -> list[int]:
@@ -156,7 +158,7 @@ class TableCodec:
         return chunks
 
     def _decode_chunk(self, raws: Sequence[RawDML]) -> RowImages:
-        datas, olds = self._wire_images(raws)
+        datas, olds, _ = self._wire_images(raws)
         return RowImages(
             data=self._image(datas, raws),
             old=self._image(olds, raws),
@@ -165,7 +167,7 @@ class TableCodec:
         )
 
     def _changes_chunk(self, raws: Sequence[RawDML]) -> ChangeImages:
-        datas, olds = self._wire_images(raws)
+        datas, olds, checksums = self._wire_images(raws)
         images: list[Any] = []
         source: list[int] = []
         kinds: list[int] = []
@@ -188,20 +190,22 @@ class TableCodec:
             if exc.row is not None:
                 exc.row = source[exc.row]
             raise
-        return ChangeImages(rows, source, kinds)
+        return ChangeImages(rows, source, kinds, checksums)
 
-    def _wire_images(self, raws: Sequence[RawDML]) -> tuple[list[Any], list[Any]]:
+    def _wire_images(self, raws: Sequence[RawDML]) -> tuple[list[Any], list[Any], list[Checksum | None]]:
+        """Each DML's wire `data` and `old` images, and its checksums."""
         if raws and raws[0].encoding == "json":
             try:  # the fast path decodes the whole batch at once; the per-row loop only names a bad row
                 decode = self._batch_body.decode
                 bodies = [decode(raw.payload) for raw in raws]
-                return [b.data for b in bodies], [b.old for b in bodies]
+                return [b.data for b in bodies], [b.old for b in bodies], [b.checksum for b in bodies]
             except (msgspec.ValidationError, msgspec.DecodeError, AttributeError):
                 pass
         bodies = [self._wire_body(raw, row, self._batch_body) for row, raw in enumerate(raws)]
         if raws and raws[0].encoding == "avro":
-            return [b["data"] for b in bodies], [b["old"] for b in bodies]
-        return [b.data for b in bodies], [b.old for b in bodies]
+            checksums = [_avro_checksum(b["checksum"]) for b in bodies]
+            return [b["data"] for b in bodies], [b["old"] for b in bodies], checksums
+        return [b.data for b in bodies], [b.old for b in bodies], [b.checksum for b in bodies]
 
     def _wire_body(self, raw: RawDML, row: int, decoder: msgspec.json.Decoder) -> Any:
         if raw.encoding == "avro":
@@ -316,7 +320,7 @@ class TableCodec:
 
     def _foreign_changes(self, raws: Sequence[RawDML]) -> ChangeImages:
         rows, source, kinds, _ = self._foreign_rows(raws[0].encoding).images(raws)
-        return ChangeImages(rows, source, kinds)
+        return ChangeImages(rows, source, kinds, [None] * len(raws))  # their checksums are not verified
 
     def _foreign_dml(self, raw: RawDML) -> DML:
         rows, _, kinds, key_only = self._foreign_rows(raw.encoding).images([raw])
@@ -386,10 +390,13 @@ _HAS_DATA = frozenset((DMLType.INSERT, DMLType.UPDATE))
 _HAS_OLD = frozenset((DMLType.UPDATE, DMLType.DELETE))
 
 
+def _avro_checksum(record: dict[str, Any] | None) -> Checksum | None:
+    return None if record is None else Checksum(**record)
+
+
 def _avro_extras(body: dict[str, Any]) -> dict[str, Any]:
-    checksum = body["checksum"]
     return {
-        "checksum": None if checksum is None else Checksum(**checksum),
+        "checksum": _avro_checksum(body["checksum"]),
         "handle_key_only": bool(body["handleKeyOnly"]),
         "claim_check_location": body["claimCheckLocation"] or "",
     }

@@ -58,9 +58,11 @@ JSON_NULL = JsonNull()
 
 @dataclass
 class DecodeStats:
-    """Values the policy turned into NULL instead of failing (MySQL zero dates and the like)."""
+    """Values the policy turned into NULL instead of failing (MySQL zero dates and the like), and row images
+    whose checksum was verified."""
 
     unrepresentable: int = 0
+    verified: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,12 @@ class ValuePolicy:
     "null" (default) stores NULL and counts it in `stats`; "raise" fails the record.
     `timestamp_location`: the zone the encoder writes TIMESTAMP values in (TiCDC's `--tz`), and the zone
     TiCDC Avro's TIMESTAMP text is read in (that protocol does not say).
+    `verify_checksums`: check the row checksums TiCDC sends (spec §8) when a row carries them.
     """
 
     unrepresentable: Literal["null", "raise"] = "null"
     timestamp_location: str = "UTC"
+    verify_checksums: bool = True
     stats: DecodeStats = field(default_factory=DecodeStats, compare=False)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from consumer.large_messages.encoder import LargeMessageEncoder
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.confluent_avro import ConfluentAvroEncoder
 from consumer.protocol.debezium import DebeziumEncoder
@@ -87,7 +88,7 @@ class DebeziumStream:
         return []
 
 
-StreamWriter = MessageEncoder | AvroStream | DebeziumStream
+StreamWriter = MessageEncoder | LargeMessageEncoder | AvroStream | DebeziumStream
 
 
 def _action(ddl: DDL) -> int:
@@ -101,7 +102,7 @@ def _action(ddl: DDL) -> int:
 def encoded(workload: Workload, writer: StreamWriter) -> Iterable[tuple[StreamRecord, KafkaPair]]:
     """Each Kafka record of the stream, in order: a Simple `MessageEncoder`'s, or another protocol's."""
     for record in workload.records():
-        if isinstance(writer, MessageEncoder):
+        if isinstance(writer, MessageEncoder | LargeMessageEncoder):
             yield record, (record_key(record), writer.encode(record.message, record.schema))
             continue
         for pair in writer.pairs(record):

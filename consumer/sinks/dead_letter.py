@@ -27,6 +27,7 @@ class _Letter(msgspec.Struct):
     offset: int
     reason: str
     value: str | None  # standard base64 of the raw record value
+    reason_code: str
 
 
 class DeadLetterFile:
@@ -41,7 +42,7 @@ class DeadLetterFile:
     def write(self, letter: DeadLetter) -> None:
         value = None if letter.value is None else base64.b64encode(letter.value).decode("ascii")
         where = letter.location
-        line = _Letter(where.topic, where.partition, where.offset, letter.reason, value)
+        line = _Letter(where.topic, where.partition, where.offset, letter.reason, value, letter.reason_code)
         self._file.write(self._encoder.encode(line) + b"\n")
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -60,7 +61,11 @@ class DeadLetterTopic:
     def write(self, letter: DeadLetter) -> None:
         errors: list[str] = []
         where = letter.location
-        headers = {"ticdc.reason": letter.reason.encode(), "ticdc.source": str(where).encode()}
+        headers = {
+            "ticdc.reason": letter.reason.encode(),
+            "ticdc.reason_code": letter.reason_code.encode(),
+            "ticdc.source": str(where).encode(),
+        }
         self._producer.produce(
             self.topic,
             value=letter.value,

@@ -32,8 +32,14 @@ from typing import Literal
 
 import msgspec
 
-from consumer.errors import ConsumerError, RecordLocation, SchemaNotFoundError
-from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, RawDML, TableSchema, Watermark
+from consumer.errors import (
+    ClaimCheckNotAllowedError,
+    ConsumerError,
+    HandleKeyOnlyError,
+    RecordLocation,
+    SchemaNotFoundError,
+)
+from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, KeyOnlyDML, RawDML, TableSchema, Watermark
 from consumer.state.offsets import PartitionOffsets
 from consumer.state.pending import (
     DEFAULT_BUDGET_BYTES,
@@ -209,6 +215,8 @@ class ConsumerState:
             self._learn(message.table_schema)
             self._learn(message.pre_table_schema)
             self._add_ddl(message, location, offsets)
+        elif isinstance(message, KeyOnlyDML):  # a large-message resolver makes these whole before here
+            self._fail(location, offsets, _unresolved(message), message.row.payload)
         else:
             raise TypeError(f"{location}: not a decoded message: {type(message).__name__}")
 
@@ -227,12 +235,18 @@ class ConsumerState:
     def process_failed(self, location: RecordLocation, error: ConsumerError, value: bytes | None) -> None:
         """Take a record that failed to decode: a `DeadLetter`, or `error` raised under policy "fail"."""
         offsets = self._owned(topic_partition(location), location).offsets
-        if not offsets.admit(location.offset):
-            return
+        if offsets.admit(location.offset):
+            self._fail(location, offsets, error, value)
+
+    def _fail(
+        self, location: RecordLocation, offsets: PartitionOffsets, error: ConsumerError, value: bytes | None
+    ) -> None:
         if self.policy == "fail":
             raise error.with_location(location)
         offsets.hold(location.offset)
-        self._failed.append(DeadLetter(location, f"{type(error).__name__}: {error.reason}", value))
+        self._failed.append(
+            DeadLetter(location, f"{type(error).__name__}: {error.reason}", value, error.code)
+        )
 
     # -- output --------------------------------------------------------------------------------------
     def resolve(self) -> list[Unit]:
@@ -328,7 +342,22 @@ class ConsumerState:
         expired = self._pending.expire()
         for row in expired:
             self.schemas.unpin(row.dml.schema_key)
-        return [DeadLetter(row.location, missing_schema_reason(row.dml), row.dml.payload) for row in expired]
+        return [
+            DeadLetter(
+                row.location, missing_schema_reason(row.dml), row.dml.payload, SchemaNotFoundError.code
+            )
+            for row in expired
+        ]
+
+
+def _unresolved(message: KeyOnlyDML) -> ConsumerError:
+    """Why a key-only DML that reached the state machine is not applied: nothing made it whole."""
+    if message.claim_check_location:
+        return ClaimCheckNotAllowedError(
+            f"claim-check location not allowed: {message.claim_check_location!r} (no claim-check storage "
+            "is configured)"
+        )
+    return HandleKeyOnlyError("handle-key-only row needs an upstream lookup")
 
 
 def _claim(unit: Unit) -> dict[TopicPartition, list[int]]:
