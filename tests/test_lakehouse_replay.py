@@ -1,0 +1,68 @@
+"""Re-running a stream into the same lakehouse (same group, same root) changes nothing: the recorded resume
+offsets are right after every run, and a re-read from the start skips what is already there, across
+TRUNCATE, DROP, RENAME and CREATE-after-DROP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from consumer import app
+from consumer.config import RunConfig, SinkConfig, SourceConfig
+from consumer.protocol.codec import MessageEncoder
+from consumer.simulate.output import write_capture_file
+from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sinks.delta import DeltaSink, table_paths
+from consumer.sources.files import FileSource
+
+TOPIC = "replay"
+GROUP = "replayer"
+
+
+def _capture(tmp_path: Path) -> tuple[Path, dict[int, int]]:
+    workload = Workload(WorkloadConfig(rows=1500, tables=3, partitions=3, dispatch="primary-key", seed=3))
+    path = tmp_path / "capture.jsonl"
+    report = write_capture_file(workload, MessageEncoder(), TOPIC, path)
+    return path, report.end_offsets
+
+
+def _config(capture: Path, root: Path) -> RunConfig:
+    return RunConfig(
+        source=SourceConfig(url=f"file:{capture}", group=GROUP), sink=SinkConfig(url=f"delta:{root}")
+    )
+
+
+def _run(capture: Path, root: Path) -> None:
+    app.run(_config(capture, root), until_idle=0.5)
+
+
+def _reread(capture: Path, root: Path) -> None:
+    """The same group reading the whole stream again from its first record, whatever was recorded."""
+    pipeline = app.build_pipeline(_config(capture, root))
+    try:
+        pipeline.run(FileSource(capture, on_assign=pipeline.state.assign), until_idle=0.5)
+    finally:
+        pipeline.close()
+
+
+def _versions(root: Path) -> dict[str, int]:
+    return {str(path.relative_to(root)): DeltaTable(str(path)).version() for path in table_paths(root)}
+
+
+def test_a_complete_run_records_the_offsets_after_its_last_record(tmp_path: Path) -> None:
+    capture, ends = _capture(tmp_path)
+    _run(capture, tmp_path / "lake")
+    recorded = DeltaSink(tmp_path / "lake").recorded_offsets(GROUP)
+    assert recorded == {(TOPIC, partition): end for partition, end in ends.items()}
+
+
+def test_replaying_a_stream_across_a_drop_table_changes_nothing(tmp_path: Path) -> None:
+    capture, _ = _capture(tmp_path)
+    root = tmp_path / "lake"
+    _run(capture, root)
+    written = _versions(root)
+    _run(capture, root)
+    _reread(capture, root)
+    _run(capture, root)
+    assert _versions(root) == written
