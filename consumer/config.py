@@ -37,8 +37,13 @@ class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
-    url: str = ""  # delta:ROOT | parquet:ROOT | jsonl:ROOT
+    url: str = (
+        ""  # delta:ROOT | parquet:ROOT | jsonl:ROOT; ROOT a directory or an object-store URI (s3://...)
+    )
     mode: Literal["changelog", "mirror", "both"] = "both"
+    storage_options: dict[str, str] = msgspec.field(default_factory=dict)  # passed to delta-rs and pyarrow.fs
+    target_file_size: int = 8 * 1024 * 1024  # bytes per mirror file: a MERGE rewrites the files of its keys
+    allow_unsafe_commits: bool = False  # accept a store without conditional writes: one writer process only
 
 
 class ErrorsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -142,6 +147,11 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError(f"budget.processes = {config.budget.processes}: at least one process runs")
     if config.budget.processes > 1 and source.scheme != "kafka":
         raise ConfigError("budget.processes > 1 needs a Kafka source: the processes share its partitions")
+    if config.budget.processes > 1 and config.sink.allow_unsafe_commits:
+        raise ConfigError(
+            "sink.allow_unsafe_commits accepts a store without conditional writes for ONE writer process: "
+            "budget.processes must be 1"
+        )
     if config.budget.processes > 1 and config.sink.url.startswith("parquet:"):
         raise ConfigError(
             "budget.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"

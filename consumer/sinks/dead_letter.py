@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -11,6 +12,8 @@ import msgspec
 from confluent_kafka import Producer
 
 from consumer.errors import SinkError
+from consumer.lakehouse.storage import LakeRoot
+from consumer.sinks.layout import segment
 from consumer.state.units import DeadLetter
 
 
@@ -48,6 +51,28 @@ class DeadLetterFile:
 
     def close(self) -> None:
         self._file.close()
+
+
+class DeadLetterObjects:
+    """One object per letter under an object-store prefix (or a directory):
+    `<prefix>/<topic>/<partition>/<offset>.json`, holding the letter's JSON line. Object stores cannot
+    append; a letter written again (a replay) replaces its own object, so there are no duplicates."""
+
+    def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+        self._filesystem, self._prefix = LakeRoot.of(uri, storage_options).filesystem()
+        self._encoder = msgspec.json.Encoder()
+
+    def write(self, letter: DeadLetter) -> None:
+        value = None if letter.value is None else base64.b64encode(letter.value).decode("ascii")
+        where = letter.location
+        line = _Letter(where.topic, where.partition, where.offset, letter.reason, value)
+        directory = f"{self._prefix}/{segment(where.topic)}/{where.partition}"
+        self._filesystem.create_dir(directory, recursive=True)
+        with self._filesystem.open_output_stream(f"{directory}/{where.offset:020d}.json") as out:
+            out.write(self._encoder.encode(line) + b"\n")
+
+    def close(self) -> None:
+        return None
 
 
 class DeadLetterTopic:
