@@ -12,15 +12,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
 import pytest
-from deltalake import DeltaTable
+from lakehouse_checks import changelog_duplicates, changelog_rows, ddl_types
 
+from consumer.lakehouse.progress import consistent_ts
+from consumer.lakehouse.storage import LakeRoot
 from consumer.protocol.codec import MessageEncoder
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.delta import consistent_ts, table_paths
 from consumer.testing.broker import EmbeddedBroker
 
 SESSION_TIMEOUT_S = 3
@@ -88,23 +88,6 @@ def _mirror_state(root: Path, workload: Workload) -> dict[str, Any]:
     return delta_mirror_state(root, (table.schema for table in workload.tables))
 
 
-def _changelog_duplicates(root: Path) -> int:
-    duplicates = 0
-    for path in table_paths(root, include_ddl_log=False):
-        if path.name != "changelog":
-            continue
-        keys = DeltaTable(str(path)).to_pyarrow_table(
-            columns=["_topic", "_partition", "_offset", "_change_type"]
-        )
-        grouped = keys.group_by(keys.column_names).aggregate([([], "count_all")])
-        duplicates += pc.sum(pc.subtract(grouped["count_all"], 1)).as_py() or 0
-    return duplicates
-
-
-def _ddl_types(root: Path) -> set[str]:
-    return set(DeltaTable(str(root / "_ddl")).to_pyarrow_table(columns=["type"])["type"].to_pylist())
-
-
 @pytest.mark.parametrize(
     ("encoding", "compression"), [("json", "none"), ("avro", "none"), ("json", "lz4"), ("avro", "snappy")]
 )
@@ -116,9 +99,9 @@ def test_mirror_equals_ground_truth_through_every_ddl_type(
     truth = write_ground_truth(workload, tmp_path / "truth.json")
     _run(kafka_broker, topic, tmp_path / "lake", "lake")
     assert differences(_mirror_state(tmp_path / "lake", workload), truth) == []
-    assert _changelog_duplicates(tmp_path / "lake") == 0
-    assert _ddl_types(tmp_path / "lake") == {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
-    assert consistent_ts(tmp_path / "lake") == workload.last_watermark
+    assert changelog_duplicates(tmp_path / "lake") == 0
+    assert ddl_types(tmp_path / "lake") == {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
+    assert consistent_ts(LakeRoot.of(tmp_path / "lake")) == workload.last_watermark
 
 
 @pytest.mark.slow
@@ -142,7 +125,7 @@ def test_sigkill_at_several_points_then_restart_ends_exact(
     with WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic):
         _run(kafka_broker, topic, root, "killed")
     assert differences(_mirror_state(root, workload), truth) == []
-    assert _changelog_duplicates(root) == 0
+    assert changelog_duplicates(root) == 0
 
 
 @pytest.mark.slow
@@ -165,11 +148,7 @@ def test_three_members_of_one_group_equal_one_process(
         ]
         for member in members:
             assert member.wait(300) == 0
-    written = sum(
-        DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
-        for path in table_paths(shared, include_ddl_log=False)
-        if path.name == "changelog"
-    )
+    written = changelog_rows(shared)
     pair, alone = _newest_log(tmp_path, "trio", 2), _newest_log(tmp_path, "trio", 1)
     assert 2 in _assignment_sizes(pair)  # its own member held a third of the 6 partitions: 3 members
     # every row was applied by one of the commands, whose summaries add up their members (a rebalance may
@@ -178,4 +157,4 @@ def test_three_members_of_one_group_equal_one_process(
     assert differences(_mirror_state(single, workload), truth) == []
     assert differences(_mirror_state(shared, workload), truth) == []
     assert _mirror_state(shared, workload) == _mirror_state(single, workload)
-    assert _changelog_duplicates(shared) == 0
+    assert changelog_duplicates(shared) == 0

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deltalake import DeltaTable
+from lakehouse_checks import changelog_duplicates, versions
 
 from consumer import app
 from consumer.config import RunConfig, SinkConfig, SourceConfig
 from consumer.protocol.codec import MessageEncoder
-from consumer.simulate.output import write_capture_file
+from consumer.simulate.output import write_capture_file, write_ground_truth
+from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.lakehouse.tables import KINDS, tables
 from consumer.sinks.delta import DeltaSink
 from consumer.sources.files import FileSource
 
@@ -21,11 +21,12 @@ TOPIC = "replay"
 GROUP = "replayer"
 
 
-def _capture(tmp_path: Path) -> tuple[Path, dict[int, int]]:
+def _capture(tmp_path: Path) -> tuple[Path, dict[int, int], Workload]:
+    """A stream with every DDL type: ALTER, CREATE INDEX, TRUNCATE, RENAME, DROP TABLE, CREATE after DROP."""
     workload = Workload(WorkloadConfig(rows=1500, tables=3, partitions=3, dispatch="primary-key", seed=3))
     path = tmp_path / "capture.jsonl"
     report = write_capture_file(workload, MessageEncoder(), TOPIC, path)
-    return path, report.end_offsets
+    return path, report.end_offsets, workload
 
 
 def _config(capture: Path, root: Path) -> RunConfig:
@@ -47,28 +48,23 @@ def _reread(capture: Path, root: Path) -> None:
         pipeline.close()
 
 
-def _versions(root: Path) -> dict[str, int]:
-    """The version of every Delta table of the lakehouse but the progress records."""
-    paths = [root / "_catalog", root / "_ddl"]
-    paths += [root / entry.location / kind for entry in tables(root) for kind in KINDS]
-    return {
-        str(p.relative_to(root)): DeltaTable(str(p)).version() for p in paths if (p / "_delta_log").is_dir()
-    }
-
-
 def test_a_complete_run_records_the_offsets_after_its_last_record(tmp_path: Path) -> None:
-    capture, ends = _capture(tmp_path)
+    capture, ends, _ = _capture(tmp_path)
     _run(capture, tmp_path / "lake")
     recorded = DeltaSink(tmp_path / "lake").recorded_offsets(GROUP)
     assert recorded == {(TOPIC, partition): end for partition, end in ends.items()}
 
 
 def test_replaying_a_stream_across_a_drop_table_changes_nothing(tmp_path: Path) -> None:
-    capture, _ = _capture(tmp_path)
+    capture, _, workload = _capture(tmp_path)
     root = tmp_path / "lake"
     _run(capture, root)
-    written = _versions(root)
+    written = versions(root)
     _run(capture, root)
     _reread(capture, root)
     _run(capture, root)
-    assert _versions(root) == written
+    assert versions(root) == written
+    schemas = [table.schema for table in workload.tables]
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    assert differences(delta_mirror_state(root, schemas), truth) == []
+    assert changelog_duplicates(root) == 0

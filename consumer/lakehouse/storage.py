@@ -15,9 +15,11 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -157,12 +159,15 @@ def retry_commits(what: str, attempt: Callable[[], T], *, retries: int = 20, bac
 
 
 _checked: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+PROBE_WRITERS = 6
 
 
 def check_atomic_commits(root: LakeRoot, *, allow_unsafe: bool = False) -> None:
     """Refuse an object store that lets two writers commit the same table version (it would silently lose
-    one of them): two handles of a probe table, loaded at the same version, commit the same app
-    transaction; a safe store makes the second one conflict. Local roots and checked roots pass at once.
+    one of them): PROBE_WRITERS handles of a probe table, loaded at one version, commit at once, each its
+    own app transaction; on a store honouring create-only puts delta-rs retries the losers at later
+    versions, elsewhere they overwrite each other and some app transaction is missing afterwards. Local
+    roots and roots checked before pass at once.
 
     `allow_unsafe`: accept such a store with a loud warning, for a root with exactly one writer process.
     """
@@ -172,27 +177,30 @@ def check_atomic_commits(root: LakeRoot, *, allow_unsafe: bool = False) -> None:
     probe = root.join(PROBE_TABLE)
     schema = pa.schema([pa.field("probe", pa.string())])
     DeltaTable.create(probe, schema, mode="ignore", storage_options=root.options())
-    first, second = (
-        DeltaTable(probe, storage_options=root.options()),
-        DeltaTable(probe, storage_options=root.options()),
-    )
-    token = f"probe:{uuid.uuid4().hex}"
-    commit = CommitProperties(app_transactions=[Transaction(token, 1)], max_commit_retries=20)
-    first.create_write_transaction([], mode="append", schema=schema, commit_properties=commit)
-    try:
-        second.create_write_transaction([], mode="append", schema=schema, commit_properties=commit)
-    except CommitFailedError:
+    handles = [DeltaTable(probe, storage_options=root.options()) for _ in range(PROBE_WRITERS)]
+    tokens = [f"probe:{uuid.uuid4().hex}" for _ in handles]
+    start = threading.Barrier(len(handles))
+
+    def commit(handle: DeltaTable, token: str) -> None:
+        properties = CommitProperties(app_transactions=[Transaction(token, 1)], max_commit_retries=50)
+        start.wait()
+        handle.create_write_transaction([], mode="append", schema=schema, commit_properties=properties)
+
+    with ThreadPoolExecutor(len(handles)) as pool:
+        for done in [pool.submit(commit, h, t) for h, t in zip(handles, tokens, strict=True)]:
+            done.result()
+    committed = DeltaTable(probe, storage_options=root.options())
+    if all(committed.transaction_version(token) == 1 for token in tokens):
         _checked.add(key)
         return
     message = (
-        f"{root.uri}: the object store let two writers commit the same Delta table version (it ignores "
-        "create-only puts, `If-None-Match: *`), so concurrent commits would silently overwrite each other"
+        f"{root.uri}: concurrent commits overwrote each other on this object store (it ignores create-only "
+        "puts, `If-None-Match: *`), so group members writing this root would silently lose commits"
     )
     if not allow_unsafe:
         raise SinkError(
-            f"{message}. Use a store with conditional writes (AWS S3, MinIO and Cloudflare R2 with "
-            '`conditional_put = "etag"`), or set `sink.allow_unsafe_commits = true` if exactly one process '
-            "ever writes this root"
+            f"{message}. Use a store with conditional writes (AWS S3, MinIO, Cloudflare R2, Azure, GCS), or "
+            "set `sink.allow_unsafe_commits = true` if exactly one process ever writes this root"
         )
     log.warning("%s; continuing because sink.allow_unsafe_commits is set: ONE writer process only", message)
     _checked.add(key)
