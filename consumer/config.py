@@ -87,7 +87,10 @@ def load_config(
     *,
     environ: Mapping[str, str] = os.environ,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    sink_only: bool = False,
 ) -> RunConfig:
+    """The layered configuration, validated; `sink_only`: for commands that only touch the sink's root
+    (`maintain`), the source is not checked."""
     layered: dict[str, dict[str, Any]] = {}
     if path is not None:
         try:
@@ -106,7 +109,10 @@ def load_config(
         config = msgspec.convert(layered, RunConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
-    _check_urls(config)
+    if sink_only:
+        _check_sink(config)
+    else:
+        _check_urls(config)
     return config
 
 
@@ -141,8 +147,7 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError(
             f"source {config.source.url!r}: expected kafka://HOST:PORT/TOPIC or file:PATH.jsonl"
         )
-    if config.sink.url.partition(":")[0] not in ("delta", "parquet", "jsonl"):
-        raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
+    _check_sink(config)
     if config.budget.processes < 1:
         raise ConfigError(f"budget.processes = {config.budget.processes}: at least one process runs")
     if config.budget.processes > 1 and source.scheme != "kafka":
@@ -156,6 +161,11 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError(
             "budget.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"
         )
+
+
+def _check_sink(config: RunConfig) -> None:
+    if config.sink.url.partition(":")[0] not in ("delta", "parquet", "jsonl"):
+        raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
 
 
 def kafka_source_parts(url: str) -> tuple[str, list[str]]:

@@ -215,8 +215,12 @@ class Catalog:
         change: Callable[[list[CatalogEntry]], tuple[list[CatalogEntry] | None, CatalogEntry]],
     ) -> CatalogEntry:
         def attempt() -> CatalogEntry:
-            DeltaTable.create(self.uri, CATALOG_SCHEMA, mode="ignore", storage_options=self.root.options())
-            table = DeltaTable(self.uri, storage_options=self.root.options())
+            table = self.root.open(self.uri)
+            if table is None:
+                options = self.root.options()
+                DeltaTable.create(self.uri, CATALOG_SCHEMA, mode="ignore", storage_options=options)
+                table = self.root.open(self.uri)
+                assert table is not None
             entries = _read(self.root, table)
             changed, result = change(entries)
             if changed is not None:

@@ -31,7 +31,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from consumer.lakehouse.offsets import TopicPartition
-from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.storage import LakeRoot, retry_commits
 
 log = logging.getLogger(__name__)
 
@@ -134,15 +134,15 @@ class ProgressLog:
         return sorted(set(self.root.scan(table).to_table(columns=["group"])["group"].to_pylist()))
 
     def _append(self, uri: str, rows: pa.Table, compacted: _Compaction) -> None:
+        def attempt() -> None:  # conflicts only with a compaction that removed files this handle saw
+            table = self.root.open(uri)
+            target = table if table is not None else uri
+            write_deltalake(target, rows, mode="append", storage_options=self.root.options())
+
+        retry_commits(f"progress {uri}", attempt)
         table = self.root.open(uri)
-        write_deltalake(
-            table if table is not None else uri, rows, mode="append", storage_options=self.root.options()
-        )
-        table = table or self.root.open(uri)
-        if table is not None:
-            table.update_incremental()
-            if table.version() % COMPACT_EVERY == 0:
-                self._compact(table, compacted)
+        if table is not None and table.version() % COMPACT_EVERY == 0:
+            self._compact(table, compacted)
 
     def _compact(self, table: DeltaTable, compacted: _Compaction) -> None:
         """Rewrite the table as its newest facts; best effort: another member's concurrent compaction wins,
@@ -194,14 +194,18 @@ def merged_snapshots(snapshots: list[bytes]) -> bytes:
     return msgspec.msgpack.encode(list(seen.values()))
 
 
-def consistent_ts(root: LakeRoot, group: str | None = None) -> int | None:
+def consistent_ts(
+    root: str | os.PathLike[str] | LakeRoot,
+    group: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+) -> int | None:
     """A commit ts the lakehouse holds every change up to, with any number of group members: the smallest,
     over the partitions the group recorded, of the furthest applied ts each partition's rows claim.
 
     `group`: the consumer group; None takes the only group that recorded progress (several: the smallest
     over them). None when nothing is known yet or a partition has no applied ts.
     """
-    progress = ProgressLog(root)
+    progress = ProgressLog(LakeRoot.of(root, storage_options))
     groups = [group] if group is not None else progress.groups()
     points = []
     for name in groups:

@@ -86,11 +86,23 @@ class LakeRoot:
         return dict(self.storage_options) or None
 
     def open(self, uri: str) -> DeltaTable | None:
-        """The Delta table at `uri`, or None when there is none (yet)."""
+        """The Delta table at `uri` at its latest version, or None when there is none (yet). Handles are
+        kept and brought up to date incrementally: on an object store a fresh load reads every commit
+        since the last checkpoint, an update only the new ones. One thread at a time."""
+        table = self._tables.get(uri)
+        if table is not None:
+            table.update_incremental()
+            return table
         try:
-            return DeltaTable(uri, storage_options=self.options())
+            table = DeltaTable(uri, storage_options=self.options())
         except TableNotFoundError:
             return None
+        self._tables[uri] = table
+        return table
+
+    @cached_property
+    def _tables(self) -> dict[str, DeltaTable]:
+        return {}
 
     def scan(self, table: DeltaTable) -> pads.Dataset:
         """The table's current rows as an Arrow dataset of exactly the files its log lists, with the table's

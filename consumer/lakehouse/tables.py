@@ -26,6 +26,8 @@ from consumer.lakehouse.storage import LakeRoot
 Kind = Literal["changelog", "mirror", "deletes"]
 KINDS: tuple[Kind, ...] = ("changelog", "mirror", "deletes")
 STORED_AS, STORED_DURATION = "ticdc.stored_as", "duration[us]"  # field metadata of a stored TIME column
+FLOOR_PROPERTY = "ticdc.truncated_at"  # on a mirror: its latest TRUNCATE/DROP, older changes never apply
+KEY_PROPERTY = "ticdc.key"  # on a mirror: its key columns, comma-separated (`maintain` clusters by them)
 RootLike = str | os.PathLike[str] | LakeRoot
 
 

@@ -39,7 +39,7 @@ from consumer.errors import SinkError
 from consumer.lakehouse.catalog import CatalogEntry, Name
 from consumer.lakehouse.offsets import delta_applied, next_offsets, transactions, unapplied
 from consumer.lakehouse.storage import retry_commits
-from consumer.lakehouse.tables import STORED_AS, STORED_DURATION
+from consumer.lakehouse.tables import FLOOR_PROPERTY, KEY_PROPERTY, STORED_AS, STORED_DURATION
 from consumer.protocol.model import DDL, DDLType, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import CommitContext
@@ -51,8 +51,6 @@ Mode = Literal["changelog", "mirror", "both"]
 
 KINDS = ("changelog", "mirror")
 MIRROR_META = ("_commit_ts", "_schema_version")
-FLOOR_PROPERTY = "ticdc.truncated_at"  # on a mirror: its latest TRUNCATE/DROP, older changes never apply
-KEY_PROPERTY = "ticdc.key"  # on a mirror: its key columns, comma-separated (`maintain` clusters by them)
 DEFAULT_TARGET_FILE_SIZE = 8 * 1024 * 1024  # mirror files: a MERGE rewrites the few holding changed keys
 MAX_KEY_RANGES = 16  # key ranges a MERGE names (more would make its predicate the bottleneck)
 MERGE_METRICS = (  # delta-rs MERGE metrics summed in `operation_metrics`
@@ -236,7 +234,8 @@ class DeltaSink(LakehouseSink):
             DeltaTable.create(
                 uri, stored, mode="ignore", configuration=configuration, storage_options=self.root.options()
             )
-            table = DeltaTable(uri, storage_options=self.root.options())
+            table = self.root.open(uri)
+            assert table is not None
         properties = {
             KEY_PROPERTY: ",".join(keys),
             **({FLOOR_PROPERTY: str(floor)} if floor > _floor(table) else {}),
@@ -259,8 +258,9 @@ class DeltaSink(LakehouseSink):
 
     def _append_deletes(self, uri: str, deleted: pa.Table) -> None:
         """Blind appends: they never conflict, and a replayed delete only repeats a fact."""
+        table = self.root.open(uri)
         write_deltalake(
-            uri,
+            table if table is not None else uri,
             pa.Table.from_arrays(deleted.columns, schema=pa.schema([_storable(f) for f in deleted.schema])),
             mode="append",
             schema_mode="merge",
