@@ -31,9 +31,9 @@ from consumer.simulate.output import SimulationReport, produce_to_kafka, write_g
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.delta import DeltaSink
-from consumer.sinks.parquet import ParquetSink
+from consumer.sinks.parquet import ParquetSink, manifest_files
 from consumer.sources.kafka import KafkaSource
-from consumer.spark.readers import read_changelog, read_mirror
+from consumer.spark.readers import read_mirror
 from consumer.spark.session import spark_session
 from consumer.testing.broker import EmbeddedBroker
 
@@ -95,7 +95,7 @@ def run_demo(
         lakehouse=stats,
         consume_seconds=seconds,
         changelog_rows=_delta_changelog_rows(workdir / "delta"),
-        parquet_rows=_parquet_changelog_rows(spark, workdir / "parquet", schemas),
+        parquet_rows=_parquet_changelog_rows(spark, workdir / "parquet"),
         mirror_differences=differences(delta_mirror_state(workdir / "delta", schemas), truth),
         consistent_ts=consistent_ts(workdir / "delta"),
     )
@@ -223,13 +223,11 @@ def _delta_changelog_rows(root: Path) -> int:
     return sum(rows.num_rows for rows in _changelogs(root))
 
 
-def _parquet_changelog_rows(spark: SparkSession, root: Path, schemas: list[TableSchema]) -> int:
-    live = {entry.name for entry in tables(root) if entry.live}
-    return sum(
-        read_changelog(spark, root, schema.database, schema.table, format="parquet").count()
-        for schema in schemas
-        if (schema.database, schema.table) in live
-    )
+def _parquet_changelog_rows(spark: SparkSession, root: Path) -> int:
+    """Rows of every table's Parquet changelog (dropped tables too), counted by Spark."""
+    lake = LakeRoot.of(root)
+    listed = (manifest_files(lake, entry.location) for entry in tables(lake))
+    return sum(spark.read.parquet(*files).count() for files in listed if files)
 
 
 def _print_summary(report: DemoReport, schemas: list[TableSchema], workdir: Path, console: Console) -> None:
