@@ -41,8 +41,15 @@ class _Metrics:
         self.lag = Gauge(
             "ticdc_watermark_lag_seconds", "Now minus the watermark's time", registry=self.registry
         )
+        self.sink = Counter(
+            "ticdc_sink_operations",
+            "Sink operation counters, e.g. delta-rs MERGE metrics (files scanned/skipped/rewritten, rows)",
+            ["metric"],
+            registry=self.registry,
+        )
         start_http_server(port, registry=self.registry)
         self._seen: dict[str, int] = {}
+        self._seen_sink: dict[str, int] = {}
 
     def update(self, pipeline: Pipeline) -> None:
         stats, state = pipeline.stats, pipeline.state.stats()
@@ -53,6 +60,9 @@ class _Metrics:
         self._seen["\0records"] = stats.records
         self.dead_letters.inc(stats.dead_letters - self._seen.get("\0dead", 0))
         self._seen["\0dead"] = stats.dead_letters
+        for name, value in stats.sink_metrics.items():
+            self.sink.labels(name).inc(value - self._seen_sink.get(name, 0))
+            self._seen_sink[name] = value
         self.held.set(state.held_rows)
         self.watermark.set(state.global_watermark or 0)
         self.lag.set(watermark_lag_seconds(state.global_watermark) or 0)
