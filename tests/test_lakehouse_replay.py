@@ -4,6 +4,9 @@ TRUNCATE, DROP, RENAME and CREATE-after-DROP."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 from lakehouse_checks import changelog_duplicates, versions
@@ -68,3 +71,17 @@ def test_replaying_a_stream_across_a_drop_table_changes_nothing(tmp_path: Path) 
     truth = write_ground_truth(workload, tmp_path / "truth.json")
     assert differences(delta_mirror_state(root, schemas), truth) == []
     assert changelog_duplicates(root) == 0
+
+
+def test_the_run_summary_reports_what_the_mirror_merges_read_and_wrote(tmp_path: Path) -> None:
+    capture, _, _ = _capture(tmp_path)
+    command = [sys.executable, "-m", "consumer", "run", "--source", f"file:{capture}", "--group", GROUP]
+    command += ["--sink", f"delta:{tmp_path / 'lake'}", "--until-idle", "0.5"]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = re.search(
+        r"(\d+) mirror MERGEs: (\d+) files scanned, (\d+) skipped, (\d+) rewritten", result.stdout
+    )
+    assert found is not None, result.stdout
+    merges, scanned, skipped, rewritten = map(int, found.groups())
+    assert merges > 10 and rewritten > 0 and scanned + skipped >= rewritten
