@@ -42,7 +42,7 @@ class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
     )
     mode: Literal["changelog", "mirror", "both"] = "both"
     storage_options: dict[str, str] = msgspec.field(default_factory=dict)  # passed to delta-rs and pyarrow.fs
-    target_file_size: int = 8 * 1024 * 1024  # bytes per mirror file: a MERGE rewrites the files of its keys
+    target_file_size: int = 1024 * 1024  # bytes per mirror file: a MERGE rewrites the files of its keys
     allow_unsafe_commits: bool = False  # accept a store without conditional writes: one writer process only
 
 
@@ -164,8 +164,13 @@ def _check_urls(config: RunConfig) -> None:
 
 
 def _check_sink(config: RunConfig) -> None:
-    if config.sink.url.partition(":")[0] not in ("delta", "parquet", "jsonl"):
+    kind, _, root = config.sink.url.partition(":")
+    if kind not in ("delta", "parquet", "jsonl"):
         raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
+    if kind == "jsonl" and "://" in root:
+        raise ConfigError(
+            f"sink {config.sink.url!r}: the JSON-lines sink appends to files in a local directory"
+        )
 
 
 def kafka_source_parts(url: str) -> tuple[str, list[str]]:

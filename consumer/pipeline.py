@@ -44,9 +44,7 @@ SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the
 # loop makes next to no reference cycles. While running, a full collection runs this often instead.
 GC_EVERY_SECONDS = 30.0
 JOIN_GRACE_SECONDS = 30.0  # an unassigned member waits this much longer before judging the topic idle
-PROGRESS_SECONDS = (
-    5.0  # sinks that keep progress record it this often (and when schemas change, and at the end)
-)
+PROGRESS_SECONDS = 5.0  # sinks keeping progress record it this often, when schemas change, and at the end
 
 
 @dataclass(slots=True)
@@ -285,7 +283,8 @@ class Pipeline:
             finally:
                 self._commit(final=final)
             return  # nothing after a unit that failed to apply may be applied or committed
-        watermark = self.state.stats().global_watermark
+        before = self.state.stats()  # rows waiting for a schema may be older than the watermark
+        watermark = before.global_watermark if not before.held_rows else None
         units = self.state.resolve()
         if units:
             resolved_ts = self.state.stats().global_watermark or 0
@@ -305,7 +304,7 @@ class Pipeline:
         try:
             self._confirm_written(wait=drain)
             if watermark is not None and not self._queue and not self._writing:
-                self._applied_ts = watermark  # everything resolved up to it is applied
+                self._applied_ts = watermark  # every change up to it is applied
         finally:
             self._commit(final=final)  # what was applied, even when a later unit failed
 

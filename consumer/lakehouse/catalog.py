@@ -137,8 +137,7 @@ class Catalog:
 
     def find(self, name: Name, commit_ts: int) -> CatalogEntry | None:
         """The table holding `name`'s changes at `commit_ts`, from the cache."""
-        found = [e for e in self.entries() if e.name_at(commit_ts) == name]
-        return max(found, key=lambda e: e.created_ts) if found else None
+        return _holding(self.entries(), name, commit_ts)
 
     def current(self, name: Name) -> CatalogEntry | None:
         """The live table called `name` now (what readers want)."""

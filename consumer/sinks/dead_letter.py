@@ -12,7 +12,6 @@ import msgspec
 from confluent_kafka import Producer
 
 from consumer.errors import SinkError
-from consumer.lakehouse.storage import LakeRoot
 from consumer.sinks.layout import segment
 from consumer.state.units import DeadLetter
 
@@ -59,6 +58,8 @@ class DeadLetterObjects:
     append; a letter written again (a replay) replaces its own object, so there are no duplicates."""
 
     def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+        from consumer.lakehouse.storage import LakeRoot  # delta-rs loads only for object-store letters
+
         self._filesystem, self._prefix = LakeRoot.of(uri, storage_options).filesystem()
         self._encoder = msgspec.json.Encoder()
 

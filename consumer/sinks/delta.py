@@ -51,7 +51,7 @@ Mode = Literal["changelog", "mirror", "both"]
 
 KINDS = ("changelog", "mirror")
 MIRROR_META = ("_commit_ts", "_schema_version")
-DEFAULT_TARGET_FILE_SIZE = 8 * 1024 * 1024  # mirror files: a MERGE rewrites the few holding changed keys
+DEFAULT_TARGET_FILE_SIZE = 1024 * 1024  # mirror files: a MERGE rewrites the few holding changed keys
 MAX_KEY_RANGES = 16  # key ranges a MERGE names (more would make its predicate the bottleneck)
 MERGE_METRICS = (  # delta-rs MERGE metrics summed in `operation_metrics`
     "num_target_files_scanned",
