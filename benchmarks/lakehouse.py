@@ -619,7 +619,9 @@ def local_s3(enabled: bool) -> Iterator[str | None]:
             AWS_ACCESS_KEY_ID="bench",
             AWS_SECRET_ACCESS_KEY="bench",
         )
-        pafs.S3FileSystem(allow_bucket_creation=True).create_dir("lakehouse-bench")
+        endpoint = f"127.0.0.1:{port}"
+        bucket = pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", allow_bucket_creation=True)
+        bucket.create_dir("lakehouse-bench")
         yield "s3://lakehouse-bench"
     finally:
         server.terminate()

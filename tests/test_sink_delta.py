@@ -214,6 +214,18 @@ def test_a_lagging_members_older_change_cannot_bring_a_deleted_row_back(tmp_path
     assert sorted(_mirror(tmp_path)) == [1, 2, 3]
 
 
+def test_the_deletes_side_table_is_purged_below_the_consistent_point(tmp_path: Path) -> None:
+    sink = DeltaSink(tmp_path, mode="mirror")
+    sink.write(_changes([_insert(k, TS, k) for k in range(40)]), CONTEXT)
+    sink.record_progress(CommitContext("g", {("t", 0): 60}, TS, b"", applied_ts={("t", 0): TS + 20}))
+    for k in range(32):  # the 32nd commit to the side table purges it
+        sink.write(_changes([_delete(k, TS + 1 + k, 40 + k)]), CONTEXT)
+    deletes = _uri(tmp_path).replace("/mirror", "/deletes")
+    assert sorted(r["id"] for r in _plain(deletes)) == list(range(19, 32))  # deleted at TS + 20 and after
+    assert len(DeltaTable(deletes).file_uris()) == 1
+    assert sorted(_mirror(tmp_path)) == list(range(32, 40))
+
+
 def test_mirror_replay_is_skipped(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path, mode="mirror")
     batch = _changes([_insert(1, TS, 0), _update(1, TS + 1, 1, qty=3)])

@@ -32,12 +32,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
-from deltalake.exceptions import DeltaError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from consumer.batches.changes import META_COLUMNS, TableChanges, latest_per_key, stored_name, stored_schema
 from consumer.errors import SinkError
 from consumer.lakehouse.catalog import CatalogEntry, Name
 from consumer.lakehouse.offsets import delta_applied, next_offsets, transactions, unapplied
+from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import retry_commits
 from consumer.lakehouse.tables import FLOOR_PROPERTY, KEY_PROPERTY, STORED_AS, STORED_DURATION
 from consumer.protocol.model import DDL, DDLType, TableSchema
@@ -53,6 +54,7 @@ KINDS = ("changelog", "mirror")
 MIRROR_META = ("_commit_ts", "_schema_version")
 DEFAULT_TARGET_FILE_SIZE = 1024 * 1024  # mirror files: a MERGE rewrites the few holding changed keys
 MAX_KEY_RANGES = 16  # key ranges a MERGE names (more would make its predicate the bottleneck)
+PURGE_DELETES_EVERY = 32  # commits to a deletes side table between purges below the consistent point
 MERGE_METRICS = (  # delta-rs MERGE metrics summed in `operation_metrics`
     "num_target_files_scanned",
     "num_target_files_skipped_during_scan",
@@ -182,7 +184,8 @@ class DeltaSink(LakehouseSink):
             latest = latest_per_key(pending, keys)
             deleted = pc.equal(latest["_change_type"], "delete")
             if pc.any(deleted).as_py():  # before the mirror: a member reading the mirror after sees them
-                self._append_deletes(deletes_uri, latest.filter(deleted).select([*keys, "_commit_ts"]))
+                recorded = latest.filter(deleted).select([*keys, "_commit_ts"])
+                self._append_deletes(deletes_uri, recorded, context.group)
             latest = self._without_revived(deletes_uri, latest, keys)
             if latest.num_rows == 0:
                 return
@@ -256,8 +259,10 @@ class DeltaSink(LakehouseSink):
             assert current is not None
         return current
 
-    def _append_deletes(self, uri: str, deleted: pa.Table) -> None:
-        """Blind appends: they never conflict, and a replayed delete only repeats a fact."""
+    def _append_deletes(self, uri: str, deleted: pa.Table, group: str) -> None:
+        """Blind appends: they never conflict, and a replayed delete only repeats a fact. Every
+        PURGE_DELETES_EVERY commits the side table loses what the consistent point no longer needs, so
+        reading it stays cheap between `maintain` runs."""
         table = self.root.open(uri)
         write_deltalake(
             table if table is not None else uri,
@@ -266,6 +271,16 @@ class DeltaSink(LakehouseSink):
             schema_mode="merge",
             storage_options=self.root.options(),
         )
+        table = self.root.open(uri)
+        point = (
+            consistent_ts(self.root, group) if table and table.version() % PURGE_DELETES_EVERY == 0 else None
+        )
+        if table is not None and point is not None:
+            try:
+                table.delete(f"_commit_ts < {point}")
+                table.optimize.compact()
+            except CommitFailedError:
+                log.info("%s: purge skipped, another writer changed it", uri)
 
     def _without_revived(self, uri: str, latest: pa.Table, keys: tuple[str, ...]) -> pa.Table:
         """`latest` without the upserts of keys the side table says were deleted after them."""
