@@ -9,15 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from lakehouse_checks import changelog_duplicates, versions
 
 from consumer import app
 from consumer.config import RunConfig, SinkConfig, SourceConfig
-from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.codec import MessageDecoder, MessageEncoder
+from consumer.protocol.model import DMLType, RawDML
 from consumer.simulate.output import write_capture_file, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.delta import DeltaSink
+from consumer.sources.capture import read_capture
 from consumer.sources.files import FileSource
 
 TOPIC = "replay"
@@ -32,19 +35,19 @@ def _capture(tmp_path: Path) -> tuple[Path, dict[int, int], Workload]:
     return path, report.end_offsets, workload
 
 
-def _config(capture: Path, root: Path) -> RunConfig:
+def _config(capture: Path, root: Path, kind: str = "delta") -> RunConfig:
     return RunConfig(
-        source=SourceConfig(url=f"file:{capture}", group=GROUP), sink=SinkConfig(url=f"delta:{root}")
+        source=SourceConfig(url=f"file:{capture}", group=GROUP), sink=SinkConfig(url=f"{kind}:{root}")
     )
 
 
-def _run(capture: Path, root: Path) -> None:
-    app.run(_config(capture, root), until_idle=0.5)
+def _run(capture: Path, root: Path, kind: str = "delta") -> None:
+    app.run(_config(capture, root, kind), until_idle=0.5)
 
 
-def _reread(capture: Path, root: Path) -> None:
+def _reread(capture: Path, root: Path, kind: str = "delta") -> None:
     """The same group reading the whole stream again from its first record, whatever was recorded."""
-    pipeline = app.build_pipeline(_config(capture, root))
+    pipeline = app.build_pipeline(_config(capture, root, kind))
     try:
         pipeline.run(FileSource(capture, on_assign=pipeline.state.assign), until_idle=0.5)
     finally:
@@ -71,6 +74,26 @@ def test_replaying_a_stream_across_a_drop_table_changes_nothing(tmp_path: Path) 
     truth = write_ground_truth(workload, tmp_path / "truth.json")
     assert differences(delta_mirror_state(root, schemas), truth) == []
     assert changelog_duplicates(root) == 0
+
+
+def test_replaying_a_stream_into_parquet_changes_nothing(tmp_path: Path) -> None:
+    capture, _, _ = _capture(tmp_path)
+    root = tmp_path / "lake"
+    _run(capture, root, "parquet")
+    written = versions(root), _manifests(root)
+    _run(capture, root, "parquet")
+    _reread(capture, root, "parquet")
+    assert (versions(root), _manifests(root)) == written
+    decoded = (MessageDecoder().decode(record.value) for record in read_capture(capture))
+    images = sum(2 if m.type is DMLType.UPDATE else 1 for m in decoded if isinstance(m, RawDML))
+    rows = sum(pq.read_metadata(path).num_rows for path in root.glob("*/*/changelog/*.parquet"))
+    assert len(written[1]) == 4 and rows == images  # 4 tables (one dropped, then created again)
+
+
+def _manifests(root: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(root)): path.read_bytes() for path in root.glob("*/*/changelog/_manifest.json")
+    }
 
 
 def test_the_run_summary_reports_what_the_mirror_merges_read_and_wrote(tmp_path: Path) -> None:
