@@ -71,6 +71,18 @@ class Merge:
     written: int
     changed: int
 
+    @classmethod
+    def of(cls, seconds: float, metrics: dict[str, int]) -> Merge:
+        """From delta-rs MERGE metrics; changed = updated + inserted + deleted rows."""
+        return cls(
+            seconds,
+            metrics["num_target_files_scanned"],
+            metrics["num_target_files_skipped_during_scan"],
+            metrics["num_target_files_removed"],
+            metrics["num_output_rows"],
+            sum(metrics[f"num_target_rows_{k}"] for k in ("updated", "inserted", "deleted")),
+        )
+
 
 class Bench:
     """One mirror of `rows` keys and the sink writing it."""
@@ -151,16 +163,7 @@ class Bench:
         self.sink.write(changes, CommitContext("bench", resolved_ts=self.ts))
         seconds = time.perf_counter() - started
         after = self.sink.operation_metrics()
-        delta = {name: after[name] - before[name] for name in after}
-        changed = sum(delta[f"num_target_rows_{k}"] for k in ("updated", "inserted", "deleted"))
-        return Merge(
-            seconds,
-            delta["num_target_files_scanned"],
-            delta["num_target_files_skipped_during_scan"],
-            delta["num_target_files_removed"],
-            delta["num_output_rows"],
-            changed,
-        )
+        return Merge.of(seconds, {name: after[name] - before[name] for name in after})
 
     def merge_as_before(self, changes: TableChanges) -> Merge:
         """The MERGE as the sink made it before key ranges: equality on the key only, streamed source."""
@@ -183,16 +186,7 @@ class Bench:
             .when_not_matched_insert(assignments, "s._change_type <> 'delete'")
             .execute()
         )
-        seconds = time.perf_counter() - started
-        changed = sum(metrics[f"num_target_rows_{k}"] for k in ("updated", "inserted", "deleted"))
-        return Merge(
-            seconds,
-            metrics["num_target_files_scanned"],
-            metrics["num_target_files_skipped_during_scan"],
-            metrics["num_target_files_removed"],
-            metrics["num_output_rows"],
-            changed,
-        )
+        return Merge.of(time.perf_counter() - started, metrics)
 
 
 def median(merges: list[Merge]) -> Merge:

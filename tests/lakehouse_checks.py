@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -9,6 +12,31 @@ import pyarrow.compute as pc
 
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import KINDS, entry_uri, read_delta, tables
+
+SESSION_TIMEOUT_S = 3
+FAST_GROUP_ENV = {  # group joins of ~SESSION_TIMEOUT_S / 2 on the embedded broker; many small commits
+    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_S * 1000),
+    "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
+    "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "1000",
+}
+
+
+def start_run(
+    servers: str, topic: str, group: str, sink: str, log: Path, processes: int
+) -> subprocess.Popen[str]:
+    """A `ticdc-consumer run` until idle, logging to `log`, in its own process group (a SIGKILL of the
+    group takes its member processes too)."""
+    command = [sys.executable, "-m", "consumer", "run", "--source", f"kafka://{servers}/{topic}"]
+    command += ["--group", group, "--sink", sink, "--until-idle", "3", "--processes", str(processes)]
+    with log.open("w") as out:
+        return subprocess.Popen(
+            command,
+            env={**os.environ, **FAST_GROUP_ENV},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
 
 def changelog_duplicates(root: str | Path, storage_options: Mapping[str, str] | None = None) -> int:

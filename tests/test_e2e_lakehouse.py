@@ -3,17 +3,22 @@ the simulator's ground truth (mirror) and for duplicates (changelog, by topic/pa
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from lakehouse_checks import changelog_duplicates, changelog_rows, ddl_types, versions
+from lakehouse_checks import (
+    SESSION_TIMEOUT_S,
+    changelog_duplicates,
+    changelog_rows,
+    ddl_types,
+    start_run,
+    versions,
+)
 
 from consumer.lakehouse.progress import consistent_ts
 from consumer.protocol.codec import MessageEncoder
@@ -21,12 +26,6 @@ from consumer.simulate.output import produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.testing.broker import EmbeddedBroker
-
-SESSION_TIMEOUT_S = 3
-FAST_GROUP_ENV = {
-    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_S * 1000),
-    "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
-}
 
 
 def _produce(
@@ -40,27 +39,11 @@ def _produce(
 def _run(
     broker: EmbeddedBroker, topic: str, root: Path, group: str, *, wait: bool = True, processes: int = 1
 ) -> subprocess.Popen[str]:
-    """A `run` command; its log goes next to the output, to read when a test fails."""
-    command = [
-        sys.executable,
-        "-m",
-        "consumer",
-        "run",
-        "--source",
-        f"kafka://{broker.bootstrap_servers}/{topic}",
-        "--group",
-        f"{topic}.{group}",  # the broker outlives tests: a group of an earlier test must not interfere
-        "--sink",
-        f"delta:{root}",
-        "--until-idle",
-        "3",
-        "--processes",
-        str(processes),
-    ]
-    env = {**os.environ, **FAST_GROUP_ENV, "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "1000"}
+    """A `run` command; its log goes next to the output, to read when a test fails. The broker outlives
+    tests: a group of an earlier test must not interfere, hence the topic in the group's name."""
     log_path = root.parent / f"{group}-p{processes}-{time.monotonic_ns()}.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    sink = f"delta:{root}"
+    process = start_run(broker.bootstrap_servers, topic, f"{topic}.{group}", sink, log_path, processes)
     if wait:
         assert process.wait(300) == 0, log_path.read_text()[-3000:]
     return process

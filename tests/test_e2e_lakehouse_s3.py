@@ -10,7 +10,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from deltalake.query import QueryBuilder
-from lakehouse_checks import changelog_duplicates, ddl_types, versions
+from lakehouse_checks import SESSION_TIMEOUT_S, changelog_duplicates, ddl_types, start_run, versions
 
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
@@ -29,12 +28,6 @@ from consumer.simulate.truth import arrow_table_rows, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.testing.broker import EmbeddedBroker
 
-SESSION_TIMEOUT_S = 3
-FAST_GROUP_ENV = {
-    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_S * 1000),
-    "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
-    "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "1000",
-}
 EVERY_DDL = {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
 
 
@@ -49,33 +42,11 @@ def _run(
     broker: EmbeddedBroker, topic: str, root: str, logs: Path, *, processes: int = 1, wait: bool = True
 ) -> subprocess.Popen[str]:
     """A `run` command writing `root`, reaching the store through the standard AWS_* variables (set by the
-    `s3_lake` fixture); its own process group, so a SIGKILL takes its member processes too."""
-    command = [
-        sys.executable,
-        "-m",
-        "consumer",
-        "run",
-        "--source",
-        f"kafka://{broker.bootstrap_servers}/{topic}",
-        "--group",
-        f"{topic}.lake",
-        "--sink",
-        f"delta:{root}",
-        "--until-idle",
-        "3",
-        "--processes",
-        str(processes),
-    ]
+    `s3_lake` fixture)."""
     log_path = logs / f"run-p{processes}-{time.monotonic_ns()}.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            command,
-            env={**os.environ, **FAST_GROUP_ENV},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+    process = start_run(
+        broker.bootstrap_servers, topic, f"{topic}.lake", f"delta:{root}", log_path, processes
+    )
     if wait:
         assert process.wait(600) == 0, log_path.read_text()[-3000:]
     return process
