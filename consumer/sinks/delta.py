@@ -53,6 +53,9 @@ Mode = Literal["changelog", "mirror", "both"]
 KINDS = ("changelog", "mirror")
 MIRROR_META = ("_commit_ts", "_schema_version")
 DEFAULT_TARGET_FILE_SIZE = 1024 * 1024  # mirror files: a MERGE rewrites the few holding changed keys
+# commit ts 0 is "unknown" (a change without one, e.g. an Avro tombstone first on its partition): it came
+# after the row's earlier changes on that partition, so it is never stale
+NEWER = "s._commit_ts >= t._commit_ts OR s._commit_ts = 0"
 MAX_KEY_RANGES = 16  # key ranges a MERGE names (more would make its predicate the bottleneck)
 PURGE_DELETES_EVERY = 32  # commits to a deletes side table between purges below the consistent point
 MERGE_METRICS = (  # delta-rs MERGE metrics summed in `operation_metrics`
@@ -218,8 +221,8 @@ class DeltaSink(LakehouseSink):
                 streamed_exec=False,  # the source's key stats prune files too
                 commit_properties=_properties(context, offsets),
             )
-            .when_matched_update(assignments, "s._change_type <> 'delete' AND s._commit_ts >= t._commit_ts")
-            .when_matched_delete("s._change_type = 'delete' AND s._commit_ts >= t._commit_ts")
+            .when_matched_update(assignments, f"s._change_type <> 'delete' AND ({NEWER})")
+            .when_matched_delete(f"s._change_type = 'delete' AND ({NEWER})")
             .when_not_matched_insert(assignments, "s._change_type <> 'delete'")
             .execute()
         )
@@ -298,12 +301,10 @@ class DeltaSink(LakehouseSink):
         rows = pa.array(range(latest.num_rows), pa.int64())
         probe = latest.select([*keys, "_commit_ts", "_change_type"]).append_column("_row", rows)
         joined = probe.join(deleted, list(keys), join_type="inner")
-        revived = joined.filter(
-            pc.and_(
-                pc.not_equal(joined["_change_type"], "delete"),
-                pc.greater(joined["_commit_ts_max"], joined["_commit_ts"]),
-            )
-        )["_row"]
+        older = pc.and_(
+            pc.greater(joined["_commit_ts_max"], joined["_commit_ts"]), pc.not_equal(joined["_commit_ts"], 0)
+        )
+        revived = joined.filter(pc.and_(pc.not_equal(joined["_change_type"], "delete"), older))["_row"]
         if len(revived) == 0:
             return latest
         return latest.filter(pc.invert(pc.is_in(rows, revived)))
