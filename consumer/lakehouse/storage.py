@@ -104,12 +104,12 @@ class LakeRoot:
     def _tables(self) -> dict[str, DeltaTable]:
         return {}
 
-    def scan(self, table: DeltaTable) -> pads.Dataset:
-        """The table's current rows as an Arrow dataset of exactly the files its log lists, with the table's
-        schema (columns older files lack read as null). Read through `pyarrow.fs`: delta-rs's own Arrow
-        readers make short processes abort at exit here (delta-rs #2184)."""
+    def scan(self, table: DeltaTable, files: list[str] | None = None) -> pads.Dataset:
+        """The table's current rows as an Arrow dataset of exactly the files its log lists (or of `files`,
+        some of those), with the table's schema (columns older files lack read as null). Read through
+        `pyarrow.fs`: delta-rs's own Arrow readers make short processes abort at exit here (#2184)."""
         filesystem, _ = self.filesystem()
-        files = [_filesystem_path(uri) for uri in table.file_uris()]
+        files = [_filesystem_path(uri) for uri in (table.file_uris() if files is None else files)]
         schema = pa.schema(table.schema().to_arrow())
         return pads.dataset(files, schema=schema, format="parquet", filesystem=filesystem)
 

@@ -97,6 +97,7 @@ class DeltaSink(LakehouseSink):
         self.retry_backoff = retry_backoff
         self.target_file_size = target_file_size
         self._metrics = dict.fromkeys(("merges", *MERGE_METRICS), 0)
+        self._deletes_read: dict[str, dict[str, pa.Table]] = {}  # per side table: rows by file read
         self._warned_keyless: set[tuple[str, str]] = set()
 
     # -- Sink ------------------------------------------------------------------------------------------
@@ -292,9 +293,8 @@ class DeltaSink(LakehouseSink):
         if table is None or not pc.any(upserting).as_py():
             return latest
         candidates = pc.unique(latest[keys[0]].filter(upserting))
-        recorded = self.root.scan(table).to_table(
-            columns=[*keys, "_commit_ts"], filter=pc.field(keys[0]).isin(candidates)
-        )
+        recorded = self._recorded_deletes(uri, table, [*keys, "_commit_ts"])
+        recorded = recorded.filter(pc.is_in(recorded[keys[0]], candidates))
         if recorded.num_rows == 0:
             return latest
         deleted = recorded.group_by(list(keys), use_threads=False).aggregate([("_commit_ts", "max")])
@@ -308,6 +308,18 @@ class DeltaSink(LakehouseSink):
         if len(revived) == 0:
             return latest
         return latest.filter(pc.invert(pc.is_in(rows, revived)))
+
+    def _recorded_deletes(self, uri: str, table: DeltaTable, columns: list[str]) -> pa.Table:
+        """The side table's rows, each of its files read once: on an object store every file is a request,
+        and between purges a MERGE would otherwise read them all again."""
+        files = self._deletes_read.setdefault(uri, {})
+        live = set(table.file_uris())
+        for gone in set(files) - live:
+            del files[gone]
+        for name in sorted(live - set(files)):
+            files[name] = self.root.scan(table, [name]).to_table(columns=columns)
+        schema = pa.schema([_arrow_schema(table).field(c) for c in columns])  # type: ignore[union-attr]
+        return pa.concat_tables(files.values()) if files else schema.empty_table()
 
     # -- DDL -------------------------------------------------------------------------------------------
     def _alter(self, entry: CatalogEntry, schema: pa.Schema, context: CommitContext) -> None:
