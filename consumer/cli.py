@@ -342,6 +342,70 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
             f"({stats.claim_check_bytes} bytes, {stats.claim_check_seconds:.1f} s), "
             f"{stats.upstream_lookups} upstream lookups"
         )
+    merges = stats.sink_metrics.get("merges")
+    if merges:
+        metrics = stats.sink_metrics
+        click.echo(
+            f"{merges} mirror MERGEs: {metrics['num_target_files_scanned']} files scanned, "
+            f"{metrics['num_target_files_skipped_during_scan']} skipped, "
+            f"{metrics['num_target_files_removed']} rewritten; {metrics['num_output_rows']} rows written for "
+            f"{metrics['num_target_rows_updated'] + metrics['num_target_rows_inserted']} upserted and "
+            f"{metrics['num_target_rows_deleted']} deleted"
+        )
+
+
+@main.command()
+@click.option(
+    "--sink", "sink_url", help="delta:ROOT or parquet:ROOT (ROOT a directory or an object-store URI)"
+)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--cluster", is_flag=True, help="rewrite mirrors sorted by their key (Z-order), not just compact"
+)
+@click.option(
+    "--retention-hours",
+    type=int,
+    default=168,
+    show_default=True,
+    help="VACUUM files removed longer ago than this (at least the tables' own retention)",
+)
+@click.option("--no-vacuum", is_flag=True, help="compact, purge and checkpoint only")
+def maintain(
+    sink_url: str | None, config_path: Path | None, cluster: bool, retention_hours: int, no_vacuum: bool
+) -> None:
+    """Keep a lakehouse fast: compact or cluster its Delta tables, purge recent deletes below the consistent
+    point, VACUUM, checkpoint; safe while consumers write."""
+    from consumer.lakehouse.maintenance import maintain as run_maintenance
+
+    try:
+        config = load_config(config_path, overrides={"sink": {"url": sink_url}}, sink_only=True)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    root = config.sink.url.partition(":")[2]
+    report = run_maintenance(
+        root,
+        config.sink.storage_options,
+        cluster=cluster,
+        retention_hours=retention_hours,
+        vacuum=not no_vacuum,
+    )
+    for done in report.tables:
+        outcome = (
+            f"error: {done.error}"
+            if done.error
+            else (
+                f"{done.files_before} -> {done.files_after} files ({done.files_rewritten} rewritten"
+                f"{', clustered' if done.clustered else ''}), {done.files_vacuumed} vacuumed"
+                f"{f', {done.deletes_purged} deletes purged' if done.deletes_purged else ''}"
+            )
+        )
+        click.echo(f"{done.uri.removeprefix(root).lstrip('/')}: {outcome}")
+    click.echo(
+        f"{len(report.tables)} tables maintained in {report.seconds:.1f} s; "
+        f"consistent at TSO {report.consistent_ts}"
+    )
+    if any(done.error for done in report.tables):
+        sys.exit(1)
 
 
 @main.command()

@@ -56,8 +56,13 @@ class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
-    url: str = ""  # delta:ROOT | parquet:ROOT | jsonl:ROOT
+    url: str = (
+        ""  # delta:ROOT | parquet:ROOT | jsonl:ROOT; ROOT a directory or an object-store URI (s3://...)
+    )
     mode: Literal["changelog", "mirror", "both"] = "both"
+    storage_options: dict[str, str] = msgspec.field(default_factory=dict)  # passed to delta-rs and pyarrow.fs
+    target_file_size: int = 1024 * 1024  # bytes per mirror file: a MERGE rewrites the files of its keys
+    allow_unsafe_commits: bool = False  # accept a store without conditional writes: one writer process only
 
 
 class ErrorsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -123,7 +128,10 @@ def load_config(
     *,
     environ: Mapping[str, str] = os.environ,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    sink_only: bool = False,
 ) -> RunConfig:
+    """The layered configuration, validated; `sink_only`: for commands that only touch the sink's root
+    (`maintain`), the source is not checked."""
     layered: dict[str, dict[str, Any]] = {}
     if path is not None:
         try:
@@ -142,7 +150,10 @@ def load_config(
         config = msgspec.convert(layered, RunConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
-    _check_urls(config)
+    if sink_only:
+        _check_sink(config)
+    else:
+        _check_urls(config)
     _check_large_messages(config.large_messages)
     return config
 
@@ -182,14 +193,18 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError(
             f"source {config.source.url!r}: expected kafka://HOST:PORT/TOPIC or file:PATH.jsonl"
         )
-    if config.sink.url.partition(":")[0] not in ("delta", "parquet", "jsonl"):
-        raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
+    _check_sink(config)
     if config.decode.protocol == "avro" and not config.decode.schema_registry:
         raise ConfigError("decode.protocol = avro needs decode.schema_registry (the registry URL)")
     if config.budget.processes < 1:
         raise ConfigError(f"budget.processes = {config.budget.processes}: at least one process runs")
     if config.budget.processes > 1 and source.scheme != "kafka":
         raise ConfigError("budget.processes > 1 needs a Kafka source: the processes share its partitions")
+    if config.budget.processes > 1 and config.sink.allow_unsafe_commits:
+        raise ConfigError(
+            "sink.allow_unsafe_commits accepts a store without conditional writes for ONE writer process: "
+            "budget.processes must be 1"
+        )
     if config.budget.processes > 1 and config.sink.url.startswith("parquet:"):
         raise ConfigError(
             "budget.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"
@@ -207,6 +222,16 @@ def _check_large_messages(config: LargeMessagesConfig) -> None:
         raise ConfigError(f"large_messages: {exc}") from exc
     if config.fetch_concurrency < 1 or config.max_object_bytes < 1 or config.fetch_retries < 0:
         raise ConfigError("large_messages: fetch_concurrency and max_object_bytes >= 1, fetch_retries >= 0")
+
+
+def _check_sink(config: RunConfig) -> None:
+    kind, _, root = config.sink.url.partition(":")
+    if kind not in ("delta", "parquet", "jsonl"):
+        raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
+    if kind == "jsonl" and "://" in root:
+        raise ConfigError(
+            f"sink {config.sink.url!r}: the JSON-lines sink appends to files in a local directory"
+        )
 
 
 def kafka_source_parts(url: str) -> tuple[str, list[str]]:

@@ -30,7 +30,14 @@ from consumer.protocol.model import DecodedMessage, KeyOnlyDML, TableSchema, Wat
 from consumer.protocol.protocols import RecordDecoder
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
-from consumer.sinks.base import CommitContext, DDLEvent, Sink, TopicPartition
+from consumer.sinks.base import (
+    CommitContext,
+    DDLEvent,
+    ProgressRecorder,
+    ReportsMetrics,
+    Sink,
+    TopicPartition,
+)
 from consumer.sinks.dead_letter import DeadLetterSink
 from consumer.sources.base import Source
 from consumer.sources.errors import SourceError
@@ -46,6 +53,7 @@ SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the
 # loop makes next to no reference cycles. While running, a full collection runs this often instead.
 GC_EVERY_SECONDS = 30.0
 JOIN_GRACE_SECONDS = 30.0  # an unassigned member waits this much longer before judging the topic idle
+PROGRESS_SECONDS = 5.0  # sinks keeping progress record it this often, when schemas change, and at the end
 
 
 @dataclass(slots=True)
@@ -90,6 +98,7 @@ class PipelineStats:
     claim_check_seconds: float = 0.0
     upstream_lookups: int = 0
     rows_by_table: dict[str, int] = field(default_factory=dict)
+    sink_metrics: dict[str, int] = field(default_factory=dict)  # the sinks' operation counters, summed
     started: float = field(default_factory=time.monotonic)
 
     def combined(self, other: PipelineStats) -> PipelineStats:
@@ -97,6 +106,9 @@ class PipelineStats:
         tables = dict(self.rows_by_table)
         for table, rows in other.rows_by_table.items():
             tables[table] = tables.get(table, 0) + rows
+        metrics = dict(self.sink_metrics)
+        for name, value in other.sink_metrics.items():
+            metrics[name] = metrics.get(name, 0) + value
         return PipelineStats(
             records=self.records + other.records,
             rows=self.rows + other.rows,
@@ -111,6 +123,7 @@ class PipelineStats:
             claim_check_seconds=self.claim_check_seconds + other.claim_check_seconds,
             upstream_lookups=self.upstream_lookups + other.upstream_lookups,
             rows_by_table=tables,
+            sink_metrics=metrics,
             started=min(self.started, other.started),
         )
 
@@ -169,6 +182,12 @@ class Pipeline:
         self._schemas_refreshed = 0.0
         self._idle = 0.0  # seconds spent waiting in polls since the last change record
         self._changed = False  # a change record arrived in the current cycle
+        # Progress the sinks record: every change of every owned partition up to `_applied_ts` is applied
+        # (None until a cycle applied all it resolved since the last assignment).
+        self._recorders = [sink for sink in self.sinks if isinstance(sink, ProgressRecorder)]
+        self._applied_ts: int | None = None
+        self._recorded_at = 0.0
+        self._recorded_schemas = -1  # `SchemaCache.learned` when the sinks last recorded the schemas
         self._learn_recorded_schemas()
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -203,7 +222,7 @@ class Pipeline:
                     collected = time.monotonic()
         finally:
             try:
-                self._flush_and_commit()
+                self._flush_and_commit(final=True)
             finally:
                 self._count_integrity_and_fetches()
                 if collecting:
@@ -251,8 +270,10 @@ class Pipeline:
         learn the schemas the partitions' previous owner recorded (BOOTSTRAPs only announce the latest)."""
         self.state.assign(partitions)
         self._idle = 0.0  # joining a group is not idleness
+        self._applied_ts = None  # not known for the new partitions until a cycle applies all it resolved
         self._learn_recorded_schemas()
         recorded = self._sink_resume_offsets()
+        self.state.seed_watermarks(self._sink_watermarks())
         committed = self._source.committed(partitions) if self._source else {}
         starts = {}
         for tp in partitions:
@@ -266,7 +287,7 @@ class Pipeline:
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
         """Flush and commit what can be, then drop the partitions' state (the next owner re-reads it)."""
-        self._flush_and_commit()
+        self._flush_and_commit(final=True)
         self.state.revoke(partitions)
         for tp in partitions:
             self._resume.pop(tp, None)
@@ -329,15 +350,18 @@ class Pipeline:
         """The known schema of a handle-key-only row (what an upstream lookup is typed by)."""
         return self.state.schemas.lookup(message.row.schema_key, message.row.table_id)
 
-    def _flush_and_commit(self, *, drain: bool = True) -> None:
+    def _flush_and_commit(self, *, drain: bool = True, final: bool = False) -> None:
         """Apply resolved units in order, then commit what they made durable. Without `drain`, stop at a
-        batch still decoding, unless more than a cycle's records are waiting."""
+        batch still decoding, unless more than a cycle's records are waiting. `final`: the last before the
+        run ends or partitions go: the sinks record their progress whenever it is due or not."""
         if self._write_error is not None:
             try:
                 self._confirm_written(wait=True)  # confirms the units before the failed one, raises its error
             finally:
-                self._commit()
+                self._commit(final=final)
             return  # nothing after a unit that failed to apply may be applied or committed
+        before = self.state.stats()  # rows waiting for a schema may be older than the watermark
+        watermark = before.global_watermark if not before.held_rows else None
         units = self.state.resolve()
         if units:
             resolved_ts = self.state.stats().global_watermark or 0
@@ -356,8 +380,10 @@ class Pipeline:
                 self.state.confirm(queued.unit)
         try:
             self._confirm_written(wait=drain)
+            if watermark is not None and not self._queue and not self._writing:
+                self._applied_ts = watermark  # every change up to it is applied
         finally:
-            self._commit()  # what was applied, even when a later unit failed
+            self._commit(final=final)  # what was applied, even when a later unit failed
 
     def _write(self, queued: _Queued, context: CommitContext) -> None:
         """The writer thread's job; once one unit failed, the later ones are left unapplied."""
@@ -470,8 +496,10 @@ class Pipeline:
             )
         return codec
 
-    def _commit(self) -> None:
+    def _commit(self, *, final: bool = False) -> None:
         offsets = self.state.committable()
+        self._record_progress(force=final)
+        self._sink_metrics()
         if not offsets or self._source is None:
             return
         try:
@@ -507,6 +535,58 @@ class Pipeline:
             schema_snapshot=self.state.schemas.snapshot(),
         )
 
+    def _record_progress(self, *, force: bool) -> None:
+        """Let the sinks that keep progress record where each owned partition can resume and up to which
+        commit ts its changes are applied (`CommitContext.applied_ts`): a partition whose every record seen
+        is applied is complete up to its own watermark, the others up to the last watermark whose units all
+        applied. Nothing is claimed while rows wait for their schema. Before the Kafka commit, so the
+        schemas a resumed member needs are recorded before Kafka moves past the records that told them."""
+        if not self._recorders or self._write_error is not None:
+            return
+        learned = self.state.schemas.learned
+        fresh = learned != self._recorded_schemas
+        if not (force or fresh or time.monotonic() - self._recorded_at >= PROGRESS_SECONDS):
+            return
+        resume: dict[TopicPartition, int] = {}
+        applied: dict[TopicPartition, int] = {}
+        held = self.state.stats().held_rows
+        for tp, partition in self.state.partition_states().items():
+            if partition.resume_offset is None:
+                continue
+            resume[tp] = partition.resume_offset
+            applied_ts = partition.watermark if partition.drained else self._applied_ts
+            if applied_ts is not None and not held:
+                applied[tp] = applied_ts
+        if not resume and not fresh:
+            return
+        self._confirm_written(wait=True)  # a sink is used by one thread at a time
+        context = CommitContext(
+            group=self.group,
+            resume_offsets=resume,
+            resolved_ts=self._applied_ts or 0,
+            schema_snapshot=self.state.schemas.snapshot() if fresh else b"",
+            applied_ts=applied,
+        )
+        for sink in self._recorders:
+            sink.record_progress(context)
+        self._recorded_at, self._recorded_schemas = time.monotonic(), learned
+
+    def _sink_metrics(self) -> None:
+        totals: dict[str, int] = {}
+        for sink in self.sinks:
+            if isinstance(sink, ReportsMetrics):
+                for name, value in sink.operation_metrics().items():
+                    totals[name] = totals.get(name, 0) + value
+        self.stats.sink_metrics = totals
+
+    def _sink_watermarks(self) -> dict[TopicPartition, int]:
+        """Per partition, a commit ts every sink that keeps progress recorded its changes applied up to."""
+        if not self._recorders:
+            return {}
+        per_sink = [sink.recorded_watermarks(self.group) for sink in self._recorders]
+        common = set(per_sink[0]).intersection(*per_sink[1:])
+        return {tp: min(marks[tp] for marks in per_sink) for tp in common}
+
     def _sink_resume_offsets(self) -> dict[TopicPartition, int]:
         """A partition can resume from a sink-recorded offset only if every sink recorded one (the min)."""
         self._confirm_written(wait=True)  # a sink is read by one thread at a time
@@ -521,7 +601,10 @@ class Pipeline:
         next BOOTSTRAP, and rows written at a version no BOOTSTRAP will announce again still decode."""
         self._schemas_refreshed = time.monotonic()
         self._confirm_written(wait=True)  # a sink is read by one thread at a time
+        recorded = self.state.schemas.learned == self._recorded_schemas
         for sink in self.sinks:
             snapshot = sink.recorded_schema_snapshot()
             if snapshot:
                 self.state.learn_schemas(snapshot_schemas(snapshot))
+        if recorded or self._recorded_schemas < 0:  # what it knows now is what the sinks hold
+            self._recorded_schemas = self.state.schemas.learned

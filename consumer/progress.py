@@ -54,8 +54,15 @@ class _Metrics:
         self.totals = {  # counters mirroring a PipelineStats field each
             name: Counter(f"ticdc_{name}", text, registry=self.registry) for name, text in _TOTALS.items()
         }
+        self.sink = Counter(
+            "ticdc_sink_operations",
+            "Sink operation counters, e.g. delta-rs MERGE metrics (files scanned/skipped/rewritten, rows)",
+            ["metric"],
+            registry=self.registry,
+        )
         start_http_server(port, registry=self.registry)
         self._seen: dict[str, float] = {}
+        self._seen_sink: dict[str, int] = {}
 
     def update(self, pipeline: Pipeline) -> None:
         stats, state = pipeline.stats, pipeline.state.stats()
@@ -70,6 +77,9 @@ class _Metrics:
             total = getattr(stats, name)
             counter.inc(total - self._seen.get(name, 0))
             self._seen[name] = total
+        for name, value in stats.sink_metrics.items():
+            self.sink.labels(name).inc(value - self._seen_sink.get(name, 0))
+            self._seen_sink[name] = value
         self.held.set(state.held_rows)
         self.watermark.set(state.global_watermark or 0)
         self.lag.set(watermark_lag_seconds(state.global_watermark) or 0)

@@ -1,6 +1,7 @@
 """Shared test setup: the embedded Kafka broker fixtures (`kafka_broker`, `kafka_topic`), one SparkSession,
-and markers: a test using the broker is `e2e`, one using Spark is `spark` (`pytest -m "not e2e and not spark
-and not slow"` is the fast set)."""
+one local S3-protocol server (`s3_server`, `s3_lake`), and markers: a test using the broker is `e2e`, one
+using Spark is `spark`, one using the S3 server `s3` (`pytest -m "not e2e and not spark and not slow"` is the
+fast set)."""
 
 pytest_plugins = ["consumer.testing.pytest_plugin"]
 
@@ -41,7 +42,22 @@ def s3_server() -> Iterator[LocalS3Server]:
                     os.environ[name] = value
 
 
-_MARKED_BY_FIXTURE = {"kafka_broker": "e2e", "kafka_topic": "e2e", "spark": "spark"}
+@pytest.fixture
+def s3_lake(s3_server: LocalS3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`s3://<fresh bucket>/lake`, with the server's AWS_* variables set for this test (as a user sets them
+    for delta-rs)."""
+    for name, value in s3_server.environment().items():
+        monkeypatch.setenv(name, value)
+    return f"s3://{s3_server.bucket()}/lake"
+
+
+_MARKED_BY_FIXTURE = {
+    "kafka_broker": "e2e",
+    "kafka_topic": "e2e",
+    "spark": "spark",
+    "s3_server": "s3",
+    "s3_lake": "s3",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from consumer.lakehouse.progress import consistent_ts
 from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
 from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions
 from consumer.protocol.model import DataType
@@ -21,7 +22,6 @@ from consumer.protocol.registry import SchemaRegistry
 from consumer.simulate.output import AvroStream, DebeziumStream, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.delta import consistent_ts
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.registry import LocalSchemaRegistry
 
@@ -97,7 +97,7 @@ def test_avro_without_watermarks_mirror_is_exact_per_key(
     )
     assert "0 dead letters" in out
     assert differences(_mirror(tmp_path / "lake", workload), truth) == []
-    assert consistent_ts(tmp_path / "lake") == 0  # no watermark: no cross-table consistency point
+    assert consistent_ts(tmp_path / "lake") is None  # no watermark: no cross-table consistency point
 
 
 def test_avro_watermark_mode_with_every_ddl_orders_by_watermark(

@@ -54,7 +54,7 @@ class WorkloadConfig:
     bootstrap_every_seconds: float = 120.0
     bootstrap_to_all_partitions: bool = True
     watermark_every_txns: int = 50
-    ddl: bool = True  # ALTER ADD/DROP COLUMN, CREATE INDEX, TRUNCATE, RENAME, DROP TABLE along the way
+    ddl: bool = True  # ALTER ADD/DROP COLUMN, CREATE INDEX, TRUNCATE, RENAME, DROP TABLE, CREATE it again
     checksums: bool = False  # rows carry TiDB's row checksums (spec §8), as with integrity-check-level
     large_value_bytes: int = 0  # table 0's rows get a TEXT value this long: its DMLs are large messages
     max_txn_rows: int = 4
@@ -136,9 +136,10 @@ class Workload:
         return self._physical_ms
 
     # -- tables, rows and transactions --------------------------------------------------------------
-    def _create_table(self, index: int) -> Iterator[StreamRecord]:
+    def _create_table(self, index: int, name: str | None = None) -> Iterator[StreamRecord]:
         commit_ts = self._tso()
-        schema = _initial_schema(self.config.database, f"t{index}", 100 + index, commit_ts - 1, index)
+        table_id = 100 + len(self.tables)
+        schema = _initial_schema(self.config.database, name or f"t{index}", table_id, commit_ts - 1, index)
         self.tables.append(_Table(schema))
         ddl = DDL(
             type=DDLType.CREATE,
@@ -291,11 +292,15 @@ class Workload:
     def _ddl_points(self) -> list[tuple[int, str]]:
         if not self.config.ddl or self.config.tables < 2:
             return []
-        kinds = ["add-column", "create-index", "drop-column", "truncate", "rename", "drop-table"]
+        kinds = ["add-column", "create-index", "drop-column", "truncate", "rename", "drop-table", "recreate"]
         step = self.config.rows // (len(kinds) + 1)
         return [(step * (i + 1), kind) for i, kind in enumerate(kinds)]
 
     def _ddl(self, kind: str) -> Iterator[StreamRecord]:
+        if kind == "recreate":  # CREATE TABLE with the name of the table dropped before: a new table
+            dropped = next(t for t in reversed(self.tables) if t.dropped)
+            yield from self._create_table(len(self.tables), dropped.schema.table)
+            return
         live = [t for t in self.tables if not t.dropped]
         table = live[-1] if kind == "drop-table" else live[0]
         commit_ts = self._tso()

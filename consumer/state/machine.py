@@ -26,7 +26,7 @@ of its key (and is 0 when it is the first record of an assignment).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -80,6 +80,16 @@ class StateStats:
     cached_schemas: int
     global_watermark: int | None
     paused_partitions: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """Where an owned partition stands: the offset to resume it from (None before its first record),
+    whether every record seen on it is durably applied, and its watermark."""
+
+    resume_offset: int | None
+    drained: bool
+    watermark: int | None
 
 
 @dataclass(slots=True, eq=False)
@@ -282,6 +292,20 @@ class ConsumerState:
             if offset is not None and offset != partition.reported:
                 result[tp] = partition.reported = offset
         return result
+
+    def partition_states(self) -> dict[TopicPartition, PartitionState]:
+        return {
+            tp: PartitionState(p.offsets.committable(), p.offsets.drained(), self._watermarks.of(tp))
+            for tp, p in self._partitions.items()
+        }
+
+    def seed_watermarks(self, marks: Mapping[TopicPartition, int]) -> None:
+        """Watermarks known from outside the stream for owned partitions: a sink's record that every change
+        of the partition up to them is applied. A partition resumed at its end has no WATERMARK left to
+        read, and would otherwise hold every other partition back until TiCDC's next one."""
+        for tp, commit_ts in marks.items():
+            if tp in self._partitions:
+                self._watermarks.advance(tp, commit_ts)
 
     def paused(self) -> set[TopicPartition]:
         """Partitions the source should pause now (and resume every other one).

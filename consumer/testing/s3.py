@@ -16,6 +16,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -53,18 +54,29 @@ class LocalS3Server:
     def pid(self) -> int:
         return self._process.pid
 
-    def environment(self) -> dict[str, str]:
-        """What a client process needs to reach this server as S3 (pyarrow, delta-rs, boto3)."""
+    @property
+    def storage_options(self) -> dict[str, str]:
+        """The delta-rs storage options (and `[sink.storage_options]`) that reach this server."""
         return {
             "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ALLOW_HTTP": "true",
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_REGION": "us-east-1",
-            "AWS_EC2_METADATA_DISABLED": "true",
         }
+
+    def environment(self) -> dict[str, str]:
+        """What a client process needs to reach this server as S3 (pyarrow, delta-rs, boto3)."""
+        return {**self.storage_options, "AWS_EC2_METADATA_DISABLED": "true"}
 
     def create_bucket(self, name: str) -> None:
         self._call("PUT", f"/{name}")
+
+    def bucket(self) -> str:
+        """A new, empty bucket's name."""
+        name = f"lake-{uuid.uuid4().hex[:12]}"
+        self.create_bucket(name)
+        return name
 
     def start_recording(self) -> None:
         """Forget recorded requests and record from now on."""
