@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 
-from consumer.batches.changes import latest_per_key, table_changes
+from hypothesis import given
+from hypothesis import strategies as st
+
+from consumer.batches.changes import METADATA_NAMES, latest_per_key, stored_name, table_changes
 from consumer.errors import RecordLocation, ValueDecodeError
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
+from consumer.testing.messages import raw_dml
 
 SCHEMA = TableSchema(
     database="shop",
@@ -111,3 +115,40 @@ def test_bad_value_after_an_update_names_its_record_not_its_image() -> None:
         assert "9999999999" in str(exc)
     else:
         raise AssertionError("expected a ValueDecodeError")
+
+
+# -- user columns named like metadata -------------------------------------------------------------------
+@given(st.text(alphabet="_ab", max_size=12) | st.sampled_from(sorted(METADATA_NAMES)).map(lambda n: "__" + n))
+def test_stored_names_never_collide_with_metadata_or_each_other(name: str) -> None:
+    stored = stored_name(name)
+    assert stored not in METADATA_NAMES
+    assert stored == name or stored == "_" + name
+    for other in (name.lstrip("_"), "_" + name, name[1:]):
+        if other != name:
+            assert stored_name(other) != stored
+
+
+def test_a_table_with_every_metadata_name_as_a_column_keeps_each_value() -> None:
+    names = ["id", *sorted(METADATA_NAMES), "__offset"]
+    schema = TableSchema(
+        database="shop",
+        table="odd",
+        table_id=2,
+        version=1,
+        columns=tuple(Column(n, DataType("bigint", length=20), nullable=n != "_offset") for n in names),
+        indexes=(Index("primary", True, True, False, ("_offset",)),),
+    )
+    row = {name: index for index, name in enumerate(names)}
+    raw = raw_dml(schema, DMLType.INSERT, row, commit_ts=TS)
+    changes = table_changes(TableCodec(schema), [(raw, RecordLocation("t", 3, 77))])
+
+    stored = changes.changelog.to_pylist()[0]
+    assert {stored_name(n): stored[stored_name(n)] for n in names} == {stored_name(n): row[n] for n in names}
+    assert (stored["_offset"], stored["__offset"], stored["___offset"]) == (
+        77,
+        row["_offset"],
+        row["__offset"],
+    )
+    assert stored["_partition"] == 3 and stored["_change_type"] == "insert"
+    assert changes.key_columns == ("__offset",)
+    assert len(set(changes.changelog.column_names)) == len(changes.changelog.column_names)

@@ -6,12 +6,14 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from pyspark.sql import SparkSession
 from rich.console import Console
 
 from consumer.demo import DemoSettings, run_demo
 
 
+@pytest.mark.slow
 def test_demo_ends_with_the_ground_truth_and_says_so(spark: SparkSession, tmp_path: Path) -> None:
     out = io.StringIO()
     report = run_demo(tmp_path, DemoSettings(rows=4000, tables=3), Console(file=out, width=200))

@@ -188,6 +188,7 @@ def test_capture_then_replay_delivers_the_same_stream_as_kafka(
     assert _delivered(tmp_path / "file") == _delivered(tmp_path / "kafka")
 
 
+@pytest.mark.slow
 def test_three_members_joining_and_leaving_lose_nothing(
     kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:
@@ -251,6 +252,7 @@ class _Leave(Exception):
     """Makes a member leave the group mid-run (its source closes and revokes)."""
 
 
+@pytest.mark.slow
 def test_sigkill_and_restart_resumes_from_committed_offsets_without_loss(
     kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:

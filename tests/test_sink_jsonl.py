@@ -9,10 +9,14 @@ from pathlib import Path
 
 import msgspec
 
-from consumer.protocol.model import DDL, Column, DataType, DDLType, Index, TableSchema
+from consumer.batches.changes import table_changes
+from consumer.errors import RecordLocation
+from consumer.protocol.model import DDL, Column, DataType, DDLType, DMLType, Index, TableSchema
+from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sinks.jsonl import JsonLinesSink
 from consumer.state.schema_cache import snapshot_schemas
+from consumer.testing.messages import raw_dml
 
 WRITES, LINES = 150, 50
 DDL_TRUNCATE = DDL(type=DDLType.TRUNCATE, sql="TRUNCATE TABLE t", commit_ts=1, build_ts=0)
@@ -76,3 +80,23 @@ def test_members_recording_schemas_at_once_keep_every_schema(tmp_path: Path) -> 
     assert recorded is not None
     keys = {schema.key for schema in snapshot_schemas(recorded)}
     assert keys == {("shop", f"t{i}", version) for i in range(4) for version in range(1, rounds + 1)}
+
+
+def test_hostile_database_and_table_names_stay_inside_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    sink = JsonLinesSink(root)
+    for database, table in [("../../x", "/abs/path"), ("..", "_ddl"), ("a/b", "..")]:
+        schema = TableSchema(
+            database=database,
+            table=table,
+            table_id=1,
+            version=1,
+            columns=(Column("id", DataType("int", length=11), nullable=False),),
+            indexes=(Index("primary", True, True, False, ("id",)),),
+        )
+        raw = raw_dml(schema, DMLType.INSERT, {"id": 5}, commit_ts=7)
+        sink.write(table_changes(TableCodec(schema), [(raw, RecordLocation("t", 0, 1))]), CommitContext("g"))
+    written = sorted(str(p.relative_to(root)) for p in root.rglob("*.jsonl"))
+    assert written == ["a~2Fb/~2E..jsonl", "~2E./~5Fddl.jsonl", "~2E.~2F..~2Fx/~2Fabs~2Fpath.jsonl"]
+    assert [p for p in tmp_path.iterdir()] == [root]
+    assert json.loads((root / "a~2Fb" / "~2E..jsonl").read_text())["id"] == 5

@@ -16,18 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lakehouse_checks import changelog_duplicates, changelog_rows
 from pyspark.sql import SparkSession
 
 from consumer.config import RunConfig, load_config
 from consumer.protocol.codec import MessageEncoder
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
-from consumer.simulate.truth import (
-    changelog_images,
-    delta_changelog_duplicates,
-    delta_changelog_rows,
-    delta_mirror_state,
-    differences,
-)
+from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.spark import engine
 from consumer.testing.broker import EmbeddedBroker
@@ -154,16 +149,16 @@ def test_sigkill_around_a_batch_then_restart_is_exact_and_a_new_checkpoint_adds_
     assert "again from Kafka" in caplog.text  # the committed batch was read again and applied
     schemas = [table.schema for table in workload.tables]
     assert differences(delta_mirror_state(root, schemas), truth) == []
-    assert delta_changelog_duplicates(root) == 0
+    assert changelog_duplicates(root) == 0
     images = changelog_images(workload.config)
-    assert delta_changelog_rows(root) == images
+    assert changelog_rows(root) == images
 
     # a new checkpoint on the same lake starts where the sinks' records say, and the sinks skip the rows
     # they hold: nothing applied twice (TiCDC's periodic WATERMARK resolves what follows the resume point)
     with WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic):
         engine.run(_config(kafka_broker, topic, root, tmp_path / "another"), until_idle=1.0, spark=spark)
-    assert delta_changelog_duplicates(root) == 0
-    assert delta_changelog_rows(root) == images
+    assert changelog_duplicates(root) == 0
+    assert changelog_rows(root) == images
     assert differences(delta_mirror_state(root, schemas), truth) == []
 
 
@@ -207,8 +202,8 @@ def test_the_stream_runs_on_a_standalone_cluster(
         )
     )
     assert differences(delta_mirror_state(root, [t.schema for t in workload.tables]), truth) == []
-    assert delta_changelog_duplicates(root) == 0
-    assert delta_changelog_rows(root) == changelog_images(workload.config)
+    assert changelog_duplicates(root) == 0
+    assert changelog_rows(root) == changelog_images(workload.config)
     assert re.search(r"^\d+ records, \d+ changelog rows, 9 DDLs, 0 dead letters", output, flags=re.MULTILINE)
     applications = spark_cluster.executors()
     assert list(applications.values())[-1:] == [2], applications  # both workers ran the query's tasks

@@ -12,24 +12,19 @@ from typing import Any
 
 import msgspec
 import pytest
-from deltalake import DeltaTable
+from lakehouse_checks import changelog_duplicates, changelog_rows, ddl_types
 from pyspark.sql import DataFrame, SparkSession
 
 from consumer.config import RunConfig, load_config
+from consumer.lakehouse.progress import consistent_ts
+from consumer.lakehouse.tables import table_uri
 from consumer.pipeline import Pipeline
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DML, DMLType, RawDML, Watermark
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
-from consumer.simulate.truth import (
-    changelog_images,
-    delta_changelog_duplicates,
-    delta_changelog_rows,
-    delta_mirror_state,
-    differences,
-)
+from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.dead_letter import DeadLetterFile
-from consumer.sinks.delta import consistent_ts, table_dir
 from consumer.sinks.foreach_batch import BatchInfo, ForeachBatchSink, TableName
 from consumer.sinks.jsonl import JsonLinesSink
 from consumer.sinks.parquet import ParquetSink
@@ -68,10 +63,6 @@ def _config(broker: EmbeddedBroker, topic: str, root: Path, **budget: Any) -> Ru
     )
 
 
-def _ddl_types(root: Path) -> set[str]:
-    return set(DeltaTable(str(root / "_ddl")).to_pyarrow_table(columns=["type"])["type"].to_pylist())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("encoding", "compression"), [("json", "none"), ("avro", "lz4")])
 def test_mirror_equals_ground_truth_through_every_ddl_type(
@@ -88,9 +79,9 @@ def test_mirror_equals_ground_truth_through_every_ddl_type(
     root = tmp_path / "lake"
     stats = engine.run(_config(kafka_broker, topic, root), until_idle=1.0, spark=spark)
     assert differences(delta_mirror_state(root, (t.schema for t in workload.tables)), truth) == []
-    assert delta_changelog_duplicates(root) == 0
-    assert delta_changelog_rows(root) == stats.rows == changelog_images(workload.config)
-    assert _ddl_types(root) == {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
+    assert changelog_duplicates(root) == 0
+    assert changelog_rows(root) == stats.rows == changelog_images(workload.config)
+    assert ddl_types(root) == {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
     assert consistent_ts(root) == workload.last_watermark
     assert stats.dead_letters == 0
     batches = sorted((root / "_spark" / f"{topic}.spark" / "ticdc").glob("batch-*.arrow"))
@@ -260,7 +251,7 @@ def test_bad_records_and_a_schema_that_never_arrives_go_to_dead_letters(
     ]
     assert stats.dead_letters == 2
     assert differences(delta_mirror_state(root, (t.schema for t in workload.tables)), truth) == []
-    assert delta_changelog_duplicates(root) == 0
+    assert changelog_duplicates(root) == 0
 
 
 def test_unknown_options_are_refused(spark: SparkSession) -> None:
@@ -322,7 +313,7 @@ def test_parquet_and_a_user_function_get_typed_per_table_frames(
     stored = 0
     for table in workload.tables:
         name = f"{table.schema.database}.{table.schema.table}"
-        if not (table_dir(root, table.schema.database, table.schema.table) / "changelog").exists():
+        if table_uri(root, table.schema.database, table.schema.table) is None:  # dropped
             continue
         frame = read_changelog(spark, root, table.schema.database, table.schema.table, format="parquet")
         keys = frame.select("_topic", "_partition", "_offset", "_change_type")

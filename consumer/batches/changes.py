@@ -14,7 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from consumer.errors import RecordLocation, ValueDecodeError
+from consumer.errors import RecordLocation, RejectedRowsError, ValueDecodeError
+from consumer.protocol.checksum import verify_changes
 from consumer.protocol.model import RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.state.units import RowOrigins
@@ -31,6 +32,8 @@ META_FIELDS: tuple[pa.Field, ...] = (
     pa.field("_offset", pa.int64(), nullable=False),
 )
 META_COLUMNS = tuple(f.name for f in META_FIELDS)
+# Every name the SDK writes beside user columns: the changelog's metadata and the mirror's bookkeeping.
+METADATA_NAMES = frozenset((*META_COLUMNS, "_deleted"))
 # `_change_type` of each `ImageKind`, indexed by it.
 CHANGE_TYPES = pa.array(["insert", "update_preimage", "update_postimage", "delete"], pa.string())
 
@@ -52,34 +55,68 @@ class TableChanges:
 
     @property
     def key_columns(self) -> tuple[str, ...]:
-        """The primary key, else the first NOT NULL unique index; () means changelog only."""
-        return self.schema.handle_key()
+        """The primary key, else the first NOT NULL unique index, as stored; () means changelog only."""
+        return tuple(stored_name(name) for name in self.schema.handle_key())
+
+
+def stored_name(name: str) -> str:
+    """The name a user column is written under, beside the SDK's metadata columns.
+
+    Any legal MySQL name must work, including `_offset` or `_commit_ts`, so a user column whose name is a
+    metadata name preceded by zero or more underscores gets one more leading underscore (`_offset` ->
+    `__offset`, `__offset` -> `___offset`); every other name is kept. The mapping is injective and never
+    yields a metadata name, and it depends on the name alone, so a column keeps its stored name for life.
+    """
+    rest = name
+    while rest.startswith("_"):
+        if rest in METADATA_NAMES:
+            return "_" + name
+        rest = rest[1:]
+    return name
+
+
+def stored_schema(codec: TableCodec) -> pa.Schema:
+    """The table's user columns as written (see `stored_name`)."""
+    return pa.schema([field.with_name(stored_name(field.name)) for field in codec.arrow_schema])
 
 
 def typed_rows(changes: TableChanges, codec: TableCodec) -> list[dict[str, Any]]:
-    """The changelog as Python rows with each column's typed values (e.g. JSON parsed, not text)."""
+    """The changelog as Python rows with each column's typed values (e.g. JSON parsed, not text), keyed by
+    the stored names."""
     table = changes.changelog
-    columns = {c.name: c.to_python(table.column(c.name).combine_chunks()) for c in codec.columns}
+    columns = {}
+    for column in codec.columns:
+        name = stored_name(column.name)
+        columns[name] = column.to_python(table.column(name).combine_chunks())
     columns |= {name: table.column(name).to_pylist() for name in META_COLUMNS}
     names = list(columns)
     return [dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)]
 
 
 def changelog_schema(codec: TableCodec) -> pa.Schema:
-    return pa.schema([*codec.arrow_schema, *META_FIELDS])
+    return pa.schema([*stored_schema(codec), *META_FIELDS])
 
 
 def table_changes(
     codec: TableCodec, rows: Sequence[tuple[RawDML, RecordLocation]], origins: RowOrigins | None = None
 ) -> TableChanges:
     """Decode a resolved batch of one table version (`origins`: the rows' `RowOrigins`, when known). A bad
-    value raises with the record's location."""
+    value raises with the record's location; with `verify_checksums` in the codec's policy, rows whose
+    checksum fails raise together (`RejectedRowsError`), each with its location."""
+    raws = [raw for raw, _ in rows]
     try:
-        images = codec.decode_changes([raw for raw, _ in rows])
+        images = codec.decode_changes(raws)
     except ValueDecodeError as exc:
         if exc.row is not None:
             exc.with_location(rows[exc.row][1])
         raise
+    if codec.policy.verify_checksums and any(images.checksums):
+        verified, rejected = verify_changes(codec, images, raws)
+        if rejected:
+            for row, error in rejected.items():
+                error.with_location(rows[row][1])
+            raise RejectedRowsError(rejected)
+        codec.policy.stats.verified += verified
     source = pa.array(images.source, pa.int64())
     kinds = CHANGE_TYPES.take(pa.array(images.kinds, pa.int8()))
     meta = _metadata(origins or RowOrigins.of(rows), source, kinds)

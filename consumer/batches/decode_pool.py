@@ -17,16 +17,20 @@ import multiprocessing
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import msgspec
 import pyarrow as pa
 from cachetools import LRUCache
 
 from consumer.batches.changes import TableChanges, table_changes
-from consumer.errors import RecordLocation, ValueDecodeError
+from consumer.errors import RecordLocation, RejectedRowsError, ValueDecodeError
 from consumer.protocol.model import RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import DecodeStats, ValuePolicy
+
+if TYPE_CHECKING:  # the registry client loads an HTTP stack: only TiCDC Avro needs it
+    from consumer.protocol.registry import SchemaRegistry
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +47,7 @@ PIECE_ROWS = 10_000
 DECODE_GC_THRESHOLDS = (100_000, 50, 100)
 
 
-_Decoded = tuple[pa.Table, int] | None
+_Decoded = tuple[pa.Table, int, int] | None  # changelog, values nulled by the policy, images verified
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +61,13 @@ class Decoding:
 
 
 class DecodePool:
-    """`workers` processes decoding `RowBatch` rows into changelog tables under `policy`.
+    """`workers` processes decoding `RowBatch` rows into changelog tables under `policy` (TiCDC Avro rows
+    read their writer schemas from `registry`).
 
     Values the policy nulls are counted into `policy.stats`, as when decoding in the loop.
     """
 
-    def __init__(self, workers: int, policy: ValuePolicy) -> None:
+    def __init__(self, workers: int, policy: ValuePolicy, registry: SchemaRegistry | None = None) -> None:
         if workers < 1:
             raise ValueError(f"a decode pool needs at least one worker, not {workers}")
         context = multiprocessing.get_context("forkserver")
@@ -72,7 +77,7 @@ class DecodePool:
             workers,
             mp_context=context,
             initializer=_start_worker,
-            initargs=(policy,),
+            initargs=(policy, registry),  # a registry travels as its settings: a worker has its own client
         )
         self._broken = False
         self._start_all(workers)
@@ -102,8 +107,8 @@ class DecodePool:
             return None
 
     def result(self, decoding: Decoding, schema: TableSchema) -> TableChanges | None:
-        """The batch's changes; None when a value did not decode (the caller's error policy then names
-        the row) or a worker died."""
+        """The batch's changes; None when a value did not decode or a row failed verification (the caller's
+        error policy then names the rows) or a worker died."""
         try:
             pieces = [piece.result() for piece in decoding.pieces]
         except BrokenProcessPool as exc:
@@ -112,8 +117,9 @@ class DecodePool:
         decoded = [piece for piece in pieces if piece is not None]
         if len(decoded) < len(pieces):
             return None
-        self.policy.stats.unrepresentable += sum(count for _, count in decoded)
-        changelogs = [changelog for changelog, _ in decoded]
+        self.policy.stats.unrepresentable += sum(nulled for _, nulled, _ in decoded)
+        self.policy.stats.verified += sum(verified for _, _, verified in decoded)
+        changelogs = [changelog for changelog, _, _ in decoded]
         return TableChanges(schema, changelogs[0] if len(changelogs) == 1 else pa.concat_tables(changelogs))
 
     def close(self) -> None:
@@ -126,13 +132,15 @@ class DecodePool:
 
 
 _policy = ValuePolicy()
+_registry: SchemaRegistry | None = None
 _codecs: LRUCache[bytes, TableCodec] = LRUCache(_CODECS_PER_WORKER)
 
 
-def _start_worker(policy: ValuePolicy) -> None:
-    global _policy
+def _start_worker(policy: ValuePolicy, registry: SchemaRegistry | None) -> None:
+    global _policy, _registry
     gc.set_threshold(*DECODE_GC_THRESHOLDS)
     _policy = replace(policy, stats=DecodeStats())  # counts since start; `_decode` reports the increase
+    _registry = registry
 
 
 def _started() -> None:
@@ -142,10 +150,10 @@ def _started() -> None:
 def _decode(schema: bytes, rows: bytes) -> _Decoded:
     codec = _codecs.get(schema)
     if codec is None:
-        codec = _codecs[schema] = TableCodec(_SCHEMA.decode(schema), _policy)
-    before = _policy.stats.unrepresentable
+        codec = _codecs[schema] = TableCodec(_SCHEMA.decode(schema), _policy, registry=_registry)
+    nulled, verified = _policy.stats.unrepresentable, _policy.stats.verified
     try:
         changes = table_changes(codec, _ROWS.decode(rows))
-    except ValueDecodeError:
+    except (ValueDecodeError, RejectedRowsError):
         return None
-    return changes.changelog, _policy.stats.unrepresentable - before
+    return changes.changelog, _policy.stats.unrepresentable - nulled, _policy.stats.verified - verified

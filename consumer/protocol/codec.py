@@ -24,10 +24,20 @@ EncodingSetting = Literal["auto", "json", "avro"]
 class MessageDecoder:
     """Turns a Kafka record value into a message; DML values wait in a RawDML for their schema."""
 
+    registry = None  # Simple records name no registry schema (see `RecordDecoder`)
+
     def __init__(self, encoding: EncodingSetting = "auto", compression: CompressionSetting = "auto") -> None:
         self.encoding = encoding
         self.compression = compression
         self._plain_json = encoding != "avro" and compression in ("auto", "none")  # `{` may start JSON
+
+    def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
+        """A record as `RecordDecoder` takes it: the Simple protocol puts nothing in the key."""
+        return self.decode(value)
+
+    def described_schema(self, key: tuple[str, str, int]) -> TableSchema | None:
+        """Simple DMLs carry no schema: BOOTSTRAP and DDL records announce every version."""
+        return None
 
     def decode(self, value: bytes | None) -> DecodedMessage:
         if not value:

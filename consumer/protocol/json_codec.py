@@ -15,6 +15,7 @@ from consumer.protocol.model import (
     DDLType,
     DecodedMessage,
     DMLType,
+    KeyOnlyDML,
     RawDML,
     TableSchema,
     Watermark,
@@ -35,6 +36,8 @@ class _Envelope(msgspec.Struct, rename="camel", gc=False):
     table: str = ""
     table_id: int = msgspec.field(default=0, name="tableID")
     schema_version: int = 0
+    claim_check_location: str = ""
+    handle_key_only: bool = False
 
 
 _ABSENT = -1  # commitTs/buildTs are always on the wire (even 0), so only a missing one is omitted
@@ -86,7 +89,7 @@ def decode(payload: bytes) -> DecodedMessage:
             raise MalformedMessageError(
                 "DML without `database` (a pre-v8.0 TiCDC message shape, which this SDK does not read)"
             )
-        return RawDML(
+        raw = RawDML(
             type=kind,
             database=envelope.database,
             table=envelope.table,
@@ -97,6 +100,9 @@ def decode(payload: bytes) -> DecodedMessage:
             payload=payload,
             encoding="json",
         )
+        if envelope.handle_key_only or envelope.claim_check_location:
+            return KeyOnlyDML(raw, envelope.claim_check_location)
+        return raw
     try:
         wire = _WIRE.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

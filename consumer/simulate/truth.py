@@ -7,19 +7,19 @@ Both sides use the rendered value forms of `consumer.render`, so a typed value t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import DeltaTable
 
+from consumer.batches.changes import stored_name
+from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.tables import entry_uri, read_delta, read_mirror, tables
 from consumer.protocol.model import DML, DMLType, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.render import value_object
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.delta import live_mirror, table_dir, table_paths
 
 TableRows = dict[Any, dict[str, Any]]
 
@@ -108,38 +108,36 @@ def arrow_table_rows(table: pa.Table, schema: TableSchema, key: str = "id") -> T
     codec = TableCodec(schema)
     columns = {}
     for column in codec.columns:
-        if column.name not in table.column_names:
+        if stored_name(column.name) not in table.column_names:
             continue
-        stored = table.column(column.name).combine_chunks()
+        stored = table.column(stored_name(column.name)).combine_chunks()
         columns[column.name] = [value_object(v) for v in column.to_python(stored.cast(column.arrow_type))]
     names = list(columns)
     rows = [dict(zip(names, values, strict=True)) for values in zip(*columns.values(), strict=True)]
     return {row[key]: row for row in rows}
 
 
-def delta_mirror_state(root: str | Path, schemas: Iterable[TableSchema]) -> dict[str, TableRows]:
-    """The rows of the Delta mirrors under `root` (tombstones left out), for `differences`; a table without
-    a mirror directory has no rows."""
+def delta_mirror_state(
+    root: str | Path, schemas: Iterable[TableSchema], storage_options: Mapping[str, str] | None = None
+) -> dict[str, TableRows]:
+    """The rows of the live tables' Delta mirrors under `root` (a directory or an object-store URI), found
+    through the lakehouse catalog, for `differences`; a table without a live mirror has no rows."""
     state = {}
     for schema in schemas:
-        path = table_dir(root, schema.database, schema.table) / "mirror"
-        rows = arrow_table_rows(live_mirror(path), schema) if path.exists() else {}
+        mirror = read_mirror(root, schema.database, schema.table, storage_options=storage_options)
+        rows = {} if mirror is None else arrow_table_rows(mirror, schema)
         state[f"{schema.database}.{schema.table}"] = rows
     return state
 
 
-def delta_changelog_duplicates(root: str | Path) -> int:
-    """Changelog images under `root` written more than once (same topic, partition, offset and kind)."""
-    duplicates = 0
-    for path in table_paths(root, include_ddl_log=False):
-        if path.name != "changelog":
-            continue
-        keys = DeltaTable(str(path)).to_pyarrow_table(
-            columns=["_topic", "_partition", "_offset", "_change_type"]
-        )
-        grouped = keys.group_by(keys.column_names).aggregate([([], "count_all")])
-        duplicates += pc.sum(pc.subtract(grouped["count_all"], 1)).as_py() or 0
-    return duplicates
+def delta_changelogs(
+    root: str | Path, columns: Sequence[str], storage_options: Mapping[str, str] | None = None
+) -> list[pa.Table]:
+    """`columns` of every table's Delta changelog under `root` (dropped tables too), found through the
+    lakehouse catalog."""
+    lake = LakeRoot.of(root, storage_options)
+    opened = (lake.open(entry_uri(lake, entry, "changelog")) for entry in tables(lake))
+    return [read_delta(lake, table, columns) for table in opened if table]
 
 
 def changelog_images(config: WorkloadConfig) -> int:
@@ -149,13 +147,4 @@ def changelog_images(config: WorkloadConfig) -> int:
         2 if record.message.type is DMLType.UPDATE else 1
         for record in Workload(config).records()
         if isinstance(record.message, DML)
-    )
-
-
-def delta_changelog_rows(root: str | Path) -> int:
-    """Rows of every Delta changelog under `root`."""
-    return sum(
-        DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
-        for path in table_paths(root, include_ddl_log=False)
-        if path.name == "changelog"
     )

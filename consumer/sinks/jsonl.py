@@ -1,5 +1,7 @@
 """Change events as JSON lines, one file per table: the simplest durable sink (and a debugging aid).
 
+Layout: `<root>/<database>/<table>.jsonl` (names as `consumer.sinks.layout.segment`s) and `<root>/_ddl.jsonl`.
+
 Rows carry their (topic, partition, offset), so redelivered duplicates after a crash are recognisable.
 Members of one consumer group may share a root: appends hold an exclusive lock on the file, and the schemas
 every member learned are merged into one file so a member taking over a partition can decode its older rows.
@@ -19,6 +21,7 @@ from consumer.batches.changes import TableChanges, typed_rows
 from consumer.protocol.rows import TableCodec
 from consumer.render import value_object
 from consumer.sinks.base import CommitContext, DDLEvent, TopicPartition
+from consumer.sinks.layout import DDL_LOG, segment
 from consumer.state.schema_cache import merged_snapshot
 
 SCHEMAS_FILE = "_schemas.msgpack"
@@ -40,7 +43,7 @@ class JsonLinesSink:
             self._encoder.encode({name: value_object(value) for name, value in row.items()})
             for row in typed_rows(changes, codec)
         ]
-        self._append(self.root / changes.database / f"{changes.table}.jsonl", lines)
+        self._append(self.root / segment(changes.database) / f"{segment(changes.table)}.jsonl", lines)
         self._record_schemas(context)
 
     def apply_ddl(self, event: DDLEvent, context: CommitContext) -> None:
@@ -52,7 +55,7 @@ class JsonLinesSink:
             "database": event.database,
             "table": event.table,
         }
-        self._append(self.root / "_ddl.jsonl", [self._encoder.encode(line)])
+        self._append(self.root / f"{DDL_LOG}.jsonl", [self._encoder.encode(line)])
         self._record_schemas(context)
 
     def recorded_offsets(self, group: str) -> dict[TopicPartition, int]:

@@ -29,6 +29,9 @@ class PartitionWatermarks:
         if current is None or commit_ts > current:
             self._marks[tp] = commit_ts
 
+    def of(self, tp: TopicPartition) -> int | None:
+        return self._marks.get(tp)
+
     def global_watermark(self) -> int | None:
         """None until every owned partition has reported one (nothing is complete before that)."""
         marks = self._marks.values()
