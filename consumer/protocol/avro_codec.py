@@ -231,11 +231,14 @@ def _data_type(record: dict[str, Any]) -> DataType:
 
 
 def _default_from_avro(raw: bytes | None, data_type: DataType) -> str | int | None:
+    """A binary-charset default holds raw bytes: invalid UTF-8 becomes U+FFFD, as in TiCDC's JSON (Go's
+    encoding/json), so a schema reads the same in both encodings and stays encodable as text everywhere
+    (schema snapshots, Arrow, JSON)."""
     if raw is None:
         return None
     if data_type.mysql_type == "bit":
         return int.from_bytes(raw, "big")
-    return raw.decode("utf-8", "surrogateescape")
+    return raw.decode("utf-8", "replace")
 
 
 # -- encoding ---------------------------------------------------------------------------------------

@@ -1,10 +1,25 @@
-"""Record value <-> message: compression, then JSON or Avro (spec §1.2), in both directions."""
+"""Record value <-> message: compression, then JSON or Avro (spec §1.2), in both directions.
+
+`MessageDecoder.decode` is the containment boundary for a record's bytes: whatever they hold, it returns a
+message or raises a `ConsumerError`. Schemas are validated there, once, as they arrive (`validation`), and
+commitTs values checked for plausibility (`limits`); anything the SDK did not anticipate still comes out as
+an `InternalDecodeError`, never as a stray exception that would stop a consumer.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from consumer.errors import CompressionError, DecodeError, EncodeError, MalformedMessageError
+from consumer.errors import (
+    CompressionError,
+    ConsumerError,
+    DecodeError,
+    EncodeError,
+    InternalDecodeError,
+    MalformedMessageError,
+    NestingTooDeepError,
+    SchemaRejectedError,
+)
 from consumer.protocol import avro_codec, json_codec
 from consumer.protocol.avro_codec import AvroVariant
 from consumer.protocol.compression import (
@@ -14,27 +29,60 @@ from consumer.protocol.compression import (
     compress,
     decompress,
 )
-from consumer.protocol.model import DML, DecodedMessage, Message, TableSchema
+from consumer.protocol.limits import MAX_TSO, CommitTsBound
+from consumer.protocol.model import DDL, DML, Bootstrap, DecodedMessage, Message, RawDML, TableSchema
 from consumer.protocol.rows import Encoding, TableCodec
 from consumer.protocol.types import ValuePolicy
+from consumer.protocol.validation import validate_schema
 
 EncodingSetting = Literal["auto", "json", "avro"]
 
 
 class MessageDecoder:
-    """Turns a Kafka record value into a message; DML values wait in a RawDML for their schema."""
+    """Turns a Kafka record value into a message; DML values wait in a RawDML for their schema.
 
-    def __init__(self, encoding: EncodingSetting = "auto", compression: CompressionSetting = "auto") -> None:
+    `policy` brings the `DecodeLimits` (decompressed size, nesting depth, commitTs range) and what to do
+    with unknown column types in the schemas that arrive.
+    """
+
+    def __init__(
+        self,
+        encoding: EncodingSetting = "auto",
+        compression: CompressionSetting = "auto",
+        *,
+        policy: ValuePolicy | None = None,
+    ) -> None:
         self.encoding = encoding
         self.compression = compression
+        self.policy = policy or ValuePolicy()
+        self.limits = self.policy.limits
         self._plain_json = encoding != "avro" and compression in ("auto", "none")  # `{` may start JSON
+        self._commit_ts = CommitTsBound(self.limits.max_commit_ts_ahead_s)
 
     def decode(self, value: bytes | None) -> DecodedMessage:
+        try:
+            message = self._decode(value)
+        except ConsumerError:
+            raise
+        except RecursionError as exc:
+            raise NestingTooDeepError("message nests deeper than Python's recursion limit") from exc
+        except Exception as exc:  # a gap in the checks above: still this record's problem alone
+            raise InternalDecodeError(f"unexpected {type(exc).__name__} decoding a message: {exc}") from exc
+        if type(message) is RawDML:  # nearly every record: two comparisons
+            if not 0 < message.commit_ts <= self._commit_ts.ceiling:
+                self._commit_ts.check(message.commit_ts, "DML")
+            if not 0 <= message.schema_version <= MAX_TSO:
+                raise MalformedMessageError(f"DML schemaVersion {message.schema_version} is no TSO")
+            return message
+        self._check(message)
+        return message
+
+    def _decode(self, value: bytes | None) -> DecodedMessage:
         if not value:
             raise MalformedMessageError("empty record value")
         if value[0] == _JSON_START and self._plain_json:  # the hottest case, in the fewest steps
             try:
-                return json_codec.decode(value)
+                return self._decode_json(value)
             except DecodeError as error:
                 if self.compression == "none":
                     raise
@@ -44,20 +92,46 @@ class MessageDecoder:
                 return self._decode_plain(value)
             except DecodeError as error:
                 return self._decode_snappy_lookalike(value, error)
-        return self._decode_plain(decompress(value, self.compression))
+        return self._decode_plain(decompress(value, self.compression, self.limits.max_decompressed_bytes))
+
+    def _decode_json(self, payload: bytes) -> DecodedMessage:
+        return json_codec.decode(payload, self.limits.max_nesting_depth)
 
     def _decode_plain(self, payload: bytes) -> DecodedMessage:
         encoding = self.encoding if self.encoding != "auto" else _sniffed(payload[0] if payload else -1)
-        return json_codec.decode(payload) if encoding == "json" else avro_codec.decode(payload)
+        return self._decode_json(payload) if encoding == "json" else avro_codec.decode(payload)
 
     def _decode_snappy_lookalike(self, value: bytes, plain_error: DecodeError) -> DecodedMessage:
         """A snappy block starts with its uncompressed length as a varint: 123 bytes look like `{`, 22 like
         Avro's 0x16. When the plain reading fails, the snappy reading gets its chance."""
         try:
-            payload = decompress(value, "snappy")
+            payload = decompress(value, "snappy", self.limits.max_decompressed_bytes)
         except CompressionError:
             raise plain_error from None
         return self._decode_plain(payload)
+
+    def _check(self, message: DecodedMessage) -> None:
+        """A schema or watermark message: its commitTs must be plausible, its schemas within TiDB's limits."""
+        if isinstance(message, Bootstrap):
+            self._validate(message.table_schema)
+            return
+        self._commit_ts.check(message.commit_ts, type(message).__name__.upper())
+        if isinstance(message, DDL):
+            self._validate(message.table_schema, message.pre_table_schema)
+
+    def _validate(self, *schemas: TableSchema | None) -> None:
+        rejected: list[SchemaRejectedError] = []
+        for schema in schemas:
+            if schema is not None:
+                try:
+                    validate_schema(schema, self.policy.unknown_types)
+                except SchemaRejectedError as error:
+                    rejected.append(error)
+        if rejected:
+            raise SchemaRejectedError(
+                "; ".join(error.reason for error in rejected),
+                keys=tuple(key for error in rejected for key in error.keys),
+            )
 
 
 _JSON_START = ord("{")

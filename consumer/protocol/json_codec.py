@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from consumer.errors import MalformedMessageError, UnknownMessageTypeError
+from consumer.protocol.limits import DecodeLimits, check_nesting
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -74,11 +75,20 @@ _GO_ESCAPES = (
 )
 
 
-def decode(payload: bytes) -> DecodedMessage:
-    """Decode one uncompressed JSON value; DML values stay undecoded in a `RawDML`."""
+_MAX_DEPTH = DecodeLimits().max_nesting_depth
+# msgspec reports invalid UTF-8 inside a string as UnicodeDecodeError, not as one of its own errors.
+_INVALID = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
+
+
+def decode(payload: bytes, max_nesting_depth: int = _MAX_DEPTH) -> DecodedMessage:
+    """Decode one uncompressed JSON value; DML values stay undecoded in a `RawDML`.
+
+    The envelope skips `data`/`old` without building them; a schema or watermark message is built in full,
+    so its nesting is bounded first.
+    """
     try:
         envelope = _ENVELOPE.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except _INVALID as exc:
         raise MalformedMessageError(f"invalid JSON message: {exc}") from exc
     kind = _DML_TYPES.get(envelope.type)
     if kind is not None:  # inlined: DMLs are nearly every message
@@ -97,9 +107,10 @@ def decode(payload: bytes) -> DecodedMessage:
             payload=payload,
             encoding="json",
         )
+    check_nesting(payload, max_nesting_depth, f"{envelope.type[:20]} message")
     try:
         wire = _WIRE.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except _INVALID as exc:
         raise MalformedMessageError(f"invalid {envelope.type} message: {exc}") from exc
     if _ABSENT in (wire.commit_ts, wire.build_ts):
         raise MalformedMessageError(f"{wire.type} message without commitTs/buildTs")

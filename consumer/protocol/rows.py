@@ -13,16 +13,26 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
+from operator import attrgetter
 from typing import Any, Literal, TypeVar
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 from msgspec.structs import astuple
 
-from consumer.errors import MalformedMessageError, ValueDecodeError
+from consumer.errors import (
+    ConsumerError,
+    DocumentTooDeepError,
+    InternalDecodeError,
+    MalformedMessageError,
+    ValueDecodeError,
+    ValueTooLargeError,
+)
 from consumer.protocol import avro_codec
 from consumer.protocol.model import DML, Checksum, DMLType, RawDML, TableSchema
 from consumer.protocol.types import ColumnType, ValuePolicy, column_type
+from consumer.protocol.validation import validate_schema
 
 Encoding = Literal["json", "avro"]
 _CHUNK_BYTES = 1 << 20  # payload decoded at a time by `decode_batch`, so its parsed rows stay in cache
@@ -67,11 +77,17 @@ _Decoded = TypeVar("_Decoded", RowImages, ChangeImages)
 
 
 class TableCodec:
-    """Decoding and encoding of the rows of one TableSchema version."""
+    """Decoding and encoding of the rows of one TableSchema version.
+
+    The schema is validated first (`SchemaRejectedError`), so no type outside TiDB's limits reaches Arrow.
+    Decoding raises only `ConsumerError`s: a `ValueDecodeError` names the column and the row, and anything
+    unanticipated comes out as an `InternalDecodeError` without a row.
+    """
 
     def __init__(self, schema: TableSchema, policy: ValuePolicy | None = None) -> None:
-        self.schema = schema
         self.policy = policy or ValuePolicy()
+        validate_schema(schema, self.policy.unknown_types)
+        self.schema = schema
         self.columns: tuple[ColumnType, ...] = tuple(column_type(c, self.policy) for c in schema.columns)
         self.arrow_schema = pa.schema(
             [pa.field(c.name, c.arrow_type, nullable=c.column.nullable) for c in self.columns]
@@ -88,7 +104,7 @@ class TableCodec:
     # -- fast path: many DMLs -> Arrow ---------------------------------------------------------------
     def decode_batch(self, raws: Sequence[RawDML]) -> RowImages:
         """Typed Arrow images of many DMLs of this table version. Errors carry `.row` = index in raws."""
-        with _collector_paused():
+        with _collector_paused(), _contained():
             chunks = self._chunked(raws, self._decode_chunk)
         if len(chunks) == 1:
             return chunks[0]
@@ -102,7 +118,7 @@ class TableCodec:
     def decode_changes(self, raws: Sequence[RawDML]) -> ChangeImages:
         """The batch's row images in change order (see `ChangeImages`), typed. Errors carry `.row` = the
         index in raws of the DML whose value did not decode."""
-        with _collector_paused():
+        with _collector_paused(), _contained():
             chunks = self._chunked(raws, self._changes_chunk)
         if len(chunks) == 1:
             return chunks[0]
@@ -118,10 +134,14 @@ class TableCodec:
 
     def _chunk_sizes(self, raws: Sequence[RawDML]) -> list[int]:
         """Big batches decode in chunks of about `_CHUNK_BYTES` of payload: a chunk's parsed rows are still in
-        the CPU cache when its columns are built, which more than pays for concatenating the chunks."""
+        the CPU cache when its columns are built, which more than pays for concatenating the chunks. A chunk
+        holds one encoding (a topic may switch from JSON to Avro)."""
         sample = raws[:64]
         size = max(1, _CHUNK_BYTES * len(sample) // max(1, sum(len(raw.payload) for raw in sample)))
-        return [min(size, len(raws) - start) for start in range(0, len(raws), size)] or [0]
+        sizes = []
+        for start, end in _encoding_runs(raws):
+            sizes += [min(size, end - at) for at in range(start, end, size)]
+        return sizes or [0]
 
     def _chunked(
         self, raws: Sequence[RawDML], decode: Callable[[Sequence[RawDML]], _Decoded]
@@ -179,7 +199,7 @@ class TableCodec:
                 decode = self._batch_body.decode
                 bodies = [decode(raw.payload) for raw in raws]
                 return [b.data for b in bodies], [b.old for b in bodies]
-            except (msgspec.ValidationError, msgspec.DecodeError, AttributeError):
+            except (*_INVALID_JSON, AttributeError, RecursionError):
                 pass
         bodies = [self._wire_body(raw, row, self._batch_body) for row, raw in enumerate(raws)]
         if raws and raws[0].encoding == "avro":
@@ -194,8 +214,11 @@ class TableCodec:
                 raise ValueDecodeError(exc.reason, column="<row>", row=row) from exc
         try:
             return decoder.decode(raw.payload)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        except _INVALID_JSON as exc:
             raise ValueDecodeError(str(exc), column=_column_in(str(exc)), row=row) from exc
+        except RecursionError as exc:  # skipping an unknown field nested that deep
+            message = "message nests deeper than Python's recursion limit"
+            raise DocumentTooDeepError(message, column="<row>", row=row) from exc
 
     def _image(self, images: list[Any], raws: Sequence[RawDML]) -> pa.RecordBatch:
         if not self.columns:
@@ -211,6 +234,9 @@ class TableCodec:
         arrays = []
         for column, values in zip(self.columns, wire_columns, strict=True):
             arrays.append(column.from_avro(values) if avro else column.from_json(values))
+        limit = self.policy.limits.max_value_bytes
+        if max(map(len, map(_PAYLOAD, raws))) > limit:  # no value is longer than its record's payload
+            _check_value_sizes(self.columns, arrays, limit)
         return pa.RecordBatch.from_arrays(arrays, schema=self._image_schema)
 
     def _json_columns(self, images: list[Any]) -> list[Sequence[Any]]:
@@ -226,6 +252,10 @@ class TableCodec:
     # -- typed per-row path --------------------------------------------------------------------------
     def decode(self, raw: RawDML) -> DML:
         """One DML with typed values; columns absent from the wire stay absent from the dicts."""
+        with _contained():
+            return self._decode_one(raw)
+
+    def _decode_one(self, raw: RawDML) -> DML:
         body = self._wire_body(raw, 0, self._row_body)
         if raw.encoding == "avro":
             data, old = body["data"], body["old"]
@@ -306,6 +336,49 @@ def _collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+@contextlib.contextmanager
+def _contained() -> Iterator[None]:
+    """The rows' containment boundary: whatever the payloads hold, only `ConsumerError`s come out."""
+    try:
+        yield
+    except ConsumerError:
+        raise
+    except Exception as exc:
+        raise InternalDecodeError(f"unexpected {type(exc).__name__} decoding rows: {exc}") from exc
+
+
+def _encoding_runs(raws: Sequence[RawDML]) -> list[tuple[int, int]]:
+    """(start, end) of each run of rows with one encoding: nearly always the whole batch (checked in C)."""
+    encodings = list(map(_ENCODING, raws))
+    if not encodings or encodings.count(encodings[0]) == len(encodings):
+        return [(0, len(encodings))]
+    runs = []
+    start = 0
+    for index in range(1, len(encodings)):
+        if encodings[index] != encodings[start]:
+            runs.append((start, index))
+            start = index
+    return [*runs, (start, len(encodings))]
+
+
+def _check_value_sizes(columns: Sequence[ColumnType], arrays: list[pa.Array], limit: int) -> None:
+    for column, array in zip(columns, arrays, strict=True):
+        if pa.types.is_string(array.type) or pa.types.is_binary(array.type):
+            sizes = pc.binary_length(array)
+            if (pc.max(sizes).as_py() or 0) > limit:
+                row = pc.index(pc.greater(sizes, limit), True).as_py()
+                raise ValueTooLargeError(
+                    f"value of {sizes[row].as_py()} bytes, beyond max_value_bytes = {limit}",
+                    column=column.name,
+                    row=row,
+                )
+
+
+_INVALID_JSON = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError)
+_ENCODING = attrgetter("encoding")
+_PAYLOAD = attrgetter("payload")
 
 
 def _column_in(message: str) -> str:
