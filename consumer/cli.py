@@ -14,6 +14,7 @@ import msgspec
 from consumer import app
 from consumer.config import ConfigError, load_config
 from consumer.errors import ConsumerError
+from consumer.pipeline import PipelineStats
 from consumer.progress import ProgressReporter
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DDL, Bootstrap, RawDML, TableSchema, Watermark
@@ -22,9 +23,14 @@ from consumer.render import message_object
 from consumer.simulate.output import produce_to_kafka, write_capture_file, write_ground_truth
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.capture import capture_topic
+from consumer.sources.errors import SourceAuthenticationError, SourceUnreachableError
 
-EXIT_BAD_INPUT = 2
-EXIT_SCHEMA_MISSING = 3
+# Exit codes (the README's table): 1 is an unexpected error (a traceback), 2 also click's usage errors.
+EXIT_BAD_INPUT = 2  # stopped on a ConsumerError: a bad record under policy "fail", a sink that failed...
+EXIT_SCHEMA_MISSING = 3  # `decode`: DMLs whose schema never came
+EXIT_UNAPPLIED = 3  # `run --until-idle`: went idle with rows still waiting (for a WATERMARK or a schema)
+EXIT_SOURCE_UNAVAILABLE = 4  # the brokers refused this client, or none could be reached
+EXIT_INTERRUPTED = 130  # a second Ctrl-C/SIGTERM before the clean stop the first asked for finished
 _ENCODINGS = click.Choice(["auto", "json", "avro"])
 _COMPRESSIONS = click.Choice(["auto", "none", "snappy", "lz4"])
 
@@ -207,15 +213,37 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
     reporter = ProgressReporter(metrics_port=config.metrics.port)
     try:
         stats = app.run(config, until_idle=until_idle, on_cycle=reporter)
+    except (SourceAuthenticationError, SourceUnreachableError) as exc:
+        click.echo(f"stopped: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_SOURCE_UNAVAILABLE)
     except ConsumerError as exc:
         click.echo(f"stopped: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        click.echo("interrupted: records after the last commit are read again on restart", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     finally:
         reporter.close()
     click.echo(
         f"{stats.records} records, {stats.rows} changelog rows, {stats.ddls} DDLs, "
         f"{stats.dead_letters} dead letters"
     )
+    if stats.unapplied:
+        _report_unapplied(stats)
+        if not stats.stopped_on_request:
+            sys.exit(EXIT_UNAPPLIED)
+
+
+def _report_unapplied(stats: PipelineStats) -> None:
+    """Records the run stopped without applying: never committed, so read again on restart."""
+    rows = sum(u.waiting_rows + u.held_rows for u in stats.unapplied)
+    ddls = sum(u.waiting_ddls for u in stats.unapplied)
+    click.echo(
+        f"{rows} row(s) and {ddls} DDL(s) not applied (not committed either: a restart reads them again):",
+        err=True,
+    )
+    for unapplied in stats.unapplied:
+        click.echo(f"  {unapplied}", err=True)
 
 
 @main.command()

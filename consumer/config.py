@@ -17,6 +17,8 @@ from urllib.parse import urlparse
 
 import msgspec
 
+from consumer.protocol.limits import DecodeLimits
+
 ENV_PREFIX = "TICDC_CONSUMER_"
 # Value decoding is most of a record's CPU: a lone process on a multi-core machine decodes in worker
 # processes beside its loop; two beat one even on 2 cores (benchmarks/lakehouse.py). Several group members
@@ -28,12 +30,29 @@ class SourceConfig(msgspec.Struct, forbid_unknown_fields=True):
     url: str = ""  # kafka://HOST:PORT/TOPIC[,TOPIC...] or file:PATH.jsonl
     group: str = "ticdc-consumer"
     kafka: dict[str, str] = msgspec.field(default_factory=dict)
+    unreachable_timeout_s: float = 60.0  # every broker unreachable this long, once connected: `run` fails
+
+
+_LIMITS = DecodeLimits()
 
 
 class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     encoding: Literal["auto", "json", "avro"] = "auto"
     compression: Literal["auto", "none", "snappy", "lz4"] = "auto"
     unrepresentable: Literal["null", "raise"] = "null"
+    unknown_types: Literal["lossless", "error"] = "lossless"
+    max_decompressed_bytes: int = _LIMITS.max_decompressed_bytes
+    max_nesting_depth: int = _LIMITS.max_nesting_depth
+    max_value_bytes: int = _LIMITS.max_value_bytes
+    max_commit_ts_ahead_s: float = _LIMITS.max_commit_ts_ahead_s
+
+    def limits(self) -> DecodeLimits:
+        return DecodeLimits(
+            max_decompressed_bytes=self.max_decompressed_bytes,
+            max_nesting_depth=self.max_nesting_depth,
+            max_value_bytes=self.max_value_bytes,
+            max_commit_ts_ahead_s=self.max_commit_ts_ahead_s,
+        )
 
 
 class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -138,6 +157,13 @@ def _check_urls(config: RunConfig) -> None:
         )
     if config.sink.url.partition(":")[0] not in ("delta", "parquet", "jsonl"):
         raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
+    limits = config.decode
+    if min(limits.max_decompressed_bytes, limits.max_nesting_depth, limits.max_value_bytes) < 1:
+        raise ConfigError(
+            "decode limits (max_decompressed_bytes, max_nesting_depth, max_value_bytes) must be >= 1"
+        )
+    if not limits.max_commit_ts_ahead_s > 0:
+        raise ConfigError("decode.max_commit_ts_ahead_s must be positive")
     if config.budget.processes < 1:
         raise ConfigError(f"budget.processes = {config.budget.processes}: at least one process runs")
     if config.budget.processes > 1 and source.scheme != "kafka":

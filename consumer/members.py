@@ -18,6 +18,7 @@ from typing import Any
 
 from consumer.errors import ConsumerError
 from consumer.pipeline import PipelineStats
+from consumer.stopping import StopRequest
 
 _REPORT_WAIT_SECONDS = 1.0
 
@@ -84,19 +85,16 @@ class GroupMembers:
 class MemberProcess:
     """What a member process does besides running its pipeline: it logs warnings only (one progress
     display, one info log: the command's), leaves Ctrl-C to the command (which asks each member to stop
-    once: SIGTERM, handled like Ctrl-C) and stops when the command's process is gone."""
+    once: SIGTERM, a clean stop like Ctrl-C's) and stops when the command's process is gone."""
 
     def __init__(self) -> None:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, _interrupted)
+        self.stop = StopRequest()
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: self.stop.request("SIGTERM"))
         self._parent = os.getppid()
         self.name = multiprocessing.current_process().name
 
     def on_cycle(self, _pipeline: object) -> None:
         if os.getppid() != self._parent:
-            raise KeyboardInterrupt(f"{self.name}: the command's process is gone")
-
-
-def _interrupted(_signal: int, _frame: object) -> None:
-    raise KeyboardInterrupt
+            self.stop.request(f"{self.name}: the command's process is gone")

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.batches.decode_pool import DecodePool, Decoding
-from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
+from consumer.errors import ConsumerError, DecodeError, RecordLocation
 from consumer.protocol.codec import MessageDecoder
-from consumer.protocol.model import DecodedMessage, Watermark
+from consumer.protocol.model import DecodedMessage, RawDML, Watermark
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import CommitContext, DDLEvent, Sink, TopicPartition
@@ -26,9 +26,10 @@ from consumer.sinks.dead_letter import DeadLetterSink
 from consumer.sources.base import Source
 from consumer.sources.errors import SourceError
 from consumer.sources.record import SourceRecord
-from consumer.state.machine import ConsumerState
+from consumer.state.machine import ConsumerState, Unapplied
 from consumer.state.schema_cache import snapshot_schemas
 from consumer.state.units import DDLUnit, DeadLetter, RowBatch, RowOrigins, Unit
+from consumer.stopping import StopRequest
 
 log = logging.getLogger(__name__)
 SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the sinks' records this often
@@ -68,6 +69,8 @@ class PipelineStats:
     failed_commits: int = 0
     rows_by_table: dict[str, int] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    stopped_on_request: bool = False  # Ctrl-C, SIGTERM...: not idle, not at the end of its input
+    unapplied: list[Unapplied] = field(default_factory=list)  # per partition, when the run ended
 
     def combined(self, other: PipelineStats) -> PipelineStats:
         """The totals of two members of one group (the earlier start)."""
@@ -83,6 +86,8 @@ class PipelineStats:
             failed_commits=self.failed_commits + other.failed_commits,
             rows_by_table=tables,
             started=min(self.started, other.started),
+            stopped_on_request=self.stopped_on_request or other.stopped_on_request,
+            unapplied=[*self.unapplied, *other.unapplied],
         )
 
 
@@ -141,10 +146,11 @@ class Pipeline:
         *,
         until_idle: float | None = None,
         on_cycle: Callable[[Pipeline], None] | None = None,
+        stop: StopRequest | None = None,
     ) -> PipelineStats:
-        """Consume until stopped (KeyboardInterrupt) or, with `until_idle`, until no change record arrived for
-        that many seconds (TiCDC keeps broadcasting WATERMARKs while the upstream is idle: those don't count);
-        everything resolved by then is applied and committed."""
+        """Consume until `stop` is requested or, with `until_idle`, until no change record arrived for that
+        many seconds (TiCDC keeps broadcasting WATERMARKs while the upstream is idle: those don't count);
+        everything resolved by then is applied and committed. The totals say what was left unapplied."""
         self._source = source
         self._idle = 0.0
         collecting = gc.isenabled()
@@ -159,6 +165,9 @@ class Pipeline:
                 self._idle = 0.0 if self._changed else self._idle + waited
                 if on_cycle:
                     on_cycle(self)
+                if stop is not None and stop.requested:
+                    self.stats.stopped_on_request = True
+                    break
                 if until_idle is not None and self._idle_for(source) >= until_idle:
                     break
                 if polled - collected > GC_EVERY_SECONDS:
@@ -170,6 +179,7 @@ class Pipeline:
             finally:
                 if collecting:
                     gc.enable()
+        self.stats.unapplied = self.state.unapplied()
         return self.stats
 
     def close(self) -> None:
@@ -334,23 +344,51 @@ class Pipeline:
         if decoded is not None:
             self._deliver(decoded, context)
             return
+        try:
+            codec = self._codec(unit)
+        except DecodeError as exc:  # a recorded schema this SDK refuses: no row of that version decodes
+            self._set_aside(list(unit.rows), exc)
+            return
         rows = list(unit.rows)
         origins: RowOrigins | None = unit.origins  # until a bad row is taken out
-        codec = self._codec(unit)
         while rows:
             counted = self.policy.stats.unrepresentable
             try:
                 changes = table_changes(codec, rows, origins)
-            except ValueDecodeError as exc:
-                if self.state.policy == "fail" or exc.row is None:
+            except DecodeError as exc:
+                if self.state.policy == "fail":
                     raise
                 self.policy.stats.unrepresentable = counted  # the retry counts the batch's values again
-                bad_raw, bad_location = rows.pop(exc.row)
                 origins = None
-                self._dead_letter(DeadLetter(bad_location, str(exc), bad_raw.payload))
+                row = getattr(exc, "row", None)
+                if row is None:  # which row is unknown: each decoded alone tells
+                    rows = self._decodable(codec, rows)
+                else:
+                    self._set_aside([rows.pop(row)], exc)
                 continue
             self._deliver(changes, context)
             return
+
+    def _decodable(
+        self, codec: TableCodec, rows: list[tuple[RawDML, RecordLocation]]
+    ) -> list[tuple[RawDML, RecordLocation]]:
+        """The rows that decode on their own; the others are set aside."""
+        good = []
+        for row in rows:
+            try:
+                table_changes(codec, [row])
+            except DecodeError as exc:
+                self._set_aside([row], exc)
+            else:
+                good.append(row)
+        return good
+
+    def _set_aside(self, rows: list[tuple[RawDML, RecordLocation]], error: DecodeError) -> None:
+        if self.state.policy == "fail":
+            raise error.with_location(rows[0][1])
+        reason = f"{type(error).__name__}: {error.reason}"
+        for raw, location in rows:
+            self._dead_letter(DeadLetter(location, reason, raw.payload, error.code))
 
     def _deliver(self, changes: TableChanges, context: CommitContext) -> None:
         for sink in self.sinks:

@@ -30,12 +30,10 @@ def _dies(reports: Any) -> None:
 def _runs_until_asked(reports: Any) -> None:
     member = MemberProcess()
     consumed = 0
-    try:
-        while True:
-            consumed += 1
-            time.sleep(0.01)
-    except KeyboardInterrupt:
-        reports.put((member.name, PipelineStats(records=consumed)))
+    while not member.stop.requested:
+        consumed += 1
+        time.sleep(0.01)
+    reports.put((member.name, PipelineStats(records=consumed)))
 
 
 def test_totals_of_every_member_come_back() -> None:

@@ -63,10 +63,11 @@ def stored_name(name: str) -> str:
 
     Any legal MySQL name must work, including `_offset` or `_commit_ts`, so a user column whose name is a
     metadata name preceded by zero or more underscores gets one more leading underscore (`_offset` ->
-    `__offset`, `__offset` -> `___offset`); every other name is kept. The mapping is injective and never
-    yields a metadata name, and it depends on the name alone, so a column keeps its stored name for life.
+    `__offset`, `__offset` -> `___offset`); every other name is kept. Names compare case-insensitively, as
+    in MySQL, Delta and Spark (`_OFFSET` -> `__OFFSET`). The mapping is injective and never yields a
+    metadata name in any case, and it depends on the name alone, so a column keeps its stored name for life.
     """
-    rest = name
+    rest = name.lower()
     while rest.startswith("_"):
         if rest in METADATA_NAMES:
             return "_" + name

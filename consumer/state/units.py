@@ -74,11 +74,13 @@ class DDLUnit:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class DeadLetter:
-    """A record the error policy set aside: undecodable, or a row whose schema never arrived."""
+    """A record the error policy set aside: undecodable, or a row whose schema never arrived or was
+    rejected. `reason_code` is the `code` of the error that set it aside (machine-readable, stable)."""
 
     location: RecordLocation
     reason: str
     value: bytes | None
+    reason_code: str
 
 
 Unit = RowBatch | DDLUnit | DeadLetter

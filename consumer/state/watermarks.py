@@ -29,6 +29,10 @@ class PartitionWatermarks:
         if current is None or commit_ts > current:
             self._marks[tp] = commit_ts
 
+    def of(self, tp: TopicPartition) -> int | None:
+        """The partition's watermark; None before its first WATERMARK (or when it is not owned)."""
+        return self._marks.get(tp)
+
     def global_watermark(self) -> int | None:
         """None until every owned partition has reported one (nothing is complete before that)."""
         marks = self._marks.values()
