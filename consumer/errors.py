@@ -27,12 +27,17 @@ class RecordLocation(msgspec.Struct, frozen=True, gc=False):
         return f"{self.topic}[{self.partition}]@{self.offset}"
 
 
+MAX_REASON_CHARS = 1000  # a reason quoting a hostile value (Arrow quotes whole values) stays readable
+
+
 class ConsumerError(Exception):
     """Base of every error the SDK raises for bad input or a failed stage."""
 
     code: ClassVar[str] = "consumer-error"
 
     def __init__(self, message: str, *, location: RecordLocation | None = None) -> None:
+        if len(message) > MAX_REASON_CHARS:
+            message = f"{message[: MAX_REASON_CHARS - 20]}... ({len(message)} chars)"
         super().__init__(message)
         self.reason = message
         self.location = location
