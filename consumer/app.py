@@ -142,9 +142,10 @@ def _run_member(
         pipeline.close()
 
 
-def run_member(config: RunConfig, until_idle: float | None, reports: Any) -> None:
-    """The body of a member process `run` starts: its totals, or its error, go to `reports`."""
-    member = MemberProcess()
+def run_member(config: RunConfig, until_idle: float | None, asked: Any, reports: Any) -> None:
+    """The body of a member process `run` starts: it stops when `asked` is set; its totals, or its error, go
+    to `reports`."""
+    member = MemberProcess(asked)
     try:
         reports.put((member.name, _run_member(config, until_idle, member.on_cycle, member.stop)))
     except Exception as exc:  # any failure of a member fails the command, with its reason

@@ -46,7 +46,7 @@ _FORCED_CONFIG: dict[str, object] = {
 _REFUSED = frozenset((KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED))
 # A consumer that never reached a broker gives up after this long (a lost connection: `unreachable_timeout`).
 STARTUP_UNREACHABLE_SECONDS = 10.0
-_PROBE_SECONDS = 10.0
+_PROBE_SECONDS = 5.0
 # Keys whose values are credentials: passwords, client secrets, JAAS/OAUTHBEARER strings, private keys.
 _SECRET_KEY_MARKERS = ("password", "secret", "jaas", "oauthbearer.config", "key.pem")
 
