@@ -418,6 +418,7 @@ class Pipeline:
             # e.g. a rebalance took the partitions away: the next owner re-reads from the last commit,
             # so a failed commit can only cause redelivery (recognisable by offset), never loss
             self.stats.failed_commits += 1
+            self.state.commit_failed(offsets)  # tried again next cycle
             log.warning("offset commit failed, records after the last commit will be redelivered: %s", exc)
             return
         self._resume.update(offsets)

@@ -540,3 +540,16 @@ def test_mutated_valid_values_are_deterministic_per_seed() -> None:
     values = [json_dml({"id": str(n)}) for n in range(5)]
     assert list(mutations(values, seed=3, count=50)) == list(mutations(values, seed=3, count=50))
     assert list(mutations(values, seed=3, count=50)) != list(mutations(values, seed=4, count=50))
+
+
+def test_a_failed_commit_is_offered_again() -> None:
+    """A quiet partition whose last commit failed (a rebalance under way) would otherwise never commit it."""
+    state = ConsumerState()
+    state.assign([("t", 0)])
+    state.process(
+        _location(0), MessageDecoder().decode(b'{"version":1,"type":"WATERMARK","commitTs":5,"buildTs":1}')
+    )
+    assert state.committable() == {("t", 0): 1}
+    assert state.committable() == {}
+    state.commit_failed({("t", 0): 1})
+    assert state.committable() == {("t", 0): 1}

@@ -300,6 +300,14 @@ class ConsumerState:
                 result[tp] = partition.reported = offset
         return result
 
+    def commit_failed(self, offsets: dict[TopicPartition, int]) -> None:
+        """A commit of `offsets` (from `committable`) did not go through: offer them again next time, so a
+        partition that stays quiet afterwards still gets its offset committed."""
+        for tp, offset in offsets.items():
+            partition = self._partitions.get(tp)
+            if partition is not None and partition.reported == offset:
+                partition.reported = None
+
     def paused(self) -> set[TopicPartition]:
         """Partitions the source should pause now (and resume every other one).
 

@@ -1,0 +1,198 @@
+"""Honest exits (issue 10): a refused authentication or an unreachable broker ends `run` with exit 4; SIGTERM
+is a clean stop (apply what is resolved, commit, exit 0); and after SIGTERM or SIGKILL, with decode workers
+or `--processes 2`, no process the command started is left."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+from deltalake import DeltaTable
+
+from consumer.cli import EXIT_SOURCE_UNAVAILABLE
+from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.model import DML, DMLType
+from consumer.simulate.output import produce_to_kafka, write_capture_file
+from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sinks.delta import table_paths
+from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
+from consumer.testing.broker import EmbeddedBroker
+from consumer.testing.processes import command_line, descendants, wait_gone
+
+FAST_GROUP = {
+    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": "3000",
+    "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
+}
+
+
+def _start(*args: str, env: dict[str, str] | None = None, log: Path) -> subprocess.Popen[str]:
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "consumer", "run", *args],
+            env={**os.environ, **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}; log:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+
+
+def _changelog_rows(root: Path) -> int:
+    try:
+        paths = [p for p in table_paths(root, include_ddl_log=False) if p.name == "changelog"]
+        return sum(ds.dataset(DeltaTable(str(p)).file_uris()).count_rows() for p in paths)
+    except Exception:  # tables still being created
+        return 0
+
+
+def _workload(partitions: int = 1) -> Workload:
+    return Workload(WorkloadConfig(rows=600, tables=2, partitions=partitions, seed=5, ddl=False))
+
+
+def _images(partitions: int = 1) -> int:
+    """Changelog rows the workload makes: one per DML, two per UPDATE."""
+    dmls = [r.message for r in _workload(partitions).records() if isinstance(r.message, DML)]
+    return sum(2 if dml.type is DMLType.UPDATE else 1 for dml in dmls)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+# -- the source refuses or cannot be reached -------------------------------------------------------------
+def test_a_broker_refusing_sasl_ends_run_with_exit_4(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """tansu has no SASL: the handshake a SASL client sends is refused, as wrong credentials would be."""
+    topic = kafka_topic(1)
+    env = {
+        "TICDC_CONSUMER_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "TICDC_CONSUMER_KAFKA_SASL_MECHANISM": "PLAIN",
+        "TICDC_CONSUMER_KAFKA_SASL_USERNAME": "reader",
+        "TICDC_CONSUMER_KAFKA_SASL_PASSWORD": "hunter2-secret",
+    }
+    log = tmp_path / "run.log"
+    started = time.monotonic()
+    source = f"kafka://{kafka_broker.bootstrap_servers}/{topic}"
+    process = _start(
+        "--source", source, "--sink", f"delta:{tmp_path / 'lake'}", "--until-idle", "5", env=env, log=log
+    )
+    assert process.wait(120) == EXIT_SOURCE_UNAVAILABLE, log.read_text()[-3000:]
+    output = log.read_text()
+    assert "SourceAuthenticationError" in output and "refused this client" in output
+    assert "hunter2-secret" not in output
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow
+def test_no_broker_listening_ends_run_with_exit_4(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    process = _start(
+        "--source", f"kafka://127.0.0.1:{_free_port()}/t", "--sink", f"delta:{tmp_path / 'lake'}",
+        "--until-idle", "5", log=log,
+    )  # fmt: skip
+    assert process.wait(120) == EXIT_SOURCE_UNAVAILABLE, log.read_text()[-3000:]
+    assert "SourceUnreachableError: no broker of 127.0.0.1:" in log.read_text()
+
+
+# -- signals ------------------------------------------------------------------------------------------------
+def test_sigterm_applies_commits_and_leaves_no_decode_worker(tmp_path: Path) -> None:
+    workload = _workload()
+    source = tmp_path / "capture.jsonl"
+    write_capture_file(workload, MessageEncoder("json"), "cdc", source)
+    root, log = tmp_path / "lake", tmp_path / "run.log"
+    process = _start("--source", f"file:{source}", "--sink", f"delta:{root}", log=log)  # workers: default 2
+    _wait_for(lambda: len(descendants(process.pid)) >= 4, 60, "decode workers", log)
+    started = descendants(process.pid)
+    _wait_for(lambda: _changelog_rows(root) > 0, 120, "rows in the lake", log)
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(60) == 0, log.read_text()[-3000:]
+    output = log.read_text()
+    assert "SIGTERM: stopping after this cycle" in output and " dead letters" in output
+    assert wait_gone(started, 10) == set(), [command_line(pid) for pid in started]
+    assert _changelog_rows(root) == _images()
+
+
+def test_sigkill_leaves_no_decode_worker_forkserver_or_tracker(tmp_path: Path) -> None:
+    source = tmp_path / "capture.jsonl"
+    write_capture_file(_workload(), MessageEncoder("json"), "cdc", source)
+    log = tmp_path / "run.log"
+    process = _start("--source", f"file:{source}", "--sink", f"delta:{tmp_path / 'lake'}", log=log)
+    _wait_for(lambda: len(descendants(process.pid)) >= 4, 60, "decode workers", log)
+    started = descendants(process.pid)
+    assert any("forkserver" in command_line(pid) for pid in started)
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    assert wait_gone(started, 30) == set(), [command_line(pid) for pid in started]
+
+
+def _group_run(broker: EmbeddedBroker, topic: str, root: Path, log: Path) -> subprocess.Popen[str]:
+    source = f"kafka://{broker.bootstrap_servers}/{topic}"
+    group = ("--group", f"{topic}.g", "--processes", "2")
+    return _start("--source", source, *group, "--sink", f"delta:{root}", env=FAST_GROUP, log=log)
+
+
+def _members(process: subprocess.Popen[str]) -> set[int]:
+    return {pid for pid in descendants(process.pid) if "multiprocessing.spawn" in command_line(pid)}
+
+
+def test_sigterm_of_a_two_process_group_commits_everything_and_leaves_no_member(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    topic = kafka_topic(2)
+    workload = _workload(partitions=2)
+    report = produce_to_kafka(workload, MessageEncoder("json"), kafka_broker.bootstrap_servers, topic)
+    root, log = tmp_path / "lake", tmp_path / "run.log"
+    process = _group_run(kafka_broker, topic, root, log)
+    _wait_for(lambda: len(_members(process)) == 1, 60, "the second member", log)
+    started = descendants(process.pid)
+    _wait_for(lambda: _changelog_rows(root) == _images(2), 180, "every row in the lake", log)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(90) == 0, log.read_text()[-3000:]
+    assert wait_gone(started, 30) == set(), [command_line(pid) for pid in started]
+    with KafkaSource(
+        kafka_broker.bootstrap_servers, [topic], f"{topic}.g", partitions=ALL_PARTITIONS
+    ) as source:
+        committed = source.committed([(topic, p) for p in range(2)])
+    assert committed == {(topic, p): report.end_offsets[p] for p in range(2)}, log.read_text()[-6000:]
+
+
+def test_sigkill_of_a_two_process_group_leaves_no_member(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    topic = kafka_topic(2)
+    produce_to_kafka(_workload(partitions=2), MessageEncoder("json"), kafka_broker.bootstrap_servers, topic)
+    log = tmp_path / "run.log"
+    process = _group_run(kafka_broker, topic, tmp_path / "lake", log)
+    # the command's own member holding one of the two partitions: the other member is in its loop
+    _wait_for(
+        lambda: re.search(r" assigned \[\([^)]*\)\]$", log.read_text(), re.MULTILINE) is not None,
+        120,
+        "a split",
+        log,
+    )
+    started = descendants(process.pid)
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    assert wait_gone(started, 120) == set(), [command_line(pid) for pid in started]
