@@ -58,19 +58,29 @@ class MessageDecoder:
         self.limits = self.policy.limits
         self._plain_json = encoding != "avro" and compression in ("auto", "none")  # `{` may start JSON
         self._commit_ts = CommitTsBound(self.limits.max_commit_ts_ahead_s)
+        self._ceiling = 0  # the highest plausible commitTs, as of the last check that needed it
+        self._max_depth = self.limits.max_nesting_depth
 
     def decode(self, value: bytes | None) -> DecodedMessage:
         try:
-            message = self._decode(value)
+            if (
+                value and value[0] == _JSON_START and self._plain_json
+            ):  # the hottest case, in the fewest calls
+                try:
+                    message = json_codec.decode(value, self._max_depth)
+                except DecodeError as error:
+                    message = self._not_plain_json(value, error)
+            else:
+                message = self._decode(value)
         except ConsumerError:
             raise
         except RecursionError as exc:
             raise NestingTooDeepError("message nests deeper than Python's recursion limit") from exc
         except Exception as exc:  # a gap in the checks above: still this record's problem alone
             raise InternalDecodeError(f"unexpected {type(exc).__name__} decoding a message: {exc}") from exc
-        if type(message) is RawDML:  # nearly every record: two comparisons
-            if not 0 < message.commit_ts <= self._commit_ts.ceiling:
-                self._commit_ts.check(message.commit_ts, "DML")
+        if type(message) is RawDML:  # nearly every record: a few comparisons
+            if not 0 < message.commit_ts <= self._ceiling:
+                self._ceiling = self._commit_ts.check(message.commit_ts, "DML")
             if not 0 <= message.schema_version <= MAX_TSO:
                 raise MalformedMessageError(f"DML schemaVersion {message.schema_version} is no TSO")
             return message
@@ -80,13 +90,6 @@ class MessageDecoder:
     def _decode(self, value: bytes | None) -> DecodedMessage:
         if not value:
             raise MalformedMessageError("empty record value")
-        if value[0] == _JSON_START and self._plain_json:  # the hottest case, in the fewest steps
-            try:
-                return self._decode_json(value)
-            except DecodeError as error:
-                if self.compression == "none":
-                    raise
-                return self._decode_snappy_lookalike(value, error)
         if self.compression == "auto" and value[0] in PLAIN_FIRST_BYTES:
             try:
                 return self._decode_plain(value)
@@ -94,12 +97,16 @@ class MessageDecoder:
                 return self._decode_snappy_lookalike(value, error)
         return self._decode_plain(decompress(value, self.compression, self.limits.max_decompressed_bytes))
 
-    def _decode_json(self, payload: bytes) -> DecodedMessage:
-        return json_codec.decode(payload, self.limits.max_nesting_depth)
+    def _not_plain_json(self, value: bytes, error: DecodeError) -> DecodedMessage:
+        if self.compression == "none":
+            raise error
+        return self._decode_snappy_lookalike(value, error)
 
     def _decode_plain(self, payload: bytes) -> DecodedMessage:
         encoding = self.encoding if self.encoding != "auto" else _sniffed(payload[0] if payload else -1)
-        return self._decode_json(payload) if encoding == "json" else avro_codec.decode(payload)
+        return (
+            json_codec.decode(payload, self._max_depth) if encoding == "json" else avro_codec.decode(payload)
+        )
 
     def _decode_snappy_lookalike(self, value: bytes, plain_error: DecodeError) -> DecodedMessage:
         """A snappy block starts with its uncompressed length as a varint: 123 bytes look like `{`, 22 like

@@ -51,15 +51,17 @@ class CommitTsBound:
         self.ahead_s = ahead_s
         self.ceiling = 0
 
-    def check(self, commit_ts: int, what: str) -> None:
+    def check(self, commit_ts: int, what: str) -> int:
+        """Raise for an implausible `commit_ts`; the current ceiling otherwise (a caller may cache it)."""
         if 0 < commit_ts <= self.ceiling:
-            return
+            return self.ceiling
         self.ceiling = min(MAX_TSO, tso_of(time.time() + self.ahead_s))
         if not 0 < commit_ts <= self.ceiling:
             raise ImplausibleTimestampError(
                 f"{what} commitTs {commit_ts} is no TSO of a running TiDB: it must be positive and at most "
                 f"{self.ahead_s:g} s past this machine's clock (TSO {self.ceiling})"
             )
+        return self.ceiling
 
 
 def check_nesting(text: bytes, limit: int, what: str) -> None:
