@@ -361,27 +361,25 @@ class Pipeline:
                 self.policy.stats.unrepresentable = counted  # the retry counts the batch's values again
                 origins = None
                 row = getattr(exc, "row", None)
-                if row is None:  # which row is unknown: each decoded alone tells
-                    rows = self._decodable(codec, rows)
-                else:
-                    self._set_aside([rows.pop(row)], exc)
+                if row is None:  # which row is unknown: each alone tells, and is delivered alone
+                    self._write_one_by_one(codec, rows, context)
+                    return
+                self._set_aside([rows.pop(row)], exc)
                 continue
             self._deliver(changes, context)
             return
 
-    def _decodable(
-        self, codec: TableCodec, rows: list[tuple[RawDML, RecordLocation]]
-    ) -> list[tuple[RawDML, RecordLocation]]:
-        """The rows that decode on their own; the others are set aside."""
-        good = []
+    def _write_one_by_one(
+        self, codec: TableCodec, rows: list[tuple[RawDML, RecordLocation]], context: CommitContext
+    ) -> None:
+        """A batch that failed without naming its row: each row on its own (a rare, slow path)."""
         for row in rows:
             try:
-                table_changes(codec, [row])
+                changes = table_changes(codec, [row])
             except DecodeError as exc:
                 self._set_aside([row], exc)
             else:
-                good.append(row)
-        return good
+                self._deliver(changes, context)
 
     def _set_aside(self, rows: list[tuple[RawDML, RecordLocation]], error: DecodeError) -> None:
         if self.state.policy == "fail":

@@ -553,3 +553,39 @@ def test_a_failed_commit_is_offered_again() -> None:
     assert state.committable() == {}
     state.commit_failed({("t", 0): 1})
     assert state.committable() == {("t", 0): 1}
+
+
+class _FailsOnBatches(TableCodec):
+    """A codec with a fault no row explains (an `InternalDecodeError` is one: a bug) in batches of rows."""
+
+    def decode_changes(self, raws):  # type: ignore[no-untyped-def]
+        if len(raws) > 1:
+            raise errors.InternalDecodeError("a fault of the batch, not of a row")
+        return super().decode_changes(raws)
+
+
+def test_a_batch_failing_without_naming_a_row_is_written_row_by_row(tmp_path: Path) -> None:
+    from consumer.pipeline import Pipeline
+    from consumer.sinks.dead_letter import DeadLetterFile
+    from consumer.sinks.jsonl import JsonLinesSink
+    from consumer.sources.capture import write_capture
+    from consumer.sources.files import FileSource
+    from consumer.sources.record import SourceRecord
+
+    values = [bootstrap(SCHEMA), *(json_dml({"id": str(n)}, commit_ts=TS + n) for n in range(3))]
+    values.insert(2, json_dml({"id": "9", "amount": "abc"}, commit_ts=TS + 9))
+    values.append(b'{"version":1,"type":"WATERMARK","commitTs":%d,"buildTs":1}' % (TS + 100))
+    path = tmp_path / "capture.jsonl"
+    with path.open("wb") as file:
+        write_capture([SourceRecord("t", 0, n, None, None, v) for n, v in enumerate(values)], file)
+    pipeline = Pipeline(
+        group="g", state=ConsumerState(), sinks=[JsonLinesSink(tmp_path / "out")],
+        dead_letters=DeadLetterFile(tmp_path / "dead.jsonl"),
+    )  # fmt: skip
+    pipeline._codecs[SCHEMA.key] = _FailsOnBatches(SCHEMA)
+    pipeline.run(FileSource(path, on_assign=pipeline.on_assign), until_idle=0.3)
+    pipeline.close()
+    rows = [json.loads(line) for line in (tmp_path / "out" / "shop" / "t.jsonl").read_bytes().splitlines()]
+    assert [row["id"] for row in rows] == [0, 1, 2]
+    letters = [json.loads(line) for line in (tmp_path / "dead.jsonl").read_bytes().splitlines()]
+    assert [(d["offset"], d["reason_code"]) for d in letters] == [(2, "value-decode")]
