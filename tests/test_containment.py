@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import cramjam
 import lz4.frame
@@ -75,6 +76,18 @@ def json_dml(data: dict, *, commit_ts: int = TS, schema: TableSchema = SCHEMA) -
             "data": data,
         }
     ).encode()
+
+
+def insert_header(**fields: Any) -> DML:
+    """An INSERT of `shop.t` without values (they are given as wire values)."""
+    header = {
+        "database": "shop",
+        "table": "t",
+        "table_id": 7,
+        "commit_ts": TS,
+        "schema_version": SCHEMA.version,
+    }
+    return DML(type=DMLType.INSERT, build_ts=1, **{**header, **fields})
 
 
 def bootstrap(schema: TableSchema, encoding: str = "json") -> bytes:
@@ -229,15 +242,7 @@ def test_a_json_document_at_tidbs_depth_limit_still_decodes() -> None:
 
 
 def test_an_avro_timestamp_sent_as_a_string_is_a_value_error() -> None:
-    dml = DML(
-        type=DMLType.INSERT,
-        database="shop",
-        table="t",
-        table_id=7,
-        commit_ts=TS,
-        build_ts=1,
-        schema_version=SCHEMA.version,
-    )
+    dml = insert_header()
     value = avro_codec.encode(dml, {"id": ("long", 1), "ts": ("string", "2020-01-01 00:00:00")})
     with pytest.raises(ValueDecodeError, match="not a valid timestamp") as caught:
         rows_of(value)
@@ -245,15 +250,7 @@ def test_an_avro_timestamp_sent_as_a_string_is_a_value_error() -> None:
 
 
 def test_json_and_avro_rows_of_one_table_decode_in_one_batch() -> None:
-    dml = DML(
-        type=DMLType.INSERT,
-        database="shop",
-        table="t",
-        table_id=7,
-        commit_ts=TS,
-        build_ts=1,
-        schema_version=SCHEMA.version,
-    )
+    dml = insert_header()
     raws = []
     for number, encoding in enumerate(("json", "avro", "avro", "json")):
         value = MessageEncoder(encoding).encode(
@@ -430,15 +427,7 @@ def test_an_avro_binary_default_that_is_no_text_keeps_the_schema_writable() -> N
 def test_an_unknown_type_is_kept_as_its_wire_text_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     schema = msgspec.structs.replace(with_column(Column("shape", DataType("geometry"))), table="geo")
     json_value = json_dml({"id": "1", "shape": "POINT(1 2)"}, schema=schema)
-    dml = DML(
-        type=DMLType.INSERT,
-        database="shop",
-        table="geo",
-        table_id=7,
-        commit_ts=TS,
-        build_ts=1,
-        schema_version=schema.version,
-    )
+    dml = insert_header(table="geo", schema_version=schema.version)
     avro_value = avro_codec.encode(dml, {"id": ("long", 2), "shape": ("bytes", b"POINT(3 4)")})
     codec = TableCodec(schema)
     for _ in range(3):
