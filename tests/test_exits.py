@@ -43,6 +43,7 @@ def _start(*args: str, env: dict[str, str] | None = None, log: Path) -> subproce
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # its own process group, as a command started from a terminal
         )
 
 
@@ -116,7 +117,10 @@ def test_no_broker_listening_ends_run_with_exit_4(tmp_path: Path) -> None:
 
 
 # -- signals ------------------------------------------------------------------------------------------------
-def test_sigterm_applies_commits_and_leaves_no_decode_worker(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["sigterm", "ctrl-c-to-the-process-group"])
+def test_a_stop_signal_applies_commits_and_leaves_no_decode_worker(tmp_path: Path, ctrl_c: bool) -> None:
+    """SIGTERM to the command, or SIGINT to its whole process group as a terminal's Ctrl-C sends it (the
+    decode workers get it too, and must leave stopping to the command)."""
     workload = _workload()
     source = tmp_path / "capture.jsonl"
     write_capture_file(workload, MessageEncoder("json"), "cdc", source)
@@ -126,10 +130,14 @@ def test_sigterm_applies_commits_and_leaves_no_decode_worker(tmp_path: Path) -> 
     started = descendants(process.pid)
     _wait_for(lambda: _changelog_rows(root) > 0, 120, "rows in the lake", log)
     time.sleep(1.0)
-    process.send_signal(signal.SIGTERM)
+    if ctrl_c:
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(signal.SIGTERM)
     assert process.wait(60) == 0, log.read_text()[-3000:]
     output = log.read_text()
-    assert "SIGTERM: stopping after this cycle" in output and " dead letters" in output
+    assert f"{'SIGINT' if ctrl_c else 'SIGTERM'}: stopping after this cycle" in output
+    assert " dead letters" in output and "decode workers unusable" not in output
     assert wait_gone(started, 10) == set(), [command_line(pid) for pid in started]
     assert _changelog_rows(root) == _images()
 

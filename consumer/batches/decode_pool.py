@@ -19,6 +19,7 @@ import logging
 import multiprocessing
 import os
 import select
+import signal
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor, wait
@@ -142,7 +143,10 @@ _codecs: LRUCache[bytes, TableCodec] = LRUCache(_CODECS_PER_WORKER)
 
 
 def _start_worker(policy: ValuePolicy, consumer: int) -> None:
+    """A worker ignores Ctrl-C (a terminal sends it to the whole process group): the consumer decides when
+    its workers stop, and ends them itself."""
     global _policy
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.set_threshold(*DECODE_GC_THRESHOLDS)
     _policy = replace(policy, stats=DecodeStats())  # counts since start; `_decode` reports the increase
     threading.Thread(target=_exit_with, args=(consumer,), name="exit-with-consumer", daemon=True).start()
