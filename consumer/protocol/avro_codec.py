@@ -15,6 +15,7 @@ import fastavro
 import msgspec
 
 from consumer.errors import MalformedMessageError
+from consumer.protocol.checks import MessageChecks
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -65,13 +66,18 @@ DML_PREFIX = bytes((MESSAGE_BRANCH, 0x06, 0x06))  # Message branch, MessageType.
 
 
 # -- decoding ---------------------------------------------------------------------------------------
-def decode(payload: bytes) -> DecodedMessage:
+_DEFAULT_CHECKS = MessageChecks()
+
+
+def decode(payload: bytes, checks: MessageChecks = _DEFAULT_CHECKS) -> DecodedMessage:
+    """Decode one uncompressed Avro value; DML values stay undecoded in a `RawDML`. The message passes
+    `checks` (its commitTs, its schemas)."""
     if len(payload) < 3 or payload[0] != MESSAGE_BRANCH:
         first = f"0x{payload[0]:02x}" if payload else "nothing"
         raise MalformedMessageError(f"not a Simple Avro message: starts with {first}, expected 0x16")
     if payload[1] == _DML_KIND:
-        return _dml_header(payload)
-    return _schema_or_watermark(read_datum(payload))
+        return _dml_header(payload, checks)
+    return checks.message(_schema_or_watermark(read_datum(payload)))
 
 
 def read_datum(payload: bytes) -> dict[str, Any]:
@@ -101,7 +107,7 @@ def _read_exactly(stream: io.BytesIO, schema: Any, size: int) -> Any:
     return datum
 
 
-def _dml_header(payload: bytes) -> RawDML:
+def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML:
     """Read only the DML's routing fields; values are decoded later, once the schema is known."""
     reader = _HeaderReader(payload, 2)
     if reader.long() != 3:
@@ -111,14 +117,18 @@ def _dml_header(payload: bytes) -> RawDML:
     kind = reader.long()
     if not 0 <= kind < len(_DML_TYPES):
         raise MalformedMessageError(f"unknown DMLType index {kind}")
+    commit_ts, build_ts, schema_version = reader.long(), reader.long(), reader.long()
+    checks.commit_ts(commit_ts, "DML")
+    if schema_version < 0:  # a TSO beyond 2^63 would read back negative from an Avro long
+        raise MalformedMessageError(f"DML schemaVersion {schema_version} is no TSO")
     return RawDML(
         type=_DML_TYPES[kind],
         database=database,
         table=table,
         table_id=table_id,
-        commit_ts=reader.long(),
-        build_ts=reader.long(),
-        schema_version=reader.long(),
+        commit_ts=commit_ts,
+        build_ts=build_ts,
+        schema_version=schema_version,
         payload=payload,
         encoding="avro",
     )

@@ -1,8 +1,8 @@
 """Record value <-> message: compression, then JSON or Avro (spec §1.2), in both directions.
 
 `MessageDecoder.decode` is the containment boundary for a record's bytes: whatever they hold, it returns a
-message or raises a `ConsumerError`. Schemas are validated there, once, as they arrive (`validation`), and
-commitTs values checked for plausibility (`limits`); anything the SDK did not anticipate still comes out as
+message or raises a `ConsumerError`. Schemas are validated there, once, as they arrive, and commitTs values
+checked for plausibility (`checks`); anything the SDK did not anticipate still comes out as
 an `InternalDecodeError`, never as a stray exception that would stop a consumer.
 """
 
@@ -18,10 +18,10 @@ from consumer.errors import (
     InternalDecodeError,
     MalformedMessageError,
     NestingTooDeepError,
-    SchemaRejectedError,
 )
 from consumer.protocol import avro_codec, json_codec
 from consumer.protocol.avro_codec import AvroVariant
+from consumer.protocol.checks import MessageChecks
 from consumer.protocol.compression import (
     PLAIN_FIRST_BYTES,
     Compression,
@@ -29,11 +29,9 @@ from consumer.protocol.compression import (
     compress,
     decompress,
 )
-from consumer.protocol.limits import MAX_TSO, CommitTsBound
-from consumer.protocol.model import DDL, DML, Bootstrap, DecodedMessage, Message, RawDML, TableSchema
+from consumer.protocol.model import DML, DecodedMessage, Message, TableSchema
 from consumer.protocol.rows import Encoding, TableCodec
 from consumer.protocol.types import ValuePolicy
-from consumer.protocol.validation import validate_schema
 
 EncodingSetting = Literal["auto", "json", "avro"]
 
@@ -57,35 +55,22 @@ class MessageDecoder:
         self.policy = policy or ValuePolicy()
         self.limits = self.policy.limits
         self._plain_json = encoding != "avro" and compression in ("auto", "none")  # `{` may start JSON
-        self._commit_ts = CommitTsBound(self.limits.max_commit_ts_ahead_s)
-        self._ceiling = 0  # the highest plausible commitTs, as of the last check that needed it
-        self._max_depth = self.limits.max_nesting_depth
+        self._checks = MessageChecks(self.limits, self.policy.unknown_types)
 
     def decode(self, value: bytes | None) -> DecodedMessage:
         try:
-            if (
-                value and value[0] == _JSON_START and self._plain_json
-            ):  # the hottest case, in the fewest calls
+            if value and value[0] == _JSON_START and self._plain_json:  # the hottest case, fewest calls
                 try:
-                    message = json_codec.decode(value, self._max_depth)
+                    return json_codec.decode(value, self._checks)
                 except DecodeError as error:
-                    message = self._not_plain_json(value, error)
-            else:
-                message = self._decode(value)
+                    return self._not_plain_json(value, error)
+            return self._decode(value)
         except ConsumerError:
             raise
         except RecursionError as exc:
             raise NestingTooDeepError("message nests deeper than Python's recursion limit") from exc
-        except Exception as exc:  # a gap in the checks above: still this record's problem alone
+        except Exception as exc:  # a gap in the checks: still this record's problem alone
             raise InternalDecodeError(f"unexpected {type(exc).__name__} decoding a message: {exc}") from exc
-        if type(message) is RawDML:  # nearly every record: a few comparisons
-            if not 0 < message.commit_ts <= self._ceiling:
-                self._ceiling = self._commit_ts.check(message.commit_ts, "DML")
-            if not 0 <= message.schema_version <= MAX_TSO:
-                raise MalformedMessageError(f"DML schemaVersion {message.schema_version} is no TSO")
-            return message
-        self._check(message)
-        return message
 
     def _decode(self, value: bytes | None) -> DecodedMessage:
         if not value:
@@ -104,9 +89,9 @@ class MessageDecoder:
 
     def _decode_plain(self, payload: bytes) -> DecodedMessage:
         encoding = self.encoding if self.encoding != "auto" else _sniffed(payload[0] if payload else -1)
-        return (
-            json_codec.decode(payload, self._max_depth) if encoding == "json" else avro_codec.decode(payload)
-        )
+        if encoding == "json":
+            return json_codec.decode(payload, self._checks)
+        return avro_codec.decode(payload, self._checks)
 
     def _decode_snappy_lookalike(self, value: bytes, plain_error: DecodeError) -> DecodedMessage:
         """A snappy block starts with its uncompressed length as a varint: 123 bytes look like `{`, 22 like
@@ -116,29 +101,6 @@ class MessageDecoder:
         except CompressionError:
             raise plain_error from None
         return self._decode_plain(payload)
-
-    def _check(self, message: DecodedMessage) -> None:
-        """A schema or watermark message: its commitTs must be plausible, its schemas within TiDB's limits."""
-        if isinstance(message, Bootstrap):
-            self._validate(message.table_schema)
-            return
-        self._commit_ts.check(message.commit_ts, type(message).__name__.upper())
-        if isinstance(message, DDL):
-            self._validate(message.table_schema, message.pre_table_schema)
-
-    def _validate(self, *schemas: TableSchema | None) -> None:
-        rejected: list[SchemaRejectedError] = []
-        for schema in schemas:
-            if schema is not None:
-                try:
-                    validate_schema(schema, self.policy.unknown_types)
-                except SchemaRejectedError as error:
-                    rejected.append(error)
-        if rejected:
-            raise SchemaRejectedError(
-                "; ".join(error.reason for error in rejected),
-                keys=tuple(key for error in rejected for key in error.keys),
-            )
 
 
 _JSON_START = ord("{")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from consumer.errors import MalformedMessageError, UnknownMessageTypeError
-from consumer.protocol.limits import DecodeLimits, check_nesting
+from consumer.protocol.checks import MessageChecks
+from consumer.protocol.limits import MAX_TSO, check_nesting
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -25,6 +26,10 @@ _DDL_TYPES = frozenset(DDLType)
 _DML_TYPES = {kind.value: kind for kind in DMLType}
 
 
+# A schema version is a TSO, stored as int64 `_schema_version`: msgspec checks the range while decoding.
+_SchemaVersion = Annotated[int, msgspec.Meta(ge=0, le=MAX_TSO)]
+
+
 class _Envelope(msgspec.Struct, rename="camel", gc=False):
     """Only the routing fields: decoding skips `data`/`old` without building them."""
 
@@ -35,7 +40,7 @@ class _Envelope(msgspec.Struct, rename="camel", gc=False):
     database: str = ""
     table: str = ""
     table_id: int = msgspec.field(default=0, name="tableID")
-    schema_version: int = 0
+    schema_version: _SchemaVersion = 0
 
 
 _ABSENT = -1  # commitTs/buildTs are always on the wire (even 0), so only a missing one is omitted
@@ -75,13 +80,14 @@ _GO_ESCAPES = (
 )
 
 
-_MAX_DEPTH = DecodeLimits().max_nesting_depth
+_DEFAULT_CHECKS = MessageChecks()
 # msgspec reports invalid UTF-8 inside a string as UnicodeDecodeError, not as one of its own errors.
 _INVALID = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
-def decode(payload: bytes, max_nesting_depth: int = _MAX_DEPTH) -> DecodedMessage:
-    """Decode one uncompressed JSON value; DML values stay undecoded in a `RawDML`.
+def decode(payload: bytes, checks: MessageChecks = _DEFAULT_CHECKS) -> DecodedMessage:
+    """Decode one uncompressed JSON value; DML values stay undecoded in a `RawDML`. The message passes
+    `checks` (its commitTs, its schemas).
 
     The envelope skips `data`/`old` without building them; a schema or watermark message is built in full,
     so its nesting is bounded first.
@@ -96,25 +102,28 @@ def decode(payload: bytes, max_nesting_depth: int = _MAX_DEPTH) -> DecodedMessag
             raise MalformedMessageError(
                 "DML without `database` (a pre-v8.0 TiCDC message shape, which this SDK does not read)"
             )
+        commit_ts = envelope.commit_ts
+        if not 0 < commit_ts <= checks.ceiling:
+            checks.commit_ts(commit_ts, "DML")
         return RawDML(
             type=kind,
             database=envelope.database,
             table=envelope.table,
             table_id=envelope.table_id,
-            commit_ts=envelope.commit_ts,
+            commit_ts=commit_ts,
             build_ts=envelope.build_ts,
             schema_version=envelope.schema_version,
             payload=payload,
             encoding="json",
         )
-    check_nesting(payload, max_nesting_depth, f"{envelope.type[:20]} message")
+    check_nesting(payload, checks.max_nesting_depth, f"{envelope.type[:20]} message")
     try:
         wire = _WIRE.decode(payload)
     except _INVALID as exc:
         raise MalformedMessageError(f"invalid {envelope.type} message: {exc}") from exc
     if _ABSENT in (wire.commit_ts, wire.build_ts):
         raise MalformedMessageError(f"{wire.type} message without commitTs/buildTs")
-    return _schema_or_watermark(wire)
+    return checks.message(_schema_or_watermark(wire))
 
 
 def _schema_or_watermark(wire: _Wire) -> Watermark | Bootstrap | DDL:

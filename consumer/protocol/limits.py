@@ -7,12 +7,11 @@ crossing one is a `LimitExceededError` or `ImplausibleTimestampError` for that r
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from consumer.errors import ImplausibleTimestampError, NestingTooDeepError
+from consumer.errors import NestingTooDeepError
 
 MiB = 1 << 20
 TSO_PHYSICAL_SHIFT = 18  # a TSO is physical milliseconds << 18 | logical counter
@@ -41,27 +40,6 @@ class DecodeLimits:
 def tso_of(unix_seconds: float) -> int:
     """The TSO whose physical part is `unix_seconds` (logical part 0)."""
     return int(unix_seconds * 1000) << TSO_PHYSICAL_SHIFT
-
-
-class CommitTsBound:
-    """`0 < commit_ts <= now + ahead`, with the ceiling recomputed only when a TSO gets near it, so the
-    per-record check is one chained comparison."""
-
-    def __init__(self, ahead_s: float) -> None:
-        self.ahead_s = ahead_s
-        self.ceiling = 0
-
-    def check(self, commit_ts: int, what: str) -> int:
-        """Raise for an implausible `commit_ts`; the current ceiling otherwise (a caller may cache it)."""
-        if 0 < commit_ts <= self.ceiling:
-            return self.ceiling
-        self.ceiling = min(MAX_TSO, tso_of(time.time() + self.ahead_s))
-        if not 0 < commit_ts <= self.ceiling:
-            raise ImplausibleTimestampError(
-                f"{what} commitTs {commit_ts} is no TSO of a running TiDB: it must be positive and at most "
-                f"{self.ahead_s:g} s past this machine's clock (TSO {self.ceiling})"
-            )
-        return self.ceiling
 
 
 def check_nesting(text: bytes, limit: int, what: str) -> None:
