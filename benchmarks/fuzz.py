@@ -95,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             peak = max(peak, float(chunk["peak_mib"]))  # type: ignore[arg-type]
             for failure in chunk["failed"]:  # type: ignore[attr-defined]
                 failures.write(json.dumps({"seed": chunk["seed"], **failure}) + "\n")
+            failures.flush()
             elapsed = time.monotonic() - started
             print(
                 f"{done}/{len(sizes)} chunks, {totals['cases']:,} cases, "

@@ -175,7 +175,6 @@ HOSTILE: dict[str, tuple[Callable[[], list[bytes]], list[str]]] = {
         lambda: [json_row({"ts": {"location": "A" * 300, "value": "2020-01-01 00:00:00"}})],
         ["value-decode"],
     ),
-    "5000-digit-json-number": (lambda: [json_row({"doc": "1" * 5000})], ["value-decode"]),
     "lz4-bomb": (lambda: [lz4.frame.compress(b"{" + b" " * (65 << 20) + b"}")], ["compression-bomb"]),
     "commit-ts-2^64-1": (lambda: [json_row({}, commit_ts=2**64 - 1)], ["commit-ts-implausible"]),
     "commit-ts-minus-5": (lambda: [json_row({}, commit_ts=-5)], ["commit-ts-implausible"]),

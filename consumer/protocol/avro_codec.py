@@ -118,7 +118,8 @@ def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML:
     if not 0 <= kind < len(_DML_TYPES):
         raise MalformedMessageError(f"unknown DMLType index {kind}")
     commit_ts, build_ts, schema_version = reader.long(), reader.long(), reader.long()
-    checks.commit_ts(commit_ts, "DML")
+    if not 0 < commit_ts <= checks.ceiling:
+        checks.commit_ts(commit_ts, "DML")
     if schema_version < 0:  # a TSO beyond 2^63 would read back negative from an Avro long
         raise MalformedMessageError(f"DML schemaVersion {schema_version} is no TSO")
     return RawDML(

@@ -134,14 +134,10 @@ class TableCodec:
 
     def _chunk_sizes(self, raws: Sequence[RawDML]) -> list[int]:
         """Big batches decode in chunks of about `_CHUNK_BYTES` of payload: a chunk's parsed rows are still in
-        the CPU cache when its columns are built, which more than pays for concatenating the chunks. A chunk
-        holds one encoding (a topic may switch from JSON to Avro)."""
+        the CPU cache when its columns are built, which more than pays for concatenating the chunks."""
         sample = raws[:64]
         size = max(1, _CHUNK_BYTES * len(sample) // max(1, sum(len(raw.payload) for raw in sample)))
-        sizes = []
-        for start, end in _encoding_runs(raws):
-            sizes += [min(size, end - at) for at in range(start, end, size)]
-        return sizes or [0]
+        return [min(size, len(raws) - start) for start in range(0, len(raws), size)] or [0]
 
     def _chunked(
         self, raws: Sequence[RawDML], decode: Callable[[Sequence[RawDML]], _Decoded]
@@ -150,25 +146,25 @@ class TableCodec:
         start = 0
         for size in self._chunk_sizes(raws):
             try:
-                chunks.append(decode(raws[start : start + size]))
-            except ValueDecodeError as exc:
-                if exc.row is not None:
-                    exc.row += start
-                raise
+                chunks.append(_decoded_at(raws, start, start + size, decode))
+            except _MixedEncodings:  # a topic that switched from JSON to Avro: each run on its own
+                runs = _encoding_runs(raws[start : start + size])
+                chunks += [_decoded_at(raws, start + a, start + b, decode) for a, b in runs]
             start += size
         return chunks
 
     def _decode_chunk(self, raws: Sequence[RawDML]) -> RowImages:
-        datas, olds = self._wire_images(raws)
+        datas, olds, longest = self._wire_images(raws)
+        avro = bool(raws) and raws[0].encoding == "avro"
         return RowImages(
-            data=self._image(datas, raws),
-            old=self._image(olds, raws),
+            data=self._image(datas, avro, longest),
+            old=self._image(olds, avro, longest),
             has_data=[d is not None or r.type in _HAS_DATA for d, r in zip(datas, raws, strict=True)],
             has_old=[o is not None or r.type in _HAS_OLD for o, r in zip(olds, raws, strict=True)],
         )
 
     def _changes_chunk(self, raws: Sequence[RawDML]) -> ChangeImages:
-        datas, olds = self._wire_images(raws)
+        datas, olds, longest = self._wire_images(raws)
         images: list[Any] = []
         source: list[int] = []
         kinds: list[int] = []
@@ -186,25 +182,29 @@ class TableCodec:
                 source.append(row)
                 kinds.append(ImageKind.DELETE)
         try:
-            rows = self._image(images, raws)
+            rows = self._image(images, bool(raws) and raws[0].encoding == "avro", longest)
         except ValueDecodeError as exc:
             if exc.row is not None:
                 exc.row = source[exc.row]
             raise
         return ChangeImages(rows, source, kinds)
 
-    def _wire_images(self, raws: Sequence[RawDML]) -> tuple[list[Any], list[Any]]:
+    def _wire_images(self, raws: Sequence[RawDML]) -> tuple[list[Any], list[Any], int]:
+        """The chunk's `data` and `old` wire images, and its longest payload (no value is longer)."""
+        payloads = list(map(_PAYLOAD, raws))
+        longest = max(map(len, payloads), default=0)
         if raws and raws[0].encoding == "json":
-            try:  # the fast path decodes the whole batch at once; the per-row loop only names a bad row
-                decode = self._batch_body.decode
-                bodies = [decode(raw.payload) for raw in raws]
-                return [b.data for b in bodies], [b.old for b in bodies]
+            try:  # the fast path decodes the whole chunk at once; the per-row loop only names a bad row
+                bodies = list(map(self._batch_body.decode, payloads))
+                return [b.data for b in bodies], [b.old for b in bodies], longest
             except (*_INVALID_JSON, AttributeError, RecursionError):
                 pass
+        if len(set(map(_ENCODING, raws))) > 1:  # an Avro payload fails the JSON path: settled here
+            raise _MixedEncodings
         bodies = [self._wire_body(raw, row, self._batch_body) for row, raw in enumerate(raws)]
         if raws and raws[0].encoding == "avro":
-            return [b["data"] for b in bodies], [b["old"] for b in bodies]
-        return [b.data for b in bodies], [b.old for b in bodies]
+            return [b["data"] for b in bodies], [b["old"] for b in bodies], longest
+        return [b.data for b in bodies], [b.old for b in bodies], longest
 
     def _wire_body(self, raw: RawDML, row: int, decoder: msgspec.json.Decoder) -> Any:
         if raw.encoding == "avro":
@@ -220,23 +220,22 @@ class TableCodec:
             message = "message nests deeper than Python's recursion limit"
             raise DocumentTooDeepError(message, column="<row>", row=row) from exc
 
-    def _image(self, images: list[Any], raws: Sequence[RawDML]) -> pa.RecordBatch:
+    def _image(self, images: list[Any], avro: bool, longest: int) -> pa.RecordBatch:
+        """One image of each row as a typed record batch; `longest`: the longest payload they came from."""
         if not self.columns:
             return pa.RecordBatch.from_pylist([{}] * len(images), schema=self._image_schema)
         if images.count(None) == len(images):  # e.g. the `old` image of a batch of INSERTs
             return pa.RecordBatch.from_arrays(
                 [pa.nulls(len(images), c.arrow_type) for c in self.columns], schema=self._image_schema
             )
-        avro = bool(raws) and raws[0].encoding == "avro"
         wire_columns = (
             self._json_columns(images) if self._fields and not avro else self._mapped_columns(images)
         )
         arrays = []
         for column, values in zip(self.columns, wire_columns, strict=True):
             arrays.append(column.from_avro(values) if avro else column.from_json(values))
-        limit = self.policy.limits.max_value_bytes
-        if max(map(len, map(_PAYLOAD, raws))) > limit:  # no value is longer than its record's payload
-            _check_value_sizes(self.columns, arrays, limit)
+        if longest > self.policy.limits.max_value_bytes:
+            _check_value_sizes(self.columns, arrays, self.policy.limits.max_value_bytes)
         return pa.RecordBatch.from_arrays(arrays, schema=self._image_schema)
 
     def _json_columns(self, images: list[Any]) -> list[Sequence[Any]]:
@@ -349,18 +348,31 @@ def _contained() -> Iterator[None]:
         raise InternalDecodeError(f"unexpected {type(exc).__name__} decoding rows: {exc}") from exc
 
 
+class _MixedEncodings(Exception):
+    """A chunk holds JSON and Avro rows: it is decoded again, one run of each at a time."""
+
+
+def _decoded_at(
+    raws: Sequence[RawDML], start: int, end: int, decode: Callable[[Sequence[RawDML]], _Decoded]
+) -> _Decoded:
+    """`decode` of raws[start:end]; an error names its row in `raws`."""
+    try:
+        return decode(raws[start:end])
+    except ValueDecodeError as exc:
+        if exc.row is not None:
+            exc.row += start
+        raise
+
+
 def _encoding_runs(raws: Sequence[RawDML]) -> list[tuple[int, int]]:
-    """(start, end) of each run of rows with one encoding: nearly always the whole batch (checked in C)."""
-    encodings = list(map(_ENCODING, raws))
-    if not encodings or encodings.count(encodings[0]) == len(encodings):
-        return [(0, len(encodings))]
+    """(start, end) of each run of rows with one encoding."""
     runs = []
     start = 0
-    for index in range(1, len(encodings)):
-        if encodings[index] != encodings[start]:
+    for index in range(1, len(raws)):
+        if raws[index].encoding != raws[start].encoding:
             runs.append((start, index))
             start = index
-    return [*runs, (start, len(encodings))]
+    return [*runs, (start, len(raws))]
 
 
 def _check_value_sizes(columns: Sequence[ColumnType], arrays: list[pa.Array], limit: int) -> None:

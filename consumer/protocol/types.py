@@ -11,6 +11,7 @@ import binascii
 import datetime as dt
 import json
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Context, Decimal
@@ -513,8 +514,9 @@ class BinaryColumn(ColumnType):
 class JsonColumn(ColumnType):
     """Arrow/Spark keep the JSON text; the Python value is the parsed document.
 
-    A document is accepted only if it parses to Python (msgspec: numbers within its range) and nests no
-    deeper than `max_nesting_depth` (TiDB itself stops at 100), so reading it back later cannot fail.
+    A document is accepted only if it is valid JSON nested no deeper than `max_nesting_depth` (TiDB itself
+    stops at 100), so reading it back later cannot fail. Numbers beyond msgspec's range, which TiDB never
+    writes (a 5,000-digit integer, `1e400`), are read back by Python's `json` instead (as a Decimal, inf).
     """
 
     family = "json"
@@ -523,31 +525,20 @@ class JsonColumn(ColumnType):
         return pa.string()
 
     def _json_array(self, values: Sequence[Any]) -> pa.Array:
+        text = pa.array(values, pa.string())
         documents = [v for v in values if v is not None]
-        joined = ("[" + ",".join(documents) + "]").encode()
-        self._check_depth(documents, joined)  # first: deeper than the recursion limit, parsing would fail
+        limit = self.policy.limits.max_nesting_depth
+        if len(text) and (pc.max(pc.binary_length(text)).as_py() or 0) > limit:
+            _check_depth(documents, limit)  # first: deeper than the recursion limit, parsing would fail
         try:  # one parse validates the whole column; only a failure pays for finding the bad value
-            parsed = len(_JSON_ARRAY.decode(joined))
+            parsed = len(_JSON_ARRAY.decode(("[" + ",".join(documents) + "]").encode()))
         except msgspec.DecodeError:
             parsed = -1
         if parsed != len(documents):  # invalid, or a value that was several documents ("1,2")
             for value in documents:
                 msgspec.json.decode(value)
             raise ValueError("a value holds more than one JSON document")
-        if _LONG_NUMBER.search(joined):  # numbers a syntax check passes but parsing may refuse
-            for document in documents:
-                _parse_json_document(document)
-        return pa.array(values, pa.string())
-
-    def _check_depth(self, documents: list[str], joined: bytes) -> None:
-        """Only a document with more brackets than the limit can nest that deep: counting them over the
-        whole batch usually settles it."""
-        limit = self.policy.limits.max_nesting_depth
-        if joined.count(b"[") + joined.count(b"{") <= limit:
-            return
-        for document in documents:
-            if len(document) > limit and (depth := nesting_depth(document.encode())) > limit:
-                raise _DocumentTooDeep(f"JSON document nests {depth} deep, beyond {limit}")
+        return text
 
     def to_python(self, array: pa.Array) -> list[Any]:
         return [None if v is None else _parse_json_document(v) for v in array.to_pylist()]
@@ -557,16 +548,29 @@ class JsonColumn(ColumnType):
 
 
 _JSON_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
-# An exponent of 3+ digits may overflow a double, an integer of 21+ digits a uint64: worth a real parse.
-_LONG_NUMBER = re.compile(rb"[eE][-+]?[0-9]{3}|[0-9]{21}")
+
+
+def _check_depth(documents: list[str], limit: int) -> None:
+    """Only a document with more brackets than `limit` can nest deeper: most are settled by counting."""
+    for document in documents:
+        if len(document) > limit and document.count("[") + document.count("{") > limit:
+            depth = nesting_depth(document.encode())
+            if depth > limit:
+                raise _DocumentTooDeep(f"JSON document nests {depth} deep, beyond {limit}")
 
 
 def _parse_json_document(text: str) -> Any:
     try:
         value = msgspec.json.decode(text)
-    except RecursionError as exc:
-        raise _DocumentTooDeep("JSON document nests deeper than Python's recursion limit") from exc
+    except msgspec.ValidationError:  # a number beyond msgspec's range: valid JSON all the same
+        value = json.loads(text, parse_int=_integer)
     return JSON_NULL if value is None else value
+
+
+def _integer(text: str) -> int | Decimal:
+    """Python refuses int() of very long digit strings (a denial-of-service guard); Decimal has no limit."""
+    limit = sys.get_int_max_str_digits()
+    return int(text) if not limit or len(text) <= limit else Decimal(text)
 
 
 def json_document_text(value: Any) -> str:

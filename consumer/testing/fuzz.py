@@ -31,6 +31,7 @@ SchemaKey = tuple[str, str, int]
 # Small limits: a bomb or a huge value is refused after 1 MiB, not 64, so cases stay fast.
 FUZZ_LIMITS = DecodeLimits(max_decompressed_bytes=1 << 20, max_value_bytes=1 << 16)
 _LOCATION = RecordLocation("fuzz", 0, 0)
+CORPUS_MS = 1_767_225_600_000  # the corpus's TSO clock starts at 2026-01-01: one seed, one corpus
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,14 @@ class Corpus:
     @classmethod
     def simulated(cls, rows: int = 120, seed: int = 0) -> Corpus:
         workload = Workload(
-            WorkloadConfig(rows=rows, tables=2, partitions=1, seed=seed, bootstrap_every_rows=40)
+            WorkloadConfig(
+                rows=rows,
+                tables=2,
+                partitions=1,
+                seed=seed,
+                bootstrap_every_rows=40,
+                start_physical_ms=CORPUS_MS,
+            )
         )
         plain = [MessageEncoder("json"), MessageEncoder("avro")]
         compressed = [MessageEncoder("json", "lz4"), MessageEncoder("avro", "snappy")]
