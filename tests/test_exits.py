@@ -25,6 +25,7 @@ from consumer.protocol.model import DML, DMLType
 from consumer.simulate.output import produce_to_kafka, write_capture_file
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.delta import table_paths
+from consumer.sources.errors import SourceUnreachableError
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.processes import command_line, descendants, wait_gone
@@ -33,6 +34,7 @@ FAST_GROUP = {
     "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": "3000",
     "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
 }
+FAST_KAFKA = {"session.timeout.ms": "3000", "heartbeat.interval.ms": "300"}
 
 
 def _start(*args: str, env: dict[str, str] | None = None, log: Path) -> subprocess.Popen[str]:
@@ -114,6 +116,32 @@ def test_no_broker_listening_ends_run_with_exit_4(tmp_path: Path) -> None:
     )  # fmt: skip
     assert process.wait(120) == EXIT_SOURCE_UNAVAILABLE, log.read_text()[-3000:]
     assert "SourceUnreachableError: no broker of 127.0.0.1:" in log.read_text()
+
+
+@pytest.mark.slow
+def test_brokers_lost_for_longer_than_the_timeout_end_the_source() -> None:
+    """Once connected, an outage is waited out for `unreachable_timeout`; then a metadata request decides."""
+    broker = EmbeddedBroker()
+    try:
+        broker.create_topic("lost", 1)
+        source = KafkaSource(
+            broker.bootstrap_servers, ["lost"], "g", config=FAST_KAFKA, unreachable_timeout=1.0
+        )
+        deadline = time.monotonic() + 30
+        while not source.assignment() and time.monotonic() < deadline:
+            source.poll_batch(10, 0.2)
+        assert source.assignment()
+        broker.stop()
+        started = time.monotonic()
+        with pytest.raises(
+            SourceUnreachableError, match=f"no broker of {broker.bootstrap_servers} reachable"
+        ):
+            while time.monotonic() - started < 60:
+                source.poll_batch(10, 0.2)
+        assert time.monotonic() - started < 30
+        source.close()
+    finally:
+        broker.stop()
 
 
 # -- signals ------------------------------------------------------------------------------------------------

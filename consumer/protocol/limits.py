@@ -2,7 +2,8 @@
 how long one value may be, and which commitTs a TiDB TSO can plausibly carry.
 
 Every bound is checked before the work it bounds (no decompression bomb is inflated to be measured), and
-crossing one is a `LimitExceededError` or `ImplausibleTimestampError` for that record alone.
+crossing one is a `LimitExceededError` (or, for a commitTs, an `ImplausibleTimestampError` from
+`checks.MessageChecks`) for that record alone.
 """
 
 from __future__ import annotations
