@@ -581,3 +581,16 @@ def test_a_batch_failing_without_naming_a_row_is_written_row_by_row(tmp_path: Pa
     assert [row["id"] for row in rows] == [0, 1, 2]
     letters = [json.loads(line) for line in (tmp_path / "dead.jsonl").read_bytes().splitlines()]
     assert [(d["offset"], d["reason_code"]) for d in letters] == [(2, "value-decode")]
+
+
+# Found by the long fuzz run (benchmarks/fuzz.py): an Avro DML header whose schemaVersion varint runs past 64
+# bits (its tenth byte carries more than the 64th bit) read back as a number beyond int64; the changelog's
+# `_schema_version` column then overflowed outside any containment.
+LONG_FUZZ_AVRO_HEADER = base64.b64decode(
+    "FgYGAghzaG9wBHQxygEAgICAg9Ta7e0MmKDV7e5mgICggNTa7f/tDAAAAAIOBGlkAggQY3VzdG9tZXIINmdvbWdqZGFkbz5hWmo8PvCfmIBlYyBsb2puIAxhbW91bnQIGjE2Mjg5OTM3NTkuMjAMc3RhdHVzAgIQcXVhbnRpdHkCABR1cGRhdGVkX2F0DAZVVEMmMjAxMi0wNy0xOSAxMTozNTo0NQhub3RlCDpvcGTwn5iAbW1nWmFp8J+YgMOrPj4+IGdvw6sgbgAA"
+)
+
+
+def test_an_avro_header_varint_beyond_64_bits_is_malformed() -> None:
+    with pytest.raises(errors.MalformedMessageError, match="beyond 64 bits"):
+        MessageDecoder().decode(LONG_FUZZ_AVRO_HEADER)

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from consumer.errors import RecordLocation, ValueDecodeError
+from consumer.errors import InternalDecodeError, RecordLocation, ValueDecodeError
 from consumer.protocol.model import RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.state.units import RowOrigins
@@ -101,7 +101,7 @@ def table_changes(
     codec: TableCodec, rows: Sequence[tuple[RawDML, RecordLocation]], origins: RowOrigins | None = None
 ) -> TableChanges:
     """Decode a resolved batch of one table version (`origins`: the rows' `RowOrigins`, when known). A bad
-    value raises with the record's location."""
+    value raises with the record's location; only `ConsumerError`s come out."""
     try:
         images = codec.decode_changes([raw for raw, _ in rows])
     except ValueDecodeError as exc:
@@ -110,7 +110,10 @@ def table_changes(
         raise
     source = pa.array(images.source, pa.int64())
     kinds = CHANGE_TYPES.take(pa.array(images.kinds, pa.int8()))
-    meta = _metadata(origins or RowOrigins.of(rows), source, kinds)
+    try:
+        meta = _metadata(origins or RowOrigins.of(rows), source, kinds)
+    except (pa.ArrowException, OverflowError, ValueError) as exc:  # a header out of int64's range
+        raise InternalDecodeError(f"metadata of the batch does not fit its columns: {exc}") from exc
     schema = changelog_schema(codec)
     return TableChanges(codec.schema, pa.Table.from_arrays([*images.rows.columns, *meta], schema=schema))
 

@@ -16,6 +16,7 @@ import msgspec
 
 from consumer.errors import MalformedMessageError
 from consumer.protocol.checks import MessageChecks
+from consumer.protocol.limits import MAX_TSO
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -120,7 +121,7 @@ def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML:
     commit_ts, build_ts, schema_version = reader.long(), reader.long(), reader.long()
     if not 0 < commit_ts <= checks.ceiling:
         checks.commit_ts(commit_ts, "DML")
-    if schema_version < 0:  # a TSO beyond 2^63 would read back negative from an Avro long
+    if not 0 <= schema_version <= MAX_TSO:  # a TSO beyond 2^63 reads back negative from an Avro long
         raise MalformedMessageError(f"DML schemaVersion {schema_version} is no TSO")
     return RawDML(
         type=_DML_TYPES[kind],
@@ -155,6 +156,8 @@ class _HeaderReader:
             result |= (byte & 0x7F) << shift
             shift += 7
             if not byte & 0x80:
+                if result >> 64:  # a tenth byte carrying more than the 64th bit: no Avro long
+                    raise MalformedMessageError("Avro long beyond 64 bits in the DML header")
                 return (result >> 1) ^ -(result & 1)
 
     def string(self) -> str:
