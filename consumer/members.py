@@ -27,6 +27,8 @@ _REPORT_WAIT_SECONDS = 1.0
 class MemberFailed(ConsumerError):
     """Another member of this command's group stopped on an error (its message says which)."""
 
+    code = "member-failed"
+
 
 class GroupMembers:
     """`count` processes each running `target(*args, asked, reports)`, which stops once the event `asked` is

@@ -17,16 +17,20 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from deltalake import DeltaTable
 
 from consumer.cli import EXIT_SOURCE_UNAVAILABLE
+from consumer.errors import RecordLocation
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML, DMLType
 from consumer.simulate.output import produce_to_kafka, write_capture_file
 from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sinks.dead_letter import DeadLetterTopic
 from consumer.sinks.delta import table_paths
 from consumer.sources.errors import SourceUnreachableError
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
+from consumer.state.units import DeadLetter
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.processes import command_line, descendants, wait_gone
 
@@ -232,3 +236,27 @@ def test_sigkill_of_a_two_process_group_leaves_no_member(
     process.send_signal(signal.SIGKILL)
     process.wait(30)
     assert wait_gone(started, 120) == set(), [command_line(pid) for pid in started]
+
+
+def test_a_dead_letter_topic_carries_the_reason_code_header(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any
+) -> None:
+    topic = kafka_topic(1)
+    letters = DeadLetterTopic(kafka_broker.bootstrap_servers, topic)
+    letters.write(
+        DeadLetter(RecordLocation("cdc", 2, 41), "CompressionBombError: big", b"\x04\x22", "compression-bomb")
+    )
+    letters.close()
+    consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers, "group.id": "dlq-headers"})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        message = consumer.poll(30)
+        assert message is not None and message.error() is None
+        assert dict(message.headers() or []) == {
+            "ticdc.reason": b"CompressionBombError: big",
+            "ticdc.reason_code": b"compression-bomb",
+            "ticdc.source": b"cdc[2]@41",
+        }
+        assert message.value() == b"\x04\x22"
+    finally:
+        consumer.close()
