@@ -31,6 +31,7 @@ from consumer.sinks.delta import table_paths
 from consumer.sources.errors import SourceUnreachableError
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
 from consumer.state.units import DeadLetter
+from consumer.stopping import StopRequest
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.processes import command_line, descendants, wait_gone
 
@@ -260,3 +261,15 @@ def test_a_dead_letter_topic_carries_the_reason_code_header(
         assert message.value() == b"\x04\x22"
     finally:
         consumer.close()
+
+
+def test_the_first_stop_signal_asks_the_second_interrupts_and_handlers_are_restored() -> None:
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with StopRequest.on_signals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)  # handlers run in the main thread, between bytecodes
+        assert stop.requested and stop.reason == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
