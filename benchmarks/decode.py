@@ -1,4 +1,4 @@
-"""Decode throughput on one core: our JSON/Avro paths against a naive consumer and bare fastavro.
+"""Decode throughput on one core: every protocol's path against Simple JSON, a naive consumer and fastavro.
 
 Run: `python benchmarks/decode.py [--rows N] [--batch N] [--tz ZONE]`.
 
@@ -13,6 +13,17 @@ before any figure is printed, so the comparison is like for like:
 - Avro ours: the same two calls on the Avro encoding of the same rows.
 - Avro bare fastavro: `fastavro.schemaless_reader` of each value into dicts (parsing only, no Arrow).
 - Envelope only: `MessageDecoder().decode` alone, what routing a record costs.
+- JSON ours, change images: the same through `TableCodec.decode_changes` (what the pipeline calls), the
+  baseline of the other protocols' targets.
+- TiCDC Avro ours: `ConfluentAvroDecoder.decode_record` (Confluent frame, writer schemas from a registry on
+  localhost, the TiDB extension's op and commit ts read from the datum's end), then `decode_changes`: the
+  datums of a batch read columnar by polars-avro's native reader into typed Arrow. With the TiDB extension.
+- TiCDC Avro fastavro per datum: `fastavro.schemaless_reader` of each datum into dicts (parsing only): the
+  generic reader, rejected as the decode path.
+- Debezium ours: `DebeziumDecoder.decode_record` (envelope, schema identified by its bytes), then
+  `decode_changes` (a msgspec Struct per table), with the Connect schema and the TiDB extension.
+- Simple change images of rows carrying TiDB row checksums (spec §8), without and with `verify_changes`
+  (every image must verify), JSON and Avro: the cost of `[integrity] verify_checksums`.
 
 Ours also builds the (all-NULL) `old` image and `has_data`/`has_old`, which the naive path skips.
 TIMESTAMP values are written in `--tz` (default Asia/Shanghai), so both paths convert zones.
@@ -40,10 +51,15 @@ import fastavro
 import pyarrow as pa
 
 from consumer.protocol import avro_codec
+from consumer.protocol.checksum import row_checksum, verify_changes
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
-from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema
+from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroDecoder, ConfluentAvroEncoder
+from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions
+from consumer.protocol.model import DML, Checksum, Column, DataType, DMLType, Index, RawDML, TableSchema
+from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import RowImages, TableCodec
 from consumer.protocol.types import ValuePolicy
+from consumer.testing.registry import LocalSchemaRegistry
 
 try:  # optional: a faster naive baseline, shown for reference when installed
     import orjson
@@ -58,6 +74,16 @@ JSON_NAIVE_ORJSON = "JSON naive, orjson.loads (reference)"
 AVRO_ENVELOPE = "Avro envelope only (routing)"
 AVRO_OURS = "Avro ours (envelope + typed Arrow)"
 AVRO_BARE = "Avro bare fastavro.schemaless_reader"
+JSON_CHANGES = "JSON ours, change images (decode_changes)"
+TICDC_AVRO_OURS = "TiCDC Avro ours (frame + typed Arrow, columnar)"
+TICDC_AVRO_FASTAVRO = "TiCDC Avro fastavro per datum (parse only)"
+DEBEZIUM_OURS = "Debezium JSON ours (envelope + typed Arrow)"
+JSON_CHECKSUMMED = "JSON change images, checksummed rows"
+JSON_VERIFIED = "JSON change images + verify checksums"
+AVRO_CHECKSUMMED = "Avro change images, checksummed rows"
+AVRO_VERIFIED = "Avro change images + verify checksums"
+TARGET_TICDC_AVRO_VS_JSON = 1.0
+TARGET_DEBEZIUM_VS_JSON = 0.8
 STATUSES = ("active", "inactive", "banned", "pending")
 TARGET_JSON_VS_NAIVE = 3.0
 TARGET_JSON_ROWS_PER_S = 250_000
@@ -131,8 +157,11 @@ def typed_rows(count: int, seed: int = 7) -> list[dict[str, Any]]:
     return rows
 
 
-def encode_all(rows: list[dict[str, Any]], encoding: str, policy: ValuePolicy) -> list[bytes]:
+def encode_all(
+    rows: list[dict[str, Any]], encoding: str, policy: ValuePolicy, *, checksums: bool = False
+) -> list[bytes]:
     encoder = MessageEncoder(encoding, policy=policy)  # type: ignore[arg-type]
+    codec = encoder.table_codec(SCHEMA)
     base_ts = 449_811_300_000_000_000
     return [
         encoder.encode(
@@ -145,11 +174,27 @@ def encode_all(rows: list[dict[str, Any]], encoding: str, policy: ValuePolicy) -
                 build_ts=1_735_689_600_000 + i // 100,
                 schema_version=SCHEMA.version,
                 data=row,
+                checksum=Checksum(1, False, row_checksum(codec, row), 0) if checksums else None,
             ),
             SCHEMA,
         )
         for i, row in enumerate(rows)
     ]
+
+
+def verified_changes(values: Sequence[bytes], codec: TableCodec, batch: int, verify: bool) -> int:
+    """Envelopes, then change images per batch (the pipeline's decode), then optionally their checksums;
+    returns the images verified."""
+    decode = MessageDecoder().decode
+    verified = 0
+    for start in range(0, len(values), batch):
+        raws: list[Any] = [decode(v) for v in values[start : start + batch]]
+        images = codec.decode_changes(raws)
+        if verify:
+            count, rejected = verify_changes(codec, images, raws)
+            assert not rejected, rejected
+            verified += count
+    return verified
 
 
 # -- the paths --------------------------------------------------------------------------------------
@@ -160,6 +205,54 @@ def ours(values: Sequence[bytes], codec: TableCodec, batch: int) -> list[RowImag
     for start in range(0, len(values), batch):
         raws: list[Any] = [decode(v) for v in values[start : start + batch]]
         out.append(codec.decode_batch(raws))
+    return out
+
+
+def changes(values: Sequence[Any], decoder: Any, codec: TableCodec, batch: int) -> list[pa.RecordBatch]:
+    """(key, value) records of any protocol -> typed change images per batch, as the pipeline decodes."""
+    decode = decoder.decode_record
+    out = []
+    for start in range(0, len(values), batch):
+        raws: list[Any] = [decode(key, value) for key, value in values[start : start + batch]]
+        out.append(codec.decode_changes(raws).rows)
+    return out
+
+
+def avro_records(rows: list[dict[str, Any]], registry: SchemaRegistry, policy: ValuePolicy) -> list[Any]:
+    encoder = ConfluentAvroEncoder(registry, AvroOptions(tidb_extension=True), policy)
+    return [encoder.encode_dml(dml, SCHEMA, "tidb_shop_orders") for dml in _dmls(rows)]
+
+
+def debezium_records(rows: list[dict[str, Any]], policy: ValuePolicy) -> list[Any]:
+    encoder = DebeziumEncoder(DebeziumOptions(tidb_extension=True), policy)
+    return [encoder.encode_dml(dml, SCHEMA) for dml in _dmls(rows)]
+
+
+def _dmls(rows: list[dict[str, Any]]) -> list[DML]:
+    base_ts = 449_811_300_000_000_000
+    return [
+        DML(
+            type=DMLType.INSERT,
+            database=SCHEMA.database,
+            table=SCHEMA.table,
+            table_id=SCHEMA.table_id,
+            commit_ts=base_ts + i,
+            build_ts=0,
+            schema_version=SCHEMA.version,
+            data=row,
+        )
+        for i, row in enumerate(rows)
+    ]
+
+
+def fastavro_datums(records: Sequence[Any], registry: SchemaRegistry) -> list[Any]:
+    parsed = fastavro.parse_schema(registry.schema(int.from_bytes(records[0][1][1:5], "big")))
+    reader, bytes_io = fastavro.schemaless_reader, io.BytesIO
+    out = []
+    for _, value in records:
+        stream = bytes_io(value)
+        stream.seek(5)
+        out.append(reader(stream, parsed, None))
     return out
 
 
@@ -278,6 +371,20 @@ def verify(json_ours: list[RowImages], json_naive: list[pa.RecordBatch], avro_ou
     assert ours_data.num_rows > 0 and sum(c.null_count for c in ours_data.columns) > 0, "NULLs expected"
 
 
+def verify_protocols(
+    json_changes: list[pa.RecordBatch], avro: list[pa.RecordBatch], dbz: list[pa.RecordBatch]
+) -> None:
+    """Same values as the Simple JSON path: TiCDC Avro exactly (its coarse types, e.g. TINYINT as INT, compare
+    by value), Debezium but for DECIMAL, which that protocol sends as a float64."""
+    reference = _table(json_changes).to_pydict()
+    for name, table in (("TiCDC Avro", _table(avro).to_pydict()), ("Debezium", _table(dbz).to_pydict())):
+        for column, values in reference.items():
+            if name == "Debezium" and column == "amount":
+                assert table[column] == [None if v is None else float(v) for v in values], name
+                continue
+            assert table[column] == values, f"{name} differs from Simple JSON in column {column}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000, help="DML messages per path (default 200000)")
@@ -293,7 +400,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = typed_rows(args.rows)
     json_values = encode_all(rows, "json", policy)
     avro_values = encode_all(rows, "avro", policy)
+    json_checksummed = encode_all(rows, "json", policy, checksums=True)
+    avro_checksummed = encode_all(rows, "avro", policy, checksums=True)
+    registry_server = LocalSchemaRegistry().start()  # a real HTTP registry on localhost (a test fixture)
+    registry = SchemaRegistry(registry_server.url)
+    ticdc_avro = avro_records(rows, registry, policy)
+    debezium = debezium_records(rows, policy)
     del rows
+    avro_decoder = ConfluentAvroDecoder(SchemaRegistry(registry_server.url), policy)
+    avro_decoder.decode_record(*ticdc_avro[0])
+    (avro_raw,) = [avro_decoder.decode_record(*ticdc_avro[0])]
+    avro_codec_ = TableCodec(
+        avro_decoder.described_schema(avro_raw.schema_key), policy, registry=avro_decoder.registry
+    )  # type: ignore[arg-type]
+    dbz_decoder = DebeziumDecoder()
+    dbz_raw = dbz_decoder.decode_record(*debezium[0])
+    dbz_codec = TableCodec(dbz_decoder.described_schema(dbz_raw.schema_key), policy)  # type: ignore[arg-type]
+    json_records = [(None, v) for v in json_values]
     assert isinstance(MessageDecoder().decode(json_values[0]), RawDML)
     assert isinstance(MessageDecoder().decode(avro_values[0]), RawDML)
     codec = TableCodec(SCHEMA)
@@ -310,6 +433,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         (AVRO_ENVELOPE, lambda: envelope_only(avro_values)),
         (AVRO_OURS, lambda: ours(avro_values, codec, batch)),
         (AVRO_BARE, lambda: bare_fastavro(avro_values)),
+        (JSON_CHANGES, lambda: changes(json_records, MessageDecoder(), codec, batch)),
+        (TICDC_AVRO_OURS, lambda: changes(ticdc_avro, avro_decoder, avro_codec_, batch)),
+        (TICDC_AVRO_FASTAVRO, lambda: fastavro_datums(ticdc_avro, registry)),
+        (DEBEZIUM_OURS, lambda: changes(debezium, dbz_decoder, dbz_codec, batch)),
+        (JSON_CHECKSUMMED, lambda: verified_changes(json_checksummed, codec, batch, verify=False)),
+        (JSON_VERIFIED, lambda: verified_changes(json_checksummed, codec, batch, verify=True)),
+        (AVRO_CHECKSUMMED, lambda: verified_changes(avro_checksummed, codec, batch, verify=False)),
+        (AVRO_VERIFIED, lambda: verified_changes(avro_checksummed, codec, batch, verify=True)),
     ]
     # Rounds interleave the paths, so a burst of load on the machine does not favour one of them.
     timings: dict[str, float] = {}
@@ -319,11 +450,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, run in paths:
             seconds, result = timed(run)
             timings[name] = min(timings.get(name, float("inf")), seconds)
-            if round_ == 0 and name in (JSON_OURS, JSON_NAIVE, AVRO_OURS):
+            if round_ == 0 and name in (
+                JSON_OURS,
+                JSON_NAIVE,
+                AVRO_OURS,
+                JSON_CHANGES,
+                TICDC_AVRO_OURS,
+                DEBEZIUM_OURS,
+            ):
                 results[name] = result
+            if name in (JSON_VERIFIED, AVRO_VERIFIED):
+                assert result == n, f"{name}: {result} of {n} images verified"
             del result
         if round_ == 0:
             verify(results[JSON_OURS], results[JSON_NAIVE], results[AVRO_OURS])
+            verify_protocols(results[JSON_CHANGES], results[TICDC_AVRO_OURS], results[DEBEZIUM_OURS])
         del results
 
     rate = {name: n / seconds for name, seconds in timings.items()}
@@ -340,6 +481,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"best of {REPEATS}"
     )
     print("verified: JSON ours == naive Arrow table; Avro ours == JSON ours (data, old, has_data, has_old)")
+    print("verified: TiCDC Avro and Debezium change images == Simple JSON's (Debezium DECIMAL as float64)")
+    print(
+        f"TiCDC Avro {sum(len(v) for _, v in ticdc_avro) / n:.0f} B/msg, "
+        f"Debezium {sum(len(v) for _, v in debezium) / n:.0f} B/msg (with its schema)"
+    )
     print()
     width = max(map(len, rate)) + 2
     print(f"{'path':<{width}} {'rows/s':>12} {'us/row':>8}")
@@ -353,6 +499,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("JSON ours / naive", json_ours / rate[JSON_NAIVE], TARGET_JSON_VS_NAIVE, "x"),
         ("JSON ours, absolute", json_ours, TARGET_JSON_ROWS_PER_S, " rows/s"),
         ("Avro ours / bare fastavro", rate[AVRO_OURS] / rate[AVRO_BARE], TARGET_AVRO_VS_FASTAVRO, "x"),
+        (
+            "TiCDC Avro / JSON (changes)",
+            rate[TICDC_AVRO_OURS] / rate[JSON_CHANGES],
+            TARGET_TICDC_AVRO_VS_JSON,
+            "x",
+        ),
+        ("TiCDC Avro / JSON ours", rate[TICDC_AVRO_OURS] / json_ours, TARGET_TICDC_AVRO_VS_JSON, "x"),
+        ("Debezium / JSON (changes)", rate[DEBEZIUM_OURS] / rate[JSON_CHANGES], TARGET_DEBEZIUM_VS_JSON, "x"),
+        ("Simple Avro / JSON ours", rate[AVRO_OURS] / json_ours, TARGET_TICDC_AVRO_VS_JSON, "x"),
     ]
     print(f"{'ratio':<{width}} {'value':>12} {'target':>12}  verdict")
     print("-" * (width + 36))
@@ -367,9 +522,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     info += [
         ("JSON envelope / JSON ours", rate[JSON_ENVELOPE] / json_ours),
         ("Avro envelope / Avro ours", rate[AVRO_ENVELOPE] / rate[AVRO_OURS]),
+        ("TiCDC Avro ours / its fastavro parse", rate[TICDC_AVRO_OURS] / rate[TICDC_AVRO_FASTAVRO]),
+        ("JSON with / without verification", rate[JSON_VERIFIED] / rate[JSON_CHECKSUMMED]),
+        ("Avro with / without verification", rate[AVRO_VERIFIED] / rate[AVRO_CHECKSUMMED]),
     ]
     for name, value in info:
         print(f"{name:<{width}} {value:>11.2f}x {'(info)':>12}")
+    registry_server.stop()
     return 0
 
 

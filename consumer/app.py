@@ -7,14 +7,26 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pyarrow as pa
 
-from consumer.config import MetricsConfig, RunConfig, file_source_path, kafka_source_parts
+from consumer.config import (
+    ConfigError,
+    DecodeConfig,
+    MetricsConfig,
+    RunConfig,
+    file_source_path,
+    kafka_source_parts,
+)
+from consumer.large_messages.resolver import LargeMessageResolver
+from consumer.large_messages.storage import ClaimCheckStore
+from consumer.large_messages.upstream import UpstreamLookup
 from consumer.members import GroupMembers, MemberFailed, MemberProcess
 from consumer.pipeline import Pipeline, PipelineStats
 from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.protocols import DecoderSettings, RecordDecoder, record_decoder
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
-from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterSink, DeadLetterTopic
+from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterObjects, DeadLetterSink, DeadLetterTopic
 from consumer.sources.base import Source
 from consumer.sources.files import FileSource
 from consumer.sources.kafka import KafkaSource
@@ -25,51 +37,112 @@ log = logging.getLogger(__name__)
 
 
 def build_sinks(config: RunConfig, spark: Any = None) -> list[Sink]:
+    """The configured sink. `spark`: a session callers running on Spark may pass; no sink built here needs
+    one (the Parquet sink writes its files with pyarrow, so any root works)."""
     kind, _, root = config.sink.url.partition(":")
+    sink = config.sink
     if kind == "delta":
         from consumer.sinks.delta import DeltaSink
 
-        return [DeltaSink(root, mode=config.sink.mode)]
+        return [
+            DeltaSink(
+                root,
+                mode=sink.mode,
+                storage_options=sink.storage_options,
+                target_file_size=sink.target_file_size,
+                allow_unsafe_commits=sink.allow_unsafe_commits,
+            )
+        ]
     if kind == "parquet":
         from consumer.sinks.parquet import ParquetSink
-        from consumer.spark.session import spark_session
 
-        return [ParquetSink(root, spark or spark_session())]
+        return [
+            ParquetSink(
+                root, storage_options=sink.storage_options, allow_unsafe_commits=sink.allow_unsafe_commits
+            )
+        ]
     from consumer.sinks.jsonl import JsonLinesSink
 
     return [JsonLinesSink(root)]
 
 
 def build_dead_letters(config: RunConfig) -> DeadLetterSink:
-    target = (
-        config.errors.dead_letter or f"file:{Path(config.sink.url.partition(':')[2]) / '_dead_letters.jsonl'}"
+    """`errors.dead_letter`: `file:PATH`, an object-store URI (one object per letter) or a Kafka topic;
+    default: `_dead_letters.jsonl` (a directory on object stores) at the sink's root."""
+    root = config.sink.url.partition(":")[2]
+    default = (
+        f"{root.rstrip('/')}/_dead_letters" if "://" in root else f"file:{Path(root) / '_dead_letters.jsonl'}"
     )
+    target = config.errors.dead_letter or default
     if target.startswith("kafka://"):
         servers, topics = kafka_source_parts(target)
         return DeadLetterTopic(servers, topics[0], config.source.kafka)
+    if "://" in target:
+        return DeadLetterObjects(target, config.sink.storage_options)
     return DeadLetterFile(target.partition(":")[2])
+
+
+def build_decoder(decode: DecodeConfig, policy: ValuePolicy) -> RecordDecoder:
+    return record_decoder(
+        DecoderSettings(
+            protocol=decode.protocol,
+            encoding=decode.encoding,
+            compression=decode.compression,
+            registry_url=decode.schema_registry,
+            registry_config=decode.registry_config(),
+            policy=policy,
+        )
+    )
+
+
+def build_large_messages(config: RunConfig, policy: ValuePolicy) -> LargeMessageResolver:
+    """What makes key-only DMLs (Simple protocol, spec §7) whole: claim-check storage under the configured
+    roots, and upstream TiDB. A claim-check object is held to the same `DecodeLimits` as a Kafka record."""
+    settings = config.large_messages
+    try:
+        store = ClaimCheckStore.from_uris(
+            settings.claim_check_roots,
+            settings.claim_check_root_override,
+            max_object_bytes=settings.max_object_bytes,
+            retries=settings.fetch_retries,
+        )
+    except (pa.ArrowException, OSError) as exc:  # pyarrow.fs refused a root URI or its options
+        raise ConfigError(f"large_messages.claim_check_roots: {exc}") from exc
+    return LargeMessageResolver(
+        MessageDecoder(config.decode.encoding, config.decode.compression, policy=policy),
+        store,
+        raw_value=settings.claim_check_raw_value,
+        upstream=UpstreamLookup(settings.upstream_dsn) if settings.upstream_dsn else None,
+        concurrency=settings.fetch_concurrency,
+    )
 
 
 def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeline:
     policy = ValuePolicy(
         unrepresentable=config.decode.unrepresentable,
+        timestamp_location=config.decode.timestamp_zone,
+        verify_checksums=config.integrity.verify_checksums,
         unknown_types=config.decode.unknown_types,
         limits=config.decode.limits(),
     )
+    decoder = build_decoder(config.decode, policy)
     state = ConsumerState(
         policy=config.errors.policy,
         budget_bytes=config.budget.pending_bytes,
         pending_timeout=config.budget.pending_timeout_s,
+        ordering="watermark" if config.decode.watermark_ordering() else "arrival",
+        described=decoder.described_schema,
     )
     return Pipeline(
         group=config.source.group,
         state=state,
         sinks=sinks if sinks is not None else build_sinks(config),
         dead_letters=build_dead_letters(config),
-        decoder=MessageDecoder(config.decode.encoding, config.decode.compression, policy=policy),
+        decoder=decoder,
         policy=policy,
         max_batch_records=config.budget.max_batch_records,
         decode_workers=config.budget.workers(),
+        large_messages=build_large_messages(config, policy),
     )
 
 

@@ -12,15 +12,29 @@ import click
 import msgspec
 
 from consumer import app
-from consumer.config import ConfigError, load_config
+from consumer.config import ConfigError, DecodeConfig, load_config
 from consumer.errors import ConsumerError
+from consumer.large_messages.claim_check import ClaimCheckWriter
+from consumer.large_messages.encoder import DEFAULT_MAX_MESSAGE_BYTES, LargeMessageEncoder
 from consumer.pipeline import PipelineStats
 from consumer.progress import ProgressReporter
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
-from consumer.protocol.model import DDL, Bootstrap, RawDML, TableSchema, Watermark
+from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
+from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions
+from consumer.protocol.model import DDL, Bootstrap, KeyOnlyDML, RawDML, TableSchema, Watermark
+from consumer.protocol.protocols import PROTOCOLS, RecordDecoder
+from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import TableCodec
+from consumer.protocol.types import ValuePolicy
 from consumer.render import message_object
-from consumer.simulate.output import produce_to_kafka, write_capture_file, write_ground_truth
+from consumer.simulate.output import (
+    AvroStream,
+    DebeziumStream,
+    StreamWriter,
+    produce_to_kafka,
+    write_capture_file,
+    write_ground_truth,
+)
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.capture import capture_topic
 from consumer.sources.errors import SourceAuthenticationError, SourceUnreachableError
@@ -33,22 +47,49 @@ EXIT_SOURCE_UNAVAILABLE = 4  # the brokers refused this client, or none could be
 EXIT_INTERRUPTED = 130  # a second Ctrl-C/SIGTERM before the clean stop the first asked for finished
 _ENCODINGS = click.Choice(["auto", "json", "avro"])
 _COMPRESSIONS = click.Choice(["auto", "none", "snappy", "lz4"])
+_PROTOCOLS = click.Choice(list(PROTOCOLS))
+
+
+def _protocol_options(function: Any) -> Any:
+    """--protocol and what the TiCDC Avro protocol needs: its registry and the producer's zone."""
+    options = [
+        click.option("--protocol", type=_PROTOCOLS, help="simple (default), avro (Confluent) or debezium"),
+        click.option(
+            "--schema-registry", help="Confluent schema registry URL (avro), may hold user:password@"
+        ),
+        click.option("--schema-registry-auth", help="USER:PASSWORD for the registry (HTTP basic auth)"),
+        click.option(
+            "--timestamp-zone", help="zone of TiCDC Avro TIMESTAMP text (TiCDC's --tz), default UTC"
+        ),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
 
 
 @click.group()
 def main() -> None:
-    """Consumer SDK for TiCDC's Simple protocol."""
+    """Consumer SDK for TiCDC's Kafka protocols: Simple, Avro (Confluent) and Debezium."""
 
 
 @main.command()
 @click.option("--encoding", type=_ENCODINGS, default="auto", show_default=True)
 @click.option("--compression", type=_COMPRESSIONS, default="auto", show_default=True)
+@_protocol_options
 @click.argument(
     "paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
-def decode(encoding: str, compression: str, paths: tuple[Path, ...]) -> None:
-    """Decode raw record values (one per file, in order, as one stream) to JSON lines."""
-    stream = _DecodeStream(MessageDecoder(encoding, compression))  # type: ignore[arg-type]
+def decode(encoding: str, compression: str, paths: tuple[Path, ...], **protocol: Any) -> None:
+    """Decode raw record values (one per file, in order, as one stream) to JSON lines.
+
+    Files hold record values only: an Avro key-only DELETE (a tombstone) needs `run`, which reads keys."""
+    settings = {"encoding": encoding, "compression": compression, **protocol}
+    try:
+        config = msgspec.convert({k: v for k, v in settings.items() if v is not None}, DecodeConfig)
+        policy = ValuePolicy(timestamp_location=config.timestamp_zone)
+        stream = _DecodeStream(app.build_decoder(config, policy), policy)
+    except (msgspec.ValidationError, ConsumerError) as exc:
+        raise click.UsageError(str(exc)) from exc
     for path in paths:
         stream.feed(path)
     for (database, table, version), waiting in stream.waiting_for_schema().items():
@@ -66,8 +107,9 @@ def decode(encoding: str, compression: str, paths: tuple[Path, ...]) -> None:
 class _DecodeStream:
     """Schema messages feed the cache; a DML waits (in order) until its schema version is known."""
 
-    def __init__(self, decoder: MessageDecoder) -> None:
+    def __init__(self, decoder: RecordDecoder, policy: ValuePolicy) -> None:
         self.decoder = decoder
+        self.policy = policy
         self.codecs: dict[tuple[str, str, int], TableCodec] = {}
         self.pending: dict[tuple[str, str, int], list[tuple[Path, RawDML]]] = {}
         self.bad_files = 0
@@ -75,7 +117,9 @@ class _DecodeStream:
 
     def feed(self, path: Path) -> None:
         try:
-            message = self.decoder.decode(path.read_bytes())
+            message = self.decoder.decode_record(None, path.read_bytes())
+            if isinstance(message, KeyOnlyDML):  # shown as sent: its key columns (the rest is elsewhere)
+                message = message.row
             if isinstance(message, RawDML):
                 self._dml(path, message)
                 return
@@ -86,6 +130,9 @@ class _DecodeStream:
             self._bad(path, exc)
 
     def _dml(self, path: Path, raw: RawDML) -> None:
+        described = self.decoder.described_schema(raw.schema_key)
+        if described is not None:
+            self._register(described)
         codec = self.codecs.get(raw.schema_key)
         if codec is None:
             self.pending.setdefault(raw.schema_key, []).append((path, raw))
@@ -102,7 +149,8 @@ class _DecodeStream:
             self._register(schema)
 
     def _register(self, schema: TableSchema) -> None:
-        self.codecs.setdefault(schema.key, TableCodec(schema))
+        if schema.key not in self.codecs:
+            self.codecs[schema.key] = TableCodec(schema, self.policy, registry=self.decoder.registry)
         for path, raw in self.pending.pop(schema.key, []):
             try:
                 self._emit(self.codecs[schema.key].decode(raw))
@@ -138,12 +186,30 @@ class _DecodeStream:
 @click.option("--bootstrap-partition0-only", is_flag=True, help="send-bootstrap-to-all-partition = false")
 @click.option("--watermark-every-txns", type=int, default=50, show_default=True)
 @click.option("--no-ddl", is_flag=True, help="no DDLs after the initial CREATE TABLEs")
+@click.option("--checksum", is_flag=True, help="rows carry TiDB row checksums (integrity-check-level)")
+@click.option(
+    "--large-message",
+    type=click.Choice(["none", "handle-key-only", "claim-check"]),
+    default="none",
+    show_default=True,
+    help="large-message-handle-option for DMLs over --max-message-bytes",
+)
+@click.option("--max-message-bytes", type=int, default=DEFAULT_MAX_MESSAGE_BYTES, show_default=True)
+@click.option("--claim-check-uri", help="claim-check-storage-uri: file:///DIR, s3://BUCKET/PREFIX, ...")
+@click.option("--claim-check-raw-value", is_flag=True, help="claim-check objects hold bare values")
 @click.option("--truth", type=click.Path(dir_okay=False, path_type=Path), help="ground-truth file to write")
+@click.option("--protocol", type=_PROTOCOLS, default="simple", show_default=True)
+@click.option("--schema-registry", help="Confluent registry URL the avro protocol registers its schemas in")
+@click.option("--tidb-extension", is_flag=True, help="avro/debezium: enable-tidb-extension = true")
+@click.option(
+    "--avro-watermark", is_flag=True, help="avro: avro-enable-watermark = true (needs --tidb-extension)"
+)
+@click.option("--debezium-disable-schema", is_flag=True, help="debezium: debezium-disable-schema = true")
 def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | None, **options: Any) -> None:
-    """Produce a TiCDC-like Simple-protocol stream and write its ground truth."""
+    """Produce a TiCDC-like stream (Simple, Avro or Debezium protocol) and write its ground truth."""
     if not brokers and not out:
         raise click.UsageError("give --brokers (produce to Kafka) or --out (write a capture file)")
-    encoder = MessageEncoder(options.pop("encoding"), options.pop("compression"))
+    encoder = _with_large_messages(_stream_writer(options, topic), options)
     config = WorkloadConfig(
         tables=options["tables"],
         rows=options["rows"],
@@ -155,6 +221,7 @@ def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | No
         bootstrap_to_all_partitions=not options["bootstrap_partition0_only"],
         watermark_every_txns=options["watermark_every_txns"],
         ddl=not options["no_ddl"],
+        checksums=options["checksum"],
     )
     workload = Workload(config)
     if out:
@@ -165,6 +232,38 @@ def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | No
     write_ground_truth(workload, truth_path)
     kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(report.by_kind.items()))
     click.echo(f"produced {report.records} records to {out or topic} ({kinds}); ground truth in {truth_path}")
+
+
+def _with_large_messages(writer: StreamWriter, options: dict[str, Any]) -> StreamWriter:
+    """The Simple protocol's writer with TiCDC's large-message handling, when asked for."""
+    option, max_bytes = options.pop("large_message"), options.pop("max_message_bytes")
+    uri, raw_value = options.pop("claim_check_uri"), options.pop("claim_check_raw_value")
+    if option == "none":
+        return writer
+    if not isinstance(writer, MessageEncoder):
+        raise click.UsageError("--large-message applies to the simple protocol")
+    if option == "claim-check" and not uri:
+        raise click.UsageError("--large-message claim-check needs --claim-check-uri")
+    claim_check = ClaimCheckWriter(uri, raw_value=raw_value) if option == "claim-check" and uri else None
+    return LargeMessageEncoder(writer, option, max_bytes, claim_check)  # type: ignore[arg-type]
+
+
+def _stream_writer(options: dict[str, Any], topic: str) -> StreamWriter:
+    protocol, extension = options.pop("protocol"), options.pop("tidb_extension")
+    registry, watermark = options.pop("schema_registry"), options.pop("avro_watermark")
+    disable_schema = options.pop("debezium_disable_schema")
+    encoding, compression = options.pop("encoding"), options.pop("compression")
+    if protocol == "avro":
+        if not registry:
+            raise click.UsageError("--protocol avro needs --schema-registry URL")
+        avro = AvroOptions(tidb_extension=extension, watermark=watermark and extension)
+        return AvroStream(ConfluentAvroEncoder(SchemaRegistry(registry), avro), topic)
+    if protocol == "debezium":
+        options_ = DebeziumOptions(
+            tidb_extension=extension, disable_schema=disable_schema, compression=compression
+        )
+        return DebeziumStream(DebeziumEncoder(options_))
+    return MessageEncoder(encoding, compression)
 
 
 @main.command()
@@ -190,6 +289,12 @@ def capture(brokers: str, topic: str, out: Path, idle_seconds: float, from_group
 @click.option("--mode", type=click.Choice(["changelog", "mirror", "both"]))
 @click.option("--encoding", type=_ENCODINGS)
 @click.option("--compression", type=_COMPRESSIONS)
+@_protocol_options
+@click.option(
+    "--ordering",
+    type=click.Choice(["auto", "watermark", "arrival"]),
+    help="rows wait for watermarks (cross-table consistency) or go out on arrival (exact per key)",
+)
 @click.option("--until-idle", type=float, help="stop cleanly once no record arrived for this many seconds")
 @click.option("--metrics-port", type=int, help="serve Prometheus metrics on this port")
 @click.option(
@@ -201,7 +306,15 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
     overrides = {
         "source": {"url": flags["source_url"], "group": flags["group"]},
         "sink": {"url": flags["sink_url"], "mode": flags["mode"]},
-        "decode": {"encoding": flags["encoding"], "compression": flags["compression"]},
+        "decode": {
+            "encoding": flags["encoding"],
+            "compression": flags["compression"],
+            "protocol": flags["protocol"],
+            "schema_registry": flags["schema_registry"],
+            "schema_registry_auth": flags["schema_registry_auth"],
+            "timestamp_zone": flags["timestamp_zone"],
+            "ordering": flags["ordering"],
+        },
         "metrics": {"port": flags["metrics_port"]},
         "budget": {"processes": flags["processes"]},
     }
@@ -213,6 +326,8 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
     reporter = ProgressReporter(metrics_port=config.metrics.port)
     try:
         stats = app.run(config, until_idle=until_idle, on_cycle=reporter)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
     except (SourceAuthenticationError, SourceUnreachableError) as exc:
         click.echo(f"stopped: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_SOURCE_UNAVAILABLE)
@@ -228,6 +343,28 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
         f"{stats.records} records, {stats.rows} changelog rows, {stats.ddls} DDLs, "
         f"{stats.dead_letters} dead letters"
     )
+    if stats.verified_images or stats.integrity_failures:
+        click.echo(
+            f"checksums: {stats.verified_images} row images verified, "
+            f"{stats.integrity_failures} rows failed verification"
+        )
+    if stats.claim_check_fetches or stats.upstream_lookups:
+        click.echo(
+            f"large messages: {stats.claim_check_fetches} claim-checks fetched "
+            f"({stats.claim_check_bytes} bytes, {stats.claim_check_seconds:.1f} s), "
+            f"{stats.upstream_lookups} upstream lookups"
+        )
+    merges = stats.sink_metrics.get("merges")
+    if merges:
+        metrics = stats.sink_metrics
+        click.echo(
+            f"{merges} mirror MERGEs: {metrics['num_target_files_scanned']} files scanned, "
+            f"{metrics['num_target_files_skipped_during_scan']} skipped, "
+            f"{metrics['num_target_files_removed']} rewritten; {metrics['num_output_rows']} rows written for "
+            f"{metrics['num_target_rows_updated'] + metrics['num_target_rows_inserted']} upserted and "
+            f"{metrics['num_target_rows_deleted']} deleted"
+        )
+
     if stats.unapplied:
         _report_unapplied(stats)
         if not stats.stopped_on_request:
@@ -244,6 +381,60 @@ def _report_unapplied(stats: PipelineStats) -> None:
     )
     for unapplied in stats.unapplied:
         click.echo(f"  {unapplied}", err=True)
+
+
+@main.command()
+@click.option(
+    "--sink", "sink_url", help="delta:ROOT or parquet:ROOT (ROOT a directory or an object-store URI)"
+)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--cluster", is_flag=True, help="rewrite mirrors sorted by their key (Z-order), not just compact"
+)
+@click.option(
+    "--retention-hours",
+    type=int,
+    default=168,
+    show_default=True,
+    help="VACUUM files removed longer ago than this (at least the tables' own retention)",
+)
+@click.option("--no-vacuum", is_flag=True, help="compact, purge and checkpoint only")
+def maintain(
+    sink_url: str | None, config_path: Path | None, cluster: bool, retention_hours: int, no_vacuum: bool
+) -> None:
+    """Keep a lakehouse fast: compact or cluster its Delta tables, purge recent deletes below the consistent
+    point, VACUUM, checkpoint; safe while consumers write."""
+    from consumer.lakehouse.maintenance import maintain as run_maintenance
+
+    try:
+        config = load_config(config_path, overrides={"sink": {"url": sink_url}}, sink_only=True)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    root = config.sink.url.partition(":")[2]
+    report = run_maintenance(
+        root,
+        config.sink.storage_options,
+        cluster=cluster,
+        retention_hours=retention_hours,
+        vacuum=not no_vacuum,
+    )
+    for done in report.tables:
+        outcome = (
+            f"error: {done.error}"
+            if done.error
+            else (
+                f"{done.files_before} -> {done.files_after} files ({done.files_rewritten} rewritten"
+                f"{', clustered' if done.clustered else ''}), {done.files_vacuumed} vacuumed"
+                f"{f', {done.deletes_purged} deletes purged' if done.deletes_purged else ''}"
+            )
+        )
+        click.echo(f"{done.uri.removeprefix(root).lstrip('/')}: {outcome}")
+    click.echo(
+        f"{len(report.tables)} tables maintained in {report.seconds:.1f} s; "
+        f"consistent at TSO {report.consistent_ts}"
+    )
+    if any(done.error for done in report.tables):
+        sys.exit(1)
 
 
 @main.command()

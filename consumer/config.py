@@ -17,6 +17,9 @@ from urllib.parse import urlparse
 
 import msgspec
 
+from consumer.errors import ConsumerError
+from consumer.large_messages.storage import parse_location
+from consumer.large_messages.upstream import connection_options
 from consumer.protocol.limits import DecodeLimits
 
 ENV_PREFIX = "TICDC_CONSUMER_"
@@ -37,14 +40,29 @@ _LIMITS = DecodeLimits()
 
 
 class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
-    encoding: Literal["auto", "json", "avro"] = "auto"
+    protocol: Literal["simple", "avro", "debezium"] = "simple"
+    encoding: Literal["auto", "json", "avro"] = "auto"  # the Simple protocol's
     compression: Literal["auto", "none", "snappy", "lz4"] = "auto"
     unrepresentable: Literal["null", "raise"] = "null"
+    # "watermark": rows wait for every partition's watermark (cross-table consistency); "arrival": rows go out
+    # as they arrive, exact per key (streams without watermarks); "auto": watermark for Simple only
+    ordering: Literal["auto", "watermark", "arrival"] = "auto"
+    schema_registry: str = ""  # TiCDC Avro: the Confluent registry URL (may carry user:password@)
+    schema_registry_auth: str = ""  # USER:PASSWORD, HTTP basic auth (basic.auth.user.info)
+    schema_registry_config: dict[str, str] = msgspec.field(default_factory=dict)  # more client settings
+    timestamp_zone: str = "UTC"  # TiCDC Avro: the zone TIMESTAMP text is in (TiCDC's --tz)
     unknown_types: Literal["lossless", "error"] = "lossless"
     max_decompressed_bytes: int = _LIMITS.max_decompressed_bytes
     max_nesting_depth: int = _LIMITS.max_nesting_depth
     max_value_bytes: int = _LIMITS.max_value_bytes
     max_commit_ts_ahead_s: float = _LIMITS.max_commit_ts_ahead_s
+
+    def registry_config(self) -> dict[str, str]:
+        auth = {"basic.auth.user.info": self.schema_registry_auth} if self.schema_registry_auth else {}
+        return {**self.schema_registry_config, **auth}
+
+    def watermark_ordering(self) -> bool:
+        return self.ordering == "watermark" or (self.ordering == "auto" and self.protocol == "simple")
 
     def limits(self) -> DecodeLimits:
         return DecodeLimits(
@@ -56,8 +74,13 @@ class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
-    url: str = ""  # delta:ROOT | parquet:ROOT | jsonl:ROOT
+    url: str = (
+        ""  # delta:ROOT | parquet:ROOT | jsonl:ROOT; ROOT a directory or an object-store URI (s3://...)
+    )
     mode: Literal["changelog", "mirror", "both"] = "both"
+    storage_options: dict[str, str] = msgspec.field(default_factory=dict)  # passed to delta-rs and pyarrow.fs
+    target_file_size: int = 1024 * 1024  # bytes per mirror file: a MERGE rewrites the files of its keys
+    allow_unsafe_commits: bool = False  # accept a store without conditional writes: one writer process only
 
 
 class ErrorsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -83,6 +106,26 @@ class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
     port: int = 0  # 0: no Prometheus endpoint
 
 
+class LargeMessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """Key-only DMLs (spec §7). A claim-check is read only under `claim_check_roots` (URIs: file:///DIR,
+    s3://BUCKET/PREFIX, gs://..., abfss://...; pyarrow.fs options may follow a `?`); none: all refused.
+    `claim_check_root_override` reads each object's base name from that one root instead (TiCDC's own
+    consumer does, for users who moved the files). `upstream_dsn` (mysql://USER:PASSWORD@HOST:PORT) looks
+    handle-key-only rows up in upstream TiDB; without it they go to the error policy."""
+
+    claim_check_roots: list[str] = msgspec.field(default_factory=list)
+    claim_check_root_override: str = ""
+    claim_check_raw_value: bool | Literal["auto"] = "auto"
+    max_object_bytes: int = 128 * 1024 * 1024
+    fetch_concurrency: int = 16
+    fetch_retries: int = 4
+    upstream_dsn: str = ""
+
+
+class IntegrityConfig(msgspec.Struct, forbid_unknown_fields=True):
+    verify_checksums: bool = True  # rows that carry TiDB checksums (spec §8) are verified; others pass
+
+
 class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     source: SourceConfig = msgspec.field(default_factory=SourceConfig)
     decode: DecodeConfig = msgspec.field(default_factory=DecodeConfig)
@@ -90,6 +133,8 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     errors: ErrorsConfig = msgspec.field(default_factory=ErrorsConfig)
     budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    large_messages: LargeMessagesConfig = msgspec.field(default_factory=LargeMessagesConfig)
+    integrity: IntegrityConfig = msgspec.field(default_factory=IntegrityConfig)
 
 
 class ConfigError(ValueError):
@@ -101,7 +146,10 @@ def load_config(
     *,
     environ: Mapping[str, str] = os.environ,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    sink_only: bool = False,
 ) -> RunConfig:
+    """The layered configuration, validated; `sink_only`: for commands that only touch the sink's root
+    (`maintain`), the source is not checked."""
     layered: dict[str, dict[str, Any]] = {}
     if path is not None:
         try:
@@ -120,23 +168,31 @@ def load_config(
         config = msgspec.convert(layered, RunConfig, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
-    _check_urls(config)
+    if sink_only:
+        _check_sink(config)
+    else:
+        _check_urls(config)
+    _check_large_messages(config.large_messages)
     return config
 
 
 def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    sections = {name for name in RunConfig.__struct_fields__}
     found: dict[str, dict[str, Any]] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX) :].lower()
-        section, _, field = rest.partition("_")
-        if section == "kafka":
-            found.setdefault("source", {}).setdefault("kafka", {})[field.replace("_", ".")] = value
-        elif section in sections and field:
-            found.setdefault(section, {})[field] = value
+        if rest.startswith("kafka_"):
+            found.setdefault("source", {}).setdefault("kafka", {})[rest[6:].replace("_", ".")] = value
+            continue
+        section = next((s for s in RunConfig.__struct_fields__ if rest.startswith(s + "_")), None)
+        if section is not None:
+            field = rest[len(section) + 1 :]
+            found.setdefault(section, {})[field] = value.split(",") if field in _LIST_FIELDS else value
     return found
+
+
+_LIST_FIELDS = frozenset(("claim_check_roots",))  # comma-separated in the environment
 
 
 def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> None:
@@ -155,8 +211,9 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError(
             f"source {config.source.url!r}: expected kafka://HOST:PORT/TOPIC or file:PATH.jsonl"
         )
-    if config.sink.url.partition(":")[0] not in ("delta", "parquet", "jsonl"):
-        raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
+    _check_sink(config)
+    if config.decode.protocol == "avro" and not config.decode.schema_registry:
+        raise ConfigError("decode.protocol = avro needs decode.schema_registry (the registry URL)")
     limits = config.decode
     if min(limits.max_decompressed_bytes, limits.max_nesting_depth, limits.max_value_bytes) < 1:
         raise ConfigError(
@@ -168,9 +225,37 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError(f"budget.processes = {config.budget.processes}: at least one process runs")
     if config.budget.processes > 1 and source.scheme != "kafka":
         raise ConfigError("budget.processes > 1 needs a Kafka source: the processes share its partitions")
+    if config.budget.processes > 1 and config.sink.allow_unsafe_commits:
+        raise ConfigError(
+            "sink.allow_unsafe_commits accepts a store without conditional writes for ONE writer process: "
+            "budget.processes must be 1"
+        )
     if config.budget.processes > 1 and config.sink.url.startswith("parquet:"):
         raise ConfigError(
             "budget.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"
+        )
+
+
+def _check_large_messages(config: LargeMessagesConfig) -> None:
+    roots = [*config.claim_check_roots, *filter(None, [config.claim_check_root_override])]
+    try:
+        for root in roots:
+            parse_location(root.partition("?")[0])
+        if config.upstream_dsn:
+            connection_options(config.upstream_dsn)
+    except (ConsumerError, ValueError) as exc:
+        raise ConfigError(f"large_messages: {exc}") from exc
+    if config.fetch_concurrency < 1 or config.max_object_bytes < 1 or config.fetch_retries < 0:
+        raise ConfigError("large_messages: fetch_concurrency and max_object_bytes >= 1, fetch_retries >= 0")
+
+
+def _check_sink(config: RunConfig) -> None:
+    kind, _, root = config.sink.url.partition(":")
+    if kind not in ("delta", "parquet", "jsonl"):
+        raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
+    if kind == "jsonl" and "://" in root:
+        raise ConfigError(
+            f"sink {config.sink.url!r}: the JSON-lines sink appends to files in a local directory"
         )
 
 

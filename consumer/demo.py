@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deltalake import DeltaTable
+import pyarrow as pa
 from pyspark.sql import SparkSession
 from rich.console import Console
 from rich.table import Table
@@ -20,6 +20,9 @@ from rich.table import Table
 from consumer import app
 from consumer.batches.changes import TSO_PHYSICAL_SHIFT
 from consumer.config import RunConfig, SinkConfig, SourceConfig
+from consumer.lakehouse.progress import consistent_ts
+from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.tables import entry_uri, read_delta, tables
 from consumer.pipeline import PipelineStats
 from consumer.progress import ProgressReporter
 from consumer.protocol.codec import MessageEncoder
@@ -27,11 +30,10 @@ from consumer.protocol.model import TableSchema
 from consumer.simulate.output import SimulationReport, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.delta import DeltaSink, consistent_ts, table_paths
-from consumer.sinks.layout import table_dir
-from consumer.sinks.parquet import ParquetSink
+from consumer.sinks.delta import DeltaSink
+from consumer.sinks.parquet import ParquetSink, manifest_files
 from consumer.sources.kafka import KafkaSource
-from consumer.spark.readers import read_changelog, read_mirror
+from consumer.spark.readers import read_mirror
 from consumer.spark.session import spark_session
 from consumer.testing.broker import EmbeddedBroker
 
@@ -93,7 +95,7 @@ def run_demo(
         lakehouse=stats,
         consume_seconds=seconds,
         changelog_rows=_delta_changelog_rows(workdir / "delta"),
-        parquet_rows=_parquet_changelog_rows(spark, workdir / "parquet", schemas),
+        parquet_rows=_parquet_changelog_rows(spark, workdir / "parquet"),
         mirror_differences=differences(delta_mirror_state(workdir / "delta", schemas), truth),
         consistent_ts=consistent_ts(workdir / "delta"),
     )
@@ -189,7 +191,7 @@ def _consume_into_lakehouse(
         ),
         sink=SinkConfig(url=f"delta:{workdir / 'delta'}", mode="both"),
     )
-    sinks = [DeltaSink(workdir / "delta", mode="both"), ParquetSink(workdir / "parquet", spark)]
+    sinks = [DeltaSink(workdir / "delta", mode="both"), ParquetSink(workdir / "parquet")]
     pipeline = app.build_pipeline(config, sinks=sinks)
     source = app.build_source(config, pipeline)
     reporter = ProgressReporter(interactive=console.is_terminal)
@@ -203,28 +205,29 @@ def _consume_into_lakehouse(
     return stats, time.monotonic() - started - IDLE_SECONDS
 
 
+def _changelogs(root: Path) -> list[pa.Table]:
+    """Every table's changelog (dropped tables too), found through the lakehouse catalog."""
+    lake = LakeRoot.of(root)
+    opened = (lake.open(entry_uri(lake, entry, "changelog")) for entry in tables(lake))
+    return [read_delta(lake, table, ["_topic", "_partition", "_offset"]) for table in opened if table]
+
+
 def _distinct_offsets(root: Path) -> int:
     seen: set[tuple[str, int, int]] = set()
-    for path in table_paths(root, include_ddl_log=False):
-        rows = DeltaTable(str(path)).to_pyarrow_table(columns=["_topic", "_partition", "_offset"])
+    for rows in _changelogs(root):
         seen.update(zip(*(rows[c].to_pylist() for c in rows.column_names), strict=True))
     return len(seen)
 
 
 def _delta_changelog_rows(root: Path) -> int:
-    return sum(
-        DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
-        for path in table_paths(root, include_ddl_log=False)
-        if path.name == "changelog"
-    )
+    return sum(rows.num_rows for rows in _changelogs(root))
 
 
-def _parquet_changelog_rows(spark: SparkSession, root: Path, schemas: list[TableSchema]) -> int:
-    total = 0
-    for schema in schemas:
-        if (table_dir(root, schema.database, schema.table) / "changelog").exists():
-            total += read_changelog(spark, root, schema.database, schema.table, format="parquet").count()
-    return total
+def _parquet_changelog_rows(spark: SparkSession, root: Path) -> int:
+    """Rows of every table's Parquet changelog (dropped tables too), counted by Spark."""
+    lake = LakeRoot.of(root)
+    listed = (manifest_files(lake, entry.location) for entry in tables(lake))
+    return sum(spark.read.parquet(*files).count() for files in listed if files)
 
 
 def _print_summary(report: DemoReport, schemas: list[TableSchema], workdir: Path, console: Console) -> None:

@@ -31,7 +31,10 @@ MAX_REASON_CHARS = 1000  # a reason quoting a hostile value (Arrow quotes whole 
 
 
 class ConsumerError(Exception):
-    """Base of every error the SDK raises for bad input or a failed stage."""
+    """Base of every error the SDK raises for bad input or a failed stage.
+
+    `code` is the machine-readable reason (kebab-case, stable): dead letters carry it as `reason_code`.
+    """
 
     code: ClassVar[str] = "consumer-error"
 
@@ -182,3 +185,122 @@ class SinkError(ConsumerError):
     """A sink could not durably apply a batch."""
 
     code = "sink-error"
+
+
+class DependencyError(ConsumerError):
+    """A service the consumer needs failed (not the record's fault): the consumer stops instead of setting
+    records aside, so nothing is dead-lettered for an outage."""
+
+    code = "dependency-unavailable"
+
+
+class SchemaRegistryError(DependencyError):
+    """The schema registry could not be reached or answered with a server error."""
+
+    code = "schema-registry-unavailable"
+
+
+class UnknownSchemaError(DecodeError):
+    """A record names a writer schema id the registry does not have (the record's fault)."""
+
+    code = "schema-id-unknown"
+
+
+class LargeMessageError(ConsumerError):
+    """A DML whose message carries only its handle key (spec §7) could not be made whole."""
+
+    code = "large-message"
+
+
+class HandleKeyOnlyError(LargeMessageError):
+    """A handle-key-only row without a claim-check: only upstream TiDB has the rest of it."""
+
+    code = "handle-key-only"
+
+
+class ClaimCheckNotAllowedError(LargeMessageError):
+    """The claim-check location lies under none of the configured roots: it is never opened."""
+
+    code = "claim-check-not-allowed"
+
+
+class ClaimCheckMissingError(LargeMessageError):
+    """The claim-check object does not exist (or is not a regular file)."""
+
+    code = "claim-check-missing"
+
+
+class ClaimCheckTooLargeError(LargeMessageError):
+    """The claim-check object is larger than the configured limit; it is not read."""
+
+    code = "claim-check-too-large"
+
+
+class ClaimCheckInvalidError(LargeMessageError):
+    """The claim-check object is not the full message of the row that points at it."""
+
+    code = "claim-check-invalid"
+
+
+class LargeMessageUnavailableError(LargeMessageError, DependencyError):
+    """Claim-check storage or upstream TiDB kept failing after the retries: an outage, not bad input, so
+    the pipeline stops without committing past the row (a later run reads it again) instead of sending it
+    to the error policy."""
+
+    code = "large-message-unavailable"
+
+
+class ClaimCheckUnavailableError(LargeMessageUnavailableError):
+    code = "claim-check-unavailable"
+
+
+class UpstreamUnavailableError(LargeMessageUnavailableError):
+    code = "upstream-unavailable"
+
+
+class UpstreamLookupError(LargeMessageError):
+    """Upstream TiDB did not give the row of a handle-key-only message."""
+
+    code = "upstream-lookup"
+
+
+class SnapshotTooOldError(UpstreamLookupError):
+    """The row's commit is older than upstream TiDB's GC safe point: its versions are gone."""
+
+    code = "upstream-snapshot-too-old"
+
+
+class IntegrityError(ConsumerError):
+    """A row's checksum (spec §8) says it is not the row TiDB wrote."""
+
+    code = "integrity"
+
+    def __init__(
+        self, message: str, *, row: int | None = None, location: RecordLocation | None = None
+    ) -> None:
+        super().__init__(message, location=location)
+        self.row = row
+
+
+class ChecksumMismatchError(IntegrityError):
+    """The checksum computed over an image differs from the one TiCDC sent."""
+
+    code = "checksum-mismatch"
+
+
+class RowCorruptedError(IntegrityError):
+    """TiCDC itself flagged the row `corrupted` (its upstream verification failed)."""
+
+    code = "checksum-corrupted"
+
+
+class RejectedRowsError(ConsumerError):
+    """Some rows of a batch failed verification; `rejected` maps each one's index in the batch to why.
+    The rest of the batch is sound: a caller takes the rejected rows out and decodes it again."""
+
+    code = "rows-rejected"
+
+    def __init__(self, rejected: dict[int, IntegrityError]) -> None:
+        first = rejected[min(rejected)]
+        super().__init__(f"{len(rejected)} row(s) failed verification, the first: {first.reason}")
+        self.rejected = rejected

@@ -16,12 +16,28 @@ from dataclasses import dataclass, field
 
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.batches.decode_pool import DecodePool, Decoding
-from consumer.errors import ConsumerError, DecodeError, RecordLocation
+from consumer.errors import (
+    ConsumerError,
+    DecodeError,
+    DependencyError,
+    RecordLocation,
+    RejectedRowsError,
+)
+from consumer.large_messages.resolver import LargeMessageResolver
+from consumer.large_messages.storage import ClaimCheckStore
 from consumer.protocol.codec import MessageDecoder
-from consumer.protocol.model import DecodedMessage, RawDML, Watermark
+from consumer.protocol.model import DecodedMessage, KeyOnlyDML, RawDML, TableSchema, Watermark
+from consumer.protocol.protocols import RecordDecoder
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
-from consumer.sinks.base import CommitContext, DDLEvent, Sink, TopicPartition
+from consumer.sinks.base import (
+    CommitContext,
+    DDLEvent,
+    ProgressRecorder,
+    ReportsMetrics,
+    Sink,
+    TopicPartition,
+)
 from consumer.sinks.dead_letter import DeadLetterSink
 from consumer.sources.base import Source
 from consumer.sources.errors import SourceError
@@ -38,6 +54,7 @@ SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the
 # loop makes next to no reference cycles. While running, a full collection runs this often instead.
 GC_EVERY_SECONDS = 30.0
 JOIN_GRACE_SECONDS = 30.0  # an unassigned member waits this much longer before judging the topic idle
+PROGRESS_SECONDS = 5.0  # sinks keeping progress record it this often, when schemas change, and at the end
 
 
 @dataclass(slots=True)
@@ -57,6 +74,14 @@ def _rows(unit: Unit) -> int:
     return len(unit.rows) if isinstance(unit, RowBatch) else 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """A record that goes to the error policy instead of the state machine's ordering, and why."""
+
+    error: ConsumerError
+    value: bytes | None
+
+
 @dataclass
 class PipelineStats:
     """Running totals, read by the progress display and the metrics endpoint."""
@@ -67,7 +92,14 @@ class PipelineStats:
     dead_letters: int = 0
     commits: int = 0
     failed_commits: int = 0
+    verified_images: int = 0  # row images whose checksum matched
+    integrity_failures: int = 0  # rows set aside for a checksum mismatch or TiCDC's `corrupted` flag
+    claim_check_fetches: int = 0
+    claim_check_bytes: int = 0
+    claim_check_seconds: float = 0.0
+    upstream_lookups: int = 0
     rows_by_table: dict[str, int] = field(default_factory=dict)
+    sink_metrics: dict[str, int] = field(default_factory=dict)  # the sinks' operation counters, summed
     started: float = field(default_factory=time.monotonic)
     stopped_on_request: bool = False  # Ctrl-C, SIGTERM...: not idle, not at the end of its input
     unapplied: list[Unapplied] = field(default_factory=list)  # per partition, when the run ended
@@ -77,6 +109,9 @@ class PipelineStats:
         tables = dict(self.rows_by_table)
         for table, rows in other.rows_by_table.items():
             tables[table] = tables.get(table, 0) + rows
+        metrics = dict(self.sink_metrics)
+        for name, value in other.sink_metrics.items():
+            metrics[name] = metrics.get(name, 0) + value
         return PipelineStats(
             records=self.records + other.records,
             rows=self.rows + other.rows,
@@ -84,7 +119,14 @@ class PipelineStats:
             dead_letters=self.dead_letters + other.dead_letters,
             commits=self.commits + other.commits,
             failed_commits=self.failed_commits + other.failed_commits,
+            verified_images=self.verified_images + other.verified_images,
+            integrity_failures=self.integrity_failures + other.integrity_failures,
+            claim_check_fetches=self.claim_check_fetches + other.claim_check_fetches,
+            claim_check_bytes=self.claim_check_bytes + other.claim_check_bytes,
+            claim_check_seconds=self.claim_check_seconds + other.claim_check_seconds,
+            upstream_lookups=self.upstream_lookups + other.upstream_lookups,
             rows_by_table=tables,
+            sink_metrics=metrics,
             started=min(self.started, other.started),
             stopped_on_request=self.stopped_on_request or other.stopped_on_request,
             unapplied=[*self.unapplied, *other.unapplied],
@@ -97,6 +139,9 @@ class Pipeline:
     `decode_workers` > 0 runs the stages side by side: that many processes decode values into typed
     columns and a thread applies units to the sinks, while the loop fetches, orders and commits. Call
     `close` when done (it stops them).
+
+    `large_messages` makes key-only DMLs (spec §7) whole before the state machine sees them; without one,
+    every claim-check is refused and every handle-key-only row goes to the error policy.
     """
 
     def __init__(
@@ -106,24 +151,29 @@ class Pipeline:
         state: ConsumerState,
         sinks: Sequence[Sink],
         dead_letters: DeadLetterSink,
-        decoder: MessageDecoder | None = None,
+        decoder: RecordDecoder | None = None,
         policy: ValuePolicy | None = None,
         max_batch_records: int = 100_000,
         poll_timeout: float = 0.2,
         decode_workers: int = 0,
+        large_messages: LargeMessageResolver | None = None,
     ) -> None:
         self.group = group
         self.state = state
         self.sinks = list(sinks)
         self.dead_letters = dead_letters
-        self.decoder = decoder or MessageDecoder()
+        self.decoder: RecordDecoder = decoder or MessageDecoder()
         self.policy = policy or ValuePolicy()
+        self.large_messages = large_messages or LargeMessageResolver(MessageDecoder(), ClaimCheckStore([]))
+        self.large_messages.schemas = self._schema_of
         self.max_batch_records = max_batch_records
         self.poll_timeout = poll_timeout
         self.stats = PipelineStats()
         # With decode workers the stages overlap: workers decode, a writer thread applies units to the sinks
         # in order (delta-rs releases the GIL), and this loop fetches, orders and confirms.
-        self._pool = DecodePool(decode_workers, self.policy) if decode_workers else None
+        self._pool = (
+            DecodePool(decode_workers, self.policy, self.decoder.registry) if decode_workers else None
+        )
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sink-writer") if decode_workers else None
         self._queue: deque[_Queued] = deque()  # resolved, not handed to the sinks yet: in resolve order
         self._queued_rows = 0
@@ -137,6 +187,12 @@ class Pipeline:
         self._schemas_refreshed = 0.0
         self._idle = 0.0  # seconds spent waiting in polls since the last change record
         self._changed = False  # a change record arrived in the current cycle
+        # Progress the sinks record: every change of every owned partition up to `_applied_ts` is applied
+        # (None until a cycle applied all it resolved since the last assignment).
+        self._recorders = [sink for sink in self.sinks if isinstance(sink, ProgressRecorder)]
+        self._applied_ts: int | None = None
+        self._recorded_at = 0.0
+        self._recorded_schemas = -1  # `SchemaCache.learned` when the sinks last recorded the schemas
         self._learn_recorded_schemas()
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -175,8 +231,9 @@ class Pipeline:
                     collected = time.monotonic()
         finally:
             try:
-                self._flush_and_commit()
+                self._flush_and_commit(final=True)
             finally:
+                self._count_integrity_and_fetches()
                 if collecting:
                     gc.enable()
         self.stats.unapplied = self.state.unapplied()
@@ -188,6 +245,7 @@ class Pipeline:
         for sink in self.sinks:
             sink.close()
         self.dead_letters.close()
+        self.large_messages.close()
         if self._pool:
             self._pool.close()
         if self._writer:
@@ -214,6 +272,7 @@ class Pipeline:
             self._learn_recorded_schemas()
         self._flush_and_commit(drain=self._pool is None)
         self._backpressure()
+        self._count_integrity_and_fetches()
 
     # -- rebalance callbacks ---------------------------------------------------------------------------
     def on_assign(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int] | None:
@@ -221,8 +280,10 @@ class Pipeline:
         learn the schemas the partitions' previous owner recorded (BOOTSTRAPs only announce the latest)."""
         self.state.assign(partitions)
         self._idle = 0.0  # joining a group is not idleness
+        self._applied_ts = None  # not known for the new partitions until a cycle applies all it resolved
         self._learn_recorded_schemas()
         recorded = self._sink_resume_offsets()
+        self.state.seed_watermarks(self._sink_watermarks())
         committed = self._source.committed(partitions) if self._source else {}
         starts = {}
         for tp in partitions:
@@ -236,7 +297,7 @@ class Pipeline:
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
         """Flush and commit what can be, then drop the partitions' state (the next owner re-reads it)."""
-        self._flush_and_commit()
+        self._flush_and_commit(final=True)
         self.state.revoke(partitions)
         for tp in partitions:
             self._resume.pop(tp, None)
@@ -244,33 +305,73 @@ class Pipeline:
 
     # -- stages ----------------------------------------------------------------------------------------
     def _ingest(self, records: Sequence[SourceRecord]) -> None:
-        """Decode the records and hand them to the state in one call; one that does not decode goes to the
-        state's error path between the records before and after it."""
+        """Decode the records and hand them to the state in one call. Key-only DMLs are made whole first,
+        each kept at its record's place; a record that does not decode (or cannot be made whole) goes to
+        the state's error path between the records before and after it."""
         self.stats.records += len(records)
-        decode = self.decoder.decode
-        decoded: list[tuple[RecordLocation, DecodedMessage]] = []
+        decode = self.decoder.decode_record
+        decoded: list[tuple[RecordLocation, DecodedMessage | _Failed]] = []
+        exceptional = False
         for record in records:
             location = record.location
             try:
-                decoded.append((location, decode(record.value)))
+                message = decode(record.key, record.value)
+            except DependencyError:  # e.g. the schema registry is down: stop, set nothing aside
+                raise
             except ConsumerError as exc:
-                self.state.process_many(decoded)
-                decoded.clear()
-                self.state.process_failed(location, exc.with_location(location), record.value)
-                self._changed = True
-        self.state.process_many(decoded)
+                decoded.append((location, _Failed(exc, record.value)))
+                exceptional = True
+                continue
+            exceptional = exceptional or message.__class__ is KeyOnlyDML
+            decoded.append((location, message))
+        if exceptional:
+            self._ingest_exceptional(decoded, records)
+        else:
+            self.state.process_many(decoded)  # type: ignore[arg-type]
         if not self._changed:
             self._changed = any(not isinstance(message, Watermark) for _, message in decoded)
 
-    def _flush_and_commit(self, *, drain: bool = True) -> None:
+    def _ingest_exceptional(
+        self, decoded: list[tuple[RecordLocation, DecodedMessage | _Failed]], records: Sequence[SourceRecord]
+    ) -> None:
+        """Resolve the poll's key-only DMLs together (their claim-checks are fetched concurrently), then
+        feed the state in runs split at the records that go to the error policy."""
+        positions = [i for i, (_, message) in enumerate(decoded) if message.__class__ is KeyOnlyDML]
+        if positions:
+            resolved = self.large_messages.resolve([decoded[i][1] for i in positions])  # type: ignore[misc]
+            for position, whole in zip(positions, resolved, strict=True):
+                location = decoded[position][0]
+                if isinstance(whole, ConsumerError):
+                    decoded[position] = (location, _Failed(whole, records[position].value))
+                else:
+                    decoded[position] = (location, whole)
+        run: list[tuple[RecordLocation, DecodedMessage]] = []
+        for location, message in decoded:
+            if isinstance(message, _Failed):
+                self.state.process_many(run)
+                run = []
+                self.state.process_failed(location, message.error.with_location(location), message.value)
+                self._changed = True
+            else:
+                run.append((location, message))
+        self.state.process_many(run)
+
+    def _schema_of(self, message: KeyOnlyDML) -> TableSchema | None:
+        """The known schema of a handle-key-only row (what an upstream lookup is typed by)."""
+        return self.state.schemas.lookup(message.row.schema_key, message.row.table_id)
+
+    def _flush_and_commit(self, *, drain: bool = True, final: bool = False) -> None:
         """Apply resolved units in order, then commit what they made durable. Without `drain`, stop at a
-        batch still decoding, unless more than a cycle's records are waiting."""
+        batch still decoding, unless more than a cycle's records are waiting. `final`: the last before the
+        run ends or partitions go: the sinks record their progress whenever it is due or not."""
         if self._write_error is not None:
             try:
                 self._confirm_written(wait=True)  # confirms the units before the failed one, raises its error
             finally:
-                self._commit()
+                self._commit(final=final)
             return  # nothing after a unit that failed to apply may be applied or committed
+        before = self.state.stats()  # rows waiting for a schema may be older than the watermark
+        watermark = before.global_watermark if not before.held_rows else None
         units = self.state.resolve()
         if units:
             resolved_ts = self.state.stats().global_watermark or 0
@@ -289,8 +390,10 @@ class Pipeline:
                 self.state.confirm(queued.unit)
         try:
             self._confirm_written(wait=drain)
+            if watermark is not None and not self._queue and not self._writing:
+                self._applied_ts = watermark  # every change up to it is applied
         finally:
-            self._commit()  # what was applied, even when a later unit failed
+            self._commit(final=final)  # what was applied, even when a later unit failed
 
     def _write(self, queued: _Queued, context: CommitContext) -> None:
         """The writer thread's job; once one unit failed, the later ones are left unapplied."""
@@ -366,6 +469,17 @@ class Pipeline:
                     return
                 self._set_aside([rows.pop(row)], exc)
                 continue
+            except RejectedRowsError as exc:  # every row that failed verification, at once
+                if self.state.policy == "fail":
+                    raise exc.rejected[min(exc.rejected)] from exc
+                self.policy.stats.unrepresentable = counted
+                self.stats.integrity_failures += len(exc.rejected)
+                for index in sorted(exc.rejected, reverse=True):
+                    bad_raw, bad_location = rows.pop(index)
+                    error = exc.rejected[index]
+                    self._dead_letter(DeadLetter(bad_location, str(error), bad_raw.payload, error.code))
+                origins = None
+                continue
             self._deliver(changes, context)
             return
 
@@ -400,14 +514,28 @@ class Pipeline:
         self.stats.dead_letters += 1
         log.warning("dead-lettered %s: %s", unit.location, unit.reason)
 
+    def _count_integrity_and_fetches(self) -> None:
+        """Totals the stages keep themselves (decode workers report theirs through the policy's stats)."""
+        storage = self.large_messages.store.stats
+        self.stats.verified_images = self.policy.stats.verified
+        self.stats.claim_check_fetches = storage.fetches
+        self.stats.claim_check_bytes = storage.bytes
+        self.stats.claim_check_seconds = storage.seconds
+        upstream = self.large_messages.upstream
+        self.stats.upstream_lookups = upstream.lookups if upstream is not None else 0
+
     def _codec(self, unit: RowBatch) -> TableCodec:
         codec = self._codecs.get(unit.schema.key)
         if codec is None or codec.schema != unit.schema:
-            codec = self._codecs[unit.schema.key] = TableCodec(unit.schema, self.policy)
+            codec = self._codecs[unit.schema.key] = TableCodec(
+                unit.schema, self.policy, registry=self.decoder.registry
+            )
         return codec
 
-    def _commit(self) -> None:
+    def _commit(self, *, final: bool = False) -> None:
         offsets = self.state.committable()
+        self._record_progress(force=final)
+        self._sink_metrics()
         if not offsets or self._source is None:
             return
         try:
@@ -444,6 +572,58 @@ class Pipeline:
             schema_snapshot=self.state.schemas.snapshot(),
         )
 
+    def _record_progress(self, *, force: bool) -> None:
+        """Let the sinks that keep progress record where each owned partition can resume and up to which
+        commit ts its changes are applied (`CommitContext.applied_ts`): a partition whose every record seen
+        is applied is complete up to its own watermark, the others up to the last watermark whose units all
+        applied. Nothing is claimed while rows wait for their schema. Before the Kafka commit, so the
+        schemas a resumed member needs are recorded before Kafka moves past the records that told them."""
+        if not self._recorders or self._write_error is not None:
+            return
+        learned = self.state.schemas.learned
+        fresh = learned != self._recorded_schemas
+        if not (force or fresh or time.monotonic() - self._recorded_at >= PROGRESS_SECONDS):
+            return
+        resume: dict[TopicPartition, int] = {}
+        applied: dict[TopicPartition, int] = {}
+        held = self.state.stats().held_rows
+        for tp, partition in self.state.partition_states().items():
+            if partition.resume_offset is None:
+                continue
+            resume[tp] = partition.resume_offset
+            applied_ts = partition.watermark if partition.drained else self._applied_ts
+            if applied_ts is not None and not held:
+                applied[tp] = applied_ts
+        if not resume and not fresh:
+            return
+        self._confirm_written(wait=True)  # a sink is used by one thread at a time
+        context = CommitContext(
+            group=self.group,
+            resume_offsets=resume,
+            resolved_ts=self._applied_ts or 0,
+            schema_snapshot=self.state.schemas.snapshot() if fresh else b"",
+            applied_ts=applied,
+        )
+        for sink in self._recorders:
+            sink.record_progress(context)
+        self._recorded_at, self._recorded_schemas = time.monotonic(), learned
+
+    def _sink_metrics(self) -> None:
+        totals: dict[str, int] = {}
+        for sink in self.sinks:
+            if isinstance(sink, ReportsMetrics):
+                for name, value in sink.operation_metrics().items():
+                    totals[name] = totals.get(name, 0) + value
+        self.stats.sink_metrics = totals
+
+    def _sink_watermarks(self) -> dict[TopicPartition, int]:
+        """Per partition, a commit ts every sink that keeps progress recorded its changes applied up to."""
+        if not self._recorders:
+            return {}
+        per_sink = [sink.recorded_watermarks(self.group) for sink in self._recorders]
+        common = set(per_sink[0]).intersection(*per_sink[1:])
+        return {tp: min(marks[tp] for marks in per_sink) for tp in common}
+
     def _sink_resume_offsets(self) -> dict[TopicPartition, int]:
         """A partition can resume from a sink-recorded offset only if every sink recorded one (the min)."""
         self._confirm_written(wait=True)  # a sink is read by one thread at a time
@@ -458,7 +638,10 @@ class Pipeline:
         next BOOTSTRAP, and rows written at a version no BOOTSTRAP will announce again still decode."""
         self._schemas_refreshed = time.monotonic()
         self._confirm_written(wait=True)  # a sink is read by one thread at a time
+        recorded = self.state.schemas.learned == self._recorded_schemas
         for sink in self.sinks:
             snapshot = sink.recorded_schema_snapshot()
             if snapshot:
                 self.state.learn_schemas(snapshot_schemas(snapshot))
+        if recorded or self._recorded_schemas < 0:  # what it knows now is what the sinks hold
+            self._recorded_schemas = self.state.schemas.learned

@@ -22,6 +22,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("consumer.progress")
 
 
+_TOTALS = {
+    "verified_images": "Row images whose checksum matched",
+    "integrity_failures": "Rows set aside: checksum mismatch or TiCDC's corrupted flag",
+    "claim_check_fetches": "Claim-check objects fetched",
+    "claim_check_bytes": "Bytes of claim-check objects fetched",
+    "claim_check_seconds": "Time spent fetching claim-checks (with retries)",
+    "upstream_lookups": "Row images of handle-key-only messages read from upstream TiDB",
+}
+
+
 def watermark_lag_seconds(watermark: int | None, now: float | None = None) -> float | None:
     if not watermark:
         return None
@@ -41,8 +51,18 @@ class _Metrics:
         self.lag = Gauge(
             "ticdc_watermark_lag_seconds", "Now minus the watermark's time", registry=self.registry
         )
+        self.totals = {  # counters mirroring a PipelineStats field each
+            name: Counter(f"ticdc_{name}", text, registry=self.registry) for name, text in _TOTALS.items()
+        }
+        self.sink = Counter(
+            "ticdc_sink_operations",
+            "Sink operation counters, e.g. delta-rs MERGE metrics (files scanned/skipped/rewritten, rows)",
+            ["metric"],
+            registry=self.registry,
+        )
         start_http_server(port, registry=self.registry)
-        self._seen: dict[str, int] = {}
+        self._seen: dict[str, float] = {}
+        self._seen_sink: dict[str, int] = {}
 
     def update(self, pipeline: Pipeline) -> None:
         stats, state = pipeline.stats, pipeline.state.stats()
@@ -53,6 +73,13 @@ class _Metrics:
         self._seen["\0records"] = stats.records
         self.dead_letters.inc(stats.dead_letters - self._seen.get("\0dead", 0))
         self._seen["\0dead"] = stats.dead_letters
+        for name, counter in self.totals.items():
+            total = getattr(stats, name)
+            counter.inc(total - self._seen.get(name, 0))
+            self._seen[name] = total
+        for name, value in stats.sink_metrics.items():
+            self.sink.labels(name).inc(value - self._seen_sink.get(name, 0))
+            self._seen_sink[name] = value
         self.held.set(state.held_rows)
         self.watermark.set(state.global_watermark or 0)
         self.lag.set(watermark_lag_seconds(state.global_watermark) or 0)
@@ -103,6 +130,9 @@ class ProgressReporter:
             "held_rows": state.held_rows,
             "waiting_rows": state.waiting_rows,
             "dead_letters": pipeline.stats.dead_letters,
+            "verified_images": pipeline.stats.verified_images,
+            "integrity_failures": pipeline.stats.integrity_failures,
+            "claim_check_fetches": pipeline.stats.claim_check_fetches,
         }
 
     def _table(self, pipeline: Pipeline, rates: dict[str, float]) -> Table:

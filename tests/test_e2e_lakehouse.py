@@ -3,31 +3,29 @@ the simulator's ground truth (mirror) and for duplicates (changelog, by topic/pa
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
 import pytest
-from deltalake import DeltaTable
+from lakehouse_checks import (
+    SESSION_TIMEOUT_S,
+    changelog_duplicates,
+    changelog_rows,
+    ddl_types,
+    start_run,
+    versions,
+)
 
+from consumer.lakehouse.progress import consistent_ts
 from consumer.protocol.codec import MessageEncoder
-from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
+from consumer.simulate.output import produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.delta import consistent_ts, table_paths
 from consumer.testing.broker import EmbeddedBroker
-
-SESSION_TIMEOUT_S = 3
-FAST_GROUP_ENV = {
-    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_S * 1000),
-    "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
-}
 
 
 def _produce(
@@ -41,27 +39,11 @@ def _produce(
 def _run(
     broker: EmbeddedBroker, topic: str, root: Path, group: str, *, wait: bool = True, processes: int = 1
 ) -> subprocess.Popen[str]:
-    """A `run` command; its log goes next to the output, to read when a test fails."""
-    command = [
-        sys.executable,
-        "-m",
-        "consumer",
-        "run",
-        "--source",
-        f"kafka://{broker.bootstrap_servers}/{topic}",
-        "--group",
-        f"{topic}.{group}",  # the broker outlives tests: a group of an earlier test must not interfere
-        "--sink",
-        f"delta:{root}",
-        "--until-idle",
-        "3",
-        "--processes",
-        str(processes),
-    ]
-    env = {**os.environ, **FAST_GROUP_ENV, "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "1000"}
+    """A `run` command; its log goes next to the output, to read when a test fails. The broker outlives
+    tests: a group of an earlier test must not interfere, hence the topic in the group's name."""
     log_path = root.parent / f"{group}-p{processes}-{time.monotonic_ns()}.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    sink = f"delta:{root}"
+    process = start_run(broker.bootstrap_servers, topic, f"{topic}.{group}", sink, log_path, processes)
     if wait:
         assert process.wait(300) == 0, log_path.read_text()[-3000:]
     return process
@@ -88,23 +70,6 @@ def _mirror_state(root: Path, workload: Workload) -> dict[str, Any]:
     return delta_mirror_state(root, (table.schema for table in workload.tables))
 
 
-def _changelog_duplicates(root: Path) -> int:
-    duplicates = 0
-    for path in table_paths(root, include_ddl_log=False):
-        if path.name != "changelog":
-            continue
-        keys = DeltaTable(str(path)).to_pyarrow_table(
-            columns=["_topic", "_partition", "_offset", "_change_type"]
-        )
-        grouped = keys.group_by(keys.column_names).aggregate([([], "count_all")])
-        duplicates += pc.sum(pc.subtract(grouped["count_all"], 1)).as_py() or 0
-    return duplicates
-
-
-def _ddl_types(root: Path) -> set[str]:
-    return set(DeltaTable(str(root / "_ddl")).to_pyarrow_table(columns=["type"])["type"].to_pylist())
-
-
 @pytest.mark.parametrize(
     ("encoding", "compression"), [("json", "none"), ("avro", "none"), ("json", "lz4"), ("avro", "snappy")]
 )
@@ -116,8 +81,8 @@ def test_mirror_equals_ground_truth_through_every_ddl_type(
     truth = write_ground_truth(workload, tmp_path / "truth.json")
     _run(kafka_broker, topic, tmp_path / "lake", "lake")
     assert differences(_mirror_state(tmp_path / "lake", workload), truth) == []
-    assert _changelog_duplicates(tmp_path / "lake") == 0
-    assert _ddl_types(tmp_path / "lake") == {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
+    assert changelog_duplicates(tmp_path / "lake") == 0
+    assert ddl_types(tmp_path / "lake") == {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
     assert consistent_ts(tmp_path / "lake") == workload.last_watermark
 
 
@@ -137,12 +102,12 @@ def test_sigkill_at_several_points_then_restart_ends_exact(
     # the last killed member keeps its partitions until its session expires; a restart joining before
     # that owns only the others and, with --until-idle, would stop without them
     time.sleep(SESSION_TIMEOUT_S + 1.5)
-    # a partition the killed runs applied to its end has no WATERMARK after the resume offset: TiCDC's
-    # periodic checkpoint broadcast supplies one
-    with WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic):
-        _run(kafka_broker, topic, root, "killed")
+    # a partition the killed runs applied to its end has no WATERMARK after the resume offset: the
+    # watermark recorded with its progress resolves it (no TiCDC heartbeat is produced here)
+    _run(kafka_broker, topic, root, "killed")
     assert differences(_mirror_state(root, workload), truth) == []
-    assert _changelog_duplicates(root) == 0
+    assert changelog_duplicates(root) == 0
+    assert consistent_ts(root) == workload.last_watermark
 
 
 @pytest.mark.slow
@@ -157,19 +122,14 @@ def test_three_members_of_one_group_equal_one_process(
     workload = _produce(kafka_broker, topic, rows=9000, partitions=6, dispatch="primary-key")
     truth = write_ground_truth(workload, tmp_path / "truth.json")
     single, shared = tmp_path / "single", tmp_path / "shared"
-    with WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic):
-        _run(kafka_broker, topic, single, "single")
-        members = [
-            _run(kafka_broker, topic, shared, "trio", wait=False, processes=2),
-            _run(kafka_broker, topic, shared, "trio", wait=False),
-        ]
-        for member in members:
-            assert member.wait(300) == 0
-    written = sum(
-        DeltaTable(str(path)).to_pyarrow_dataset().count_rows()
-        for path in table_paths(shared, include_ddl_log=False)
-        if path.name == "changelog"
-    )
+    _run(kafka_broker, topic, single, "single")
+    members = [
+        _run(kafka_broker, topic, shared, "trio", wait=False, processes=2),
+        _run(kafka_broker, topic, shared, "trio", wait=False),
+    ]
+    for member in members:
+        assert member.wait(300) == 0
+    written = changelog_rows(shared)
     pair, alone = _newest_log(tmp_path, "trio", 2), _newest_log(tmp_path, "trio", 1)
     assert 2 in _assignment_sizes(pair)  # its own member held a third of the 6 partitions: 3 members
     # every row was applied by one of the commands, whose summaries add up their members (a rebalance may
@@ -178,4 +138,8 @@ def test_three_members_of_one_group_equal_one_process(
     assert differences(_mirror_state(single, workload), truth) == []
     assert differences(_mirror_state(shared, workload), truth) == []
     assert _mirror_state(shared, workload) == _mirror_state(single, workload)
-    assert _changelog_duplicates(shared) == 0
+    assert changelog_duplicates(shared) == 0
+    assert consistent_ts(shared) == workload.last_watermark  # exact with three members
+    written = versions(shared)
+    _run(kafka_broker, topic, shared, "trio")  # the group again: it resumes at the end, commits nothing
+    assert versions(shared) == written

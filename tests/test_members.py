@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,6 +85,11 @@ def test_several_processes_decode_in_their_loops_unless_told_otherwise() -> None
         ({"budget": {"processes": 0}}, "at least one process"),
         ({"budget": {"processes": 2}, "source": {"url": "file:/x.jsonl"}}, "needs a Kafka source"),
         ({"budget": {"processes": 2}, "sink": {"url": "parquet:/lake"}}, "one writer per root"),
+        (
+            {"budget": {"processes": 2}, "sink": {"url": "delta:s3://b/lake", "allow_unsafe_commits": True}},
+            "processes must be 1",
+        ),
+        ({"sink": {"url": "jsonl:s3://b/out"}}, "local directory"),
     ],
 )
 def test_processes_the_source_or_sink_cannot_share_are_refused(overrides: dict, words: str) -> None:
@@ -92,3 +98,19 @@ def test_processes_the_source_or_sink_cannot_share_are_refused(overrides: dict, 
         layered[section] = {**layered.get(section, {}), **values}
     with pytest.raises(ConfigError, match=words):
         load_config(environ={}, overrides=layered)
+
+
+def test_sink_storage_options_come_from_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(
+        '[source]\nurl = "kafka://b:9092/t"\n'
+        '[sink]\nurl = "delta:s3://bucket/lake"\ntarget_file_size = 2097152\n'
+        '[sink.storage_options]\nAWS_REGION = "eu-west-1"\nAWS_ENDPOINT_URL = "http://127.0.0.1:9000"\n'
+    )
+    sink = load_config(path, environ={}).sink
+    assert sink.storage_options == {"AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}
+    assert (sink.url, sink.target_file_size, sink.allow_unsafe_commits) == (
+        "delta:s3://bucket/lake",
+        2097152,
+        False,
+    )

@@ -1,5 +1,5 @@
-"""The Delta sink on real Delta tables: exactly-once changelog, mirror MERGE rules, DDLs, recorded progress,
-and concurrent writers."""
+"""The Delta sink on real Delta tables: exactly-once changelog, pure mirrors (MERGE rules, deletes a lagging
+member cannot undo, key-range MERGEs), DDLs as catalog commits, recorded progress, and concurrent writers."""
 
 from __future__ import annotations
 
@@ -7,21 +7,25 @@ import datetime as dt
 import logging
 import multiprocessing
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pyarrow as pa
+import pyarrow.dataset as pads
 import pytest
 from deltalake import DeltaTable
 
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.errors import RecordLocation, SinkError
+from consumer.lakehouse.catalog import Catalog
+from consumer.lakehouse.progress import consistent_ts
+from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.tables import read_changelog, read_mirror, table_uri, tables
 from consumer.protocol.model import DDL, Column, DataType, DDLType, DMLType, Index, RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
-from consumer.sinks.delta import DeltaSink, consistent_ts, dropped_at, live_mirror
-from consumer.sinks.layout import table_dir
+from consumer.sinks.delta import DeltaSink
 from consumer.testing.messages import raw_dml
 
 TS = 449512873440575500
@@ -44,8 +48,7 @@ CONTEXT = CommitContext(group="g", resume_offsets={("t", 0): 3}, resolved_ts=TS,
 def _raw(
     kind: DMLType, ts: int, data: dict | None = None, old: dict | None = None, schema: TableSchema = SCHEMA
 ) -> RawDML:
-    raw = raw_dml(schema, kind, data, old, commit_ts=ts)
-    return raw
+    return raw_dml(schema, kind, data, old, commit_ts=ts)
 
 
 def _changes(rows: list[tuple[RawDML, int, int]], schema: TableSchema = SCHEMA) -> TableChanges:
@@ -83,16 +86,31 @@ def _evolved(version: int, *columns: Column, table: str = "orders") -> TableSche
 
 
 # -- reading results -----------------------------------------------------------------------------------
-def _rows(path: Path) -> list[dict[str, Any]]:
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+def _plain(uri: str | Path) -> list[dict[str, Any]]:
+    """A Delta table's rows as any Delta reader sees them: the files its log lists, nothing filtered."""
+    table = DeltaTable(str(uri))
+    return (
+        pads.dataset(table.file_uris(), schema=pa.schema(table.schema().to_arrow()), format="parquet")
+        .to_table()
+        .to_pylist()
+    )
+
+
+def _uri(root: Path, table: str = "orders", kind: str = "mirror") -> str:
+    uri = table_uri(root, "shop", table, kind)  # type: ignore[arg-type]
+    assert uri is not None, f"no live table shop.{table}"
+    return uri
 
 
 def _mirror(root: Path, table: str = "orders") -> dict[int, dict[str, Any]]:
-    return {row["id"]: row for row in live_mirror(root / "shop" / table / "mirror").to_pylist()}
+    mirror = read_mirror(root, "shop", table)
+    return {} if mirror is None else {row["id"]: row for row in mirror.to_pylist()}
 
 
 def _changelog(root: Path, table: str = "orders") -> list[dict[str, Any]]:
-    return sorted(_rows(root / "shop" / table / "changelog"), key=lambda r: (r["_partition"], r["_offset"]))
+    changelog = read_changelog(root, "shop", table)
+    assert changelog is not None
+    return sorted(changelog.to_pylist(), key=lambda r: (r["_partition"], r["_offset"]))
 
 
 # -- changelog -----------------------------------------------------------------------------------------
@@ -100,7 +118,7 @@ def test_changelog_appends_once_and_a_replay_adds_nothing(tmp_path: Path) -> Non
     sink = DeltaSink(tmp_path, mode="changelog")
     first = _changes([_insert(1, TS, 0), _insert(2, TS, 1), _insert(3, TS, 0, partition=1)])
     sink.write(first, CONTEXT)
-    table = DeltaTable(str(tmp_path / "shop/orders/changelog"))
+    table = DeltaTable(_uri(tmp_path, kind="changelog"))
     assert table.transaction_version("ticdc:g:t:0") == 2 and table.transaction_version("ticdc:g:t:1") == 1
 
     sink.write(first, CONTEXT)  # a replay after a crash: nothing new
@@ -115,17 +133,17 @@ def test_changelog_appends_once_and_a_replay_adds_nothing(tmp_path: Path) -> Non
         (0, 2, "update_postimage"),
         (1, 0, "insert"),
     ]
-    assert DeltaTable(str(tmp_path / "shop/orders/changelog")).version() == 1  # the replay never committed
-    assert not (tmp_path / "shop/orders/mirror").exists()
+    assert DeltaTable(_uri(tmp_path, kind="changelog")).version() == 1  # the replay never committed
+    assert read_mirror(tmp_path, "shop", "orders") is None
+    assert _uri(tmp_path, kind="changelog") == str(tmp_path / "shop/orders/changelog")  # the first location
 
 
-def test_every_commit_records_the_context(tmp_path: Path) -> None:
+def test_every_commit_records_its_group_and_watermark(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
     sink.write(_changes([_insert(1, TS, 0)]), CONTEXT)
     for kind in ("changelog", "mirror"):
-        info = DeltaTable(str(tmp_path / "shop/orders" / kind)).history(1)[0]
+        info = DeltaTable(_uri(tmp_path, kind=kind)).history(1)[0]
         assert info["ticdc.group"] == "g" and info["ticdc.resolved_ts"] == str(TS)
-        assert info["ticdc.resume_offsets"] == '{"t:0": 3}' and info["ticdc.schema_cache"] == "Y2FjaGUtMQ=="
 
 
 def test_time_columns_are_stored_as_microseconds(tmp_path: Path) -> None:
@@ -134,8 +152,7 @@ def test_time_columns_are_stored_as_microseconds(tmp_path: Path) -> None:
     sink.write(
         _changes([_insert(1, TS, 0, schema=schema, took=dt.timedelta(hours=-2, seconds=1))], schema), CONTEXT
     )
-    mirror = tmp_path / "shop" / "orders" / "mirror"
-    assert DeltaTable(str(mirror)).to_pyarrow_table()["took"].to_pylist() == [-7_199_000_000]
+    assert [r["took"] for r in _plain(_uri(tmp_path))] == [-7_199_000_000]
     assert _mirror(tmp_path)[1]["took"] == dt.timedelta(hours=-2, seconds=1)  # given back as a duration
 
 
@@ -158,6 +175,22 @@ def test_mirror_follows_inserts_updates_deletes_and_key_changes(tmp_path: Path) 
     )
 
 
+def test_a_plain_delta_reader_sees_exactly_the_live_rows(tmp_path: Path) -> None:
+    """No tombstones, no flag column: the mirror is the upstream table (plus when each row last changed)."""
+    sink = DeltaSink(tmp_path, mode="mirror")
+    sink.write(_changes([_insert(k, TS, k) for k in range(1, 6)]), CONTEXT)
+    sink.write(
+        _changes([_delete(2, TS + 1, 6), _delete(4, TS + 1, 7), _update(5, TS + 2, 8, qty=9)]), CONTEXT
+    )
+    rows = sorted(_plain(_uri(tmp_path)), key=lambda r: r["id"])
+    assert [(r["id"], r["qty"]) for r in rows] == [(1, 1), (3, 1), (5, 9)]
+    assert set(rows[0]) == {"id", "name", "qty", "_commit_ts", "_schema_version"}
+    deletes = sorted(
+        (r["id"], r["_commit_ts"]) for r in _plain(_uri(tmp_path).replace("/mirror", "/deletes"))
+    )
+    assert deletes == [(2, TS + 1), (4, TS + 1)]  # the side table remembers them, outside the mirror
+
+
 def test_mirror_ignores_stale_changes_and_inserts_updates_of_unknown_keys(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path, mode="mirror")
     sink.write(_changes([_update(1, TS + 10, 0, qty=10)]), CONTEXT)  # joined mid-stream: never saw the INSERT
@@ -168,14 +201,59 @@ def test_mirror_ignores_stale_changes_and_inserts_updates_of_unknown_keys(tmp_pa
     assert _mirror(tmp_path) == {}
 
 
+def test_a_lagging_members_older_change_cannot_bring_a_deleted_row_back(tmp_path: Path) -> None:
+    """After a RENAME re-hashes keys, a key's changes move to another partition: the member owning it may
+    delete the row before the member behind applies an older change of the same key."""
+    ahead, behind = DeltaSink(tmp_path, mode="mirror"), DeltaSink(tmp_path, mode="mirror")
+    ahead.write(_changes([_insert(1, TS, 0, partition=1), _insert(2, TS, 1, partition=1)]), CONTEXT)
+    ahead.write(_changes([_delete(1, TS + 10, 2, partition=1)]), CONTEXT)
+    behind.write(_changes([_update(1, TS + 5, 0, qty=5), _update(2, TS + 5, 1, qty=5)]), CONTEXT)
+    behind.write(_changes([_insert(3, TS + 6, 2)]), CONTEXT)
+    assert {k: r["qty"] for k, r in _mirror(tmp_path).items()} == {2: 5, 3: 1}
+    ahead.write(_changes([_insert(1, TS + 20, 3, partition=1)]), CONTEXT)  # a newer insert of the key: back
+    assert sorted(_mirror(tmp_path)) == [1, 2, 3]
+
+
+def test_the_deletes_side_table_is_purged_below_the_consistent_point(tmp_path: Path) -> None:
+    sink = DeltaSink(tmp_path, mode="mirror")
+    sink.write(_changes([_insert(k, TS, k) for k in range(40)]), CONTEXT)
+    sink.record_progress(CommitContext("g", {("t", 0): 60}, TS, b"", applied_ts={("t", 0): TS + 20}))
+    for k in range(32):  # the 32nd commit to the side table purges it
+        sink.write(_changes([_delete(k, TS + 1 + k, 40 + k)]), CONTEXT)
+    deletes = _uri(tmp_path).replace("/mirror", "/deletes")
+    assert sorted(r["id"] for r in _plain(deletes)) == list(range(19, 32))  # deleted at TS + 20 and after
+    assert len(DeltaTable(deletes).file_uris()) == 1
+    assert sorted(_mirror(tmp_path)) == list(range(32, 40))
+
+
 def test_mirror_replay_is_skipped(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path, mode="mirror")
     batch = _changes([_insert(1, TS, 0), _update(1, TS + 1, 1, qty=3)])
     sink.write(batch, CONTEXT)
     sink.write(_changes([_delete(1, TS + 2, 2)]), CONTEXT)
-    sink.write(batch, CONTEXT)  # replayed: the row must not come back (the mirror keeps no tombstones)
+    sink.write(batch, CONTEXT)  # replayed: the row must not come back
     assert _mirror(tmp_path) == {}
-    assert DeltaTable(str(tmp_path / "shop/orders/mirror")).transaction_version("ticdc:g:t:0") == 3
+    assert DeltaTable(_uri(tmp_path)).transaction_version("ticdc:g:t:0") == 3
+
+
+def test_a_merge_reads_and_rewrites_only_the_files_holding_its_keys(tmp_path: Path) -> None:
+    sink = DeltaSink(tmp_path, mode="mirror", target_file_size=4096)
+    for batch in range(8):  # sorted inserts: each MERGE adds files of its own key range
+        sink.write(
+            _changes([_insert(batch * 500 + k, TS + batch, batch * 500 + k) for k in range(500)]), CONTEXT
+        )
+    files = len(DeltaTable(_uri(tmp_path)).file_uris())
+    before = sink.operation_metrics()
+    sink.write(_changes([_update(k, TS + 100, 4000 + k, qty=7) for k in (3998, 3999)]), CONTEXT)
+    merged = {k: v - before[k] for k, v in sink.operation_metrics().items()}
+    assert files >= 8 and merged["merges"] == 1 and merged["num_target_rows_updated"] == 2
+    assert (
+        merged["num_target_files_removed"] <= 2
+        and merged["num_target_files_skipped_during_scan"] >= files - 2
+    )
+    assert merged["num_output_rows"] < 4000 / files * 3  # a file or two rewritten, not the table
+    assert {k: r["qty"] for k, r in _mirror(tmp_path).items() if k >= 3998} == {3998: 7, 3999: 7}
+    assert len(_mirror(tmp_path)) == 4000
 
 
 def test_table_without_key_gets_a_changelog_and_one_warning(
@@ -186,7 +264,7 @@ def test_table_without_key_gets_a_changelog_and_one_warning(
     with caplog.at_level(logging.WARNING, "consumer.sinks.delta"):
         sink.write(_changes([_insert(1, TS, 0, schema=schema)], schema), CONTEXT)
         sink.write(_changes([_insert(2, TS, 1, schema=schema)], schema), CONTEXT)
-    assert len(_changelog(tmp_path)) == 2 and not (tmp_path / "shop/orders/mirror").exists()
+    assert len(_changelog(tmp_path)) == 2 and read_mirror(tmp_path, "shop", "orders") is None
     assert [r.getMessage() for r in caplog.records] == [
         "shop.orders has no primary key or NOT NULL unique index: no mirror, changelog only"
     ]
@@ -199,9 +277,11 @@ def test_add_column_evolves_both_tables_and_earlier_rows_are_null(tmp_path: Path
     v6 = _evolved(6, *SCHEMA.columns, Column("note", DataType("varchar", "utf8mb4", "utf8mb4_bin", length=8)))
     add = _ddl(DDLType.ALTER, "ALTER TABLE orders ADD COLUMN note varchar(8)", TS + 1, v6)
     sink.apply_ddl(add, CONTEXT)
+    versions = [DeltaTable(_uri(tmp_path, kind=kind)).version() for kind in ("changelog", "mirror")]
     sink.apply_ddl(add, CONTEXT)  # a replay changes nothing
+    assert [DeltaTable(_uri(tmp_path, kind=kind)).version() for kind in ("changelog", "mirror")] == versions
     for kind in ("changelog", "mirror"):
-        assert "note" in DeltaTable(str(tmp_path / "shop/orders" / kind)).schema().to_arrow().names
+        assert "note" in DeltaTable(_uri(tmp_path, kind=kind)).schema().to_arrow().names
     sink.write(_changes([_insert(2, TS + 2, 1, schema=v6, note="hi")], v6), CONTEXT)
     assert [(r["id"], r["note"]) for r in _changelog(tmp_path)] == [(1, None), (2, "hi")]
     assert {k: r["note"] for k, r in _mirror(tmp_path).items()} == {1: None, 2: "hi"}
@@ -217,8 +297,6 @@ def test_drop_column_keeps_it_in_delta_and_null_from_then_on(tmp_path: Path) -> 
     changelog = [(r["id"], r["_change_type"], r["qty"]) for r in _changelog(tmp_path)]
     assert changelog == [(1, "insert", 4), (3, "insert", 1), (3, "delete", 1), (2, "insert", None)]  # history
     assert {k: r["qty"] for k, r in _mirror(tmp_path).items()} == {1: None, 2: None}  # the column is gone
-    tombstone = DeltaTable(str(tmp_path / "shop/orders/mirror")).to_pyarrow_table(filters=[("id", "=", 3)])
-    assert tombstone["_deleted"].to_pylist() == [True]  # not mistaken for a dropped user column
 
 
 def test_widening_modify_keeps_the_delta_type_while_values_fit(tmp_path: Path) -> None:
@@ -256,7 +334,7 @@ def test_modify_to_a_type_without_a_cast_fails_at_the_ddl(tmp_path: Path) -> Non
 
 
 def test_truncate_empties_the_mirror_and_keeps_the_changelog(tmp_path: Path) -> None:
-    sink = DeltaSink(tmp_path)
+    sink, behind = DeltaSink(tmp_path), DeltaSink(tmp_path)
     sink.write(_changes([_insert(1, TS, 0), _insert(2, TS, 1)]), CONTEXT)
     truncate = _ddl(
         DDLType.TRUNCATE, "TRUNCATE TABLE orders", TS + 1, msgspec.structs.replace(SCHEMA, table_id=2)
@@ -264,46 +342,74 @@ def test_truncate_empties_the_mirror_and_keeps_the_changelog(tmp_path: Path) -> 
     sink.apply_ddl(truncate, CONTEXT)
     sink.write(_changes([_insert(1, TS + 2, 2)]), CONTEXT)
     sink.apply_ddl(truncate, CONTEXT)  # a replay keeps the newer row
-    assert list(_mirror(tmp_path)) == [1] and len(_changelog(tmp_path)) == 3
+    behind.write(_changes([_insert(3, TS, 0, partition=1)]), CONTEXT)  # a lagging member's older row
+    assert list(_mirror(tmp_path)) == [1] and len(_changelog(tmp_path)) == 4
+    assert Catalog(LakeRoot.of(tmp_path)).current(("shop", "orders")).truncated_ts == TS + 1  # type: ignore[union-attr]
 
 
-def test_drop_table_empties_and_marks_then_create_starts_fresh(tmp_path: Path) -> None:
+def test_truncate_of_a_table_never_written_keeps_older_rows_out(tmp_path: Path) -> None:
+    DeltaSink(tmp_path).apply_ddl(_ddl(DDLType.TRUNCATE, "TRUNCATE TABLE orders", TS + 5), CONTEXT)
+    DeltaSink(tmp_path).write(_changes([_insert(1, TS, 0), _insert(2, TS + 6, 1)]), CONTEXT)
+    assert list(_mirror(tmp_path)) == [2]
+
+
+def test_drop_table_empties_it_then_create_starts_a_new_table(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
     sink.write(_changes([_insert(1, TS, 0)]), CONTEXT)
     sink.apply_ddl(_ddl(DDLType.ERASE, "DROP TABLE orders", TS + 1), CONTEXT)
-    assert _mirror(tmp_path) == {}
-    for kind in ("changelog", "mirror"):
-        assert dropped_at(DeltaTable(str(tmp_path / "shop/orders" / kind))) == TS + 1
-    assert consistent_ts(tmp_path) is None  # dropped tables do not hold the watermark back
+    assert table_uri(tmp_path, "shop", "orders") is None  # no live table of that name
+    assert (
+        _plain(tmp_path / "shop/orders/mirror") == [] and len(_plain(tmp_path / "shop/orders/changelog")) == 1
+    )
+    DeltaSink(tmp_path).write(_changes([_insert(2, TS, 1, partition=1)]), CONTEXT)  # a lagging member's row
+    assert _plain(tmp_path / "shop/orders/mirror") == []  # the dropped table stays empty
 
     recreated = msgspec.structs.replace(SCHEMA, table_id=9, version=7)
-    sink.apply_ddl(
-        _ddl(DDLType.CREATE, "CREATE TABLE orders (id bigint primary key)", TS + 2, recreated), CONTEXT
-    )
-    retired = tmp_path / "shop" / f"orders@dropped-{TS + 1}"
-    assert len(_rows(retired / "changelog")) == 1 and not (tmp_path / "shop/orders").exists()
+    create = _ddl(DDLType.CREATE, "CREATE TABLE orders (id bigint primary key)", TS + 2, recreated)
+    sink.apply_ddl(create, CONTEXT)
     sink.write(_changes([_insert(5, TS + 3, 1, schema=recreated)], recreated), CONTEXT)
-    assert (
-        list(_mirror(tmp_path)) == [5]
-        and dropped_at(DeltaTable(str(tmp_path / "shop/orders/mirror"))) is None
-    )
+    sink.apply_ddl(create, CONTEXT)  # a replay
+    assert _uri(tmp_path) == str(tmp_path / "shop/orders@2/mirror") and list(_mirror(tmp_path)) == [5]
+    entries = {e.location: (e.created_ts, e.dropped_ts) for e in tables(tmp_path)}
+    assert entries == {"shop/orders": (0, TS + 1), "shop/orders@2": (TS + 2, None)}
 
 
-def test_rename_moves_the_tables_and_later_changes_continue_them(tmp_path: Path) -> None:
+def test_rename_gives_the_table_its_new_name_and_nothing_moves(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
     sink.write(_changes([_insert(1, TS, 0)]), CONTEXT)
     renamed = _evolved(5, *SCHEMA.columns, table="orders v2")
     rename = _ddl(DDLType.RENAME, "RENAME TABLE `shop`.`orders` TO `shop`.`orders v2`", TS + 1, renamed)
     sink.apply_ddl(rename, CONTEXT)
     sink.apply_ddl(rename, CONTEXT)  # a replay is a no-op
-    assert not (tmp_path / "shop/orders").exists() and (tmp_path / "shop/orders~20v2/mirror").is_dir()
-    moved = DeltaTable(str(tmp_path / "shop/orders~20v2/changelog"))
-    assert moved.transaction_version("ticdc:g:t:0") == 1  # same table: its history came along
+    assert table_uri(tmp_path, "shop", "orders") is None
+    assert _uri(tmp_path, "orders v2") == str(tmp_path / "shop/orders/mirror")  # the same table
     sink.write(
         _changes([_insert(1, TS, 0, schema=renamed), _insert(2, TS + 2, 1, schema=renamed)], renamed), CONTEXT
     )
-    assert sorted(_mirror(tmp_path, "orders~20v2")) == [1, 2]
-    assert [r["_offset"] for r in _changelog(tmp_path, "orders~20v2")] == [0, 1]
+    DeltaSink(tmp_path).write(_changes([_insert(3, TS, 0, partition=1)]), CONTEXT)  # old name, older: follows
+    assert sorted(_mirror(tmp_path, "orders v2")) == [1, 2, 3]
+    assert [(r["_partition"], r["_offset"]) for r in _changelog(tmp_path, "orders v2")] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+    ]
+    (entry,) = tables(tmp_path)
+    assert [(p.since_ts, p.table) for p in entry.names] == [(0, "orders"), (TS + 1, "orders v2")]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "RENAME TABLE orders TO orders2",
+        "rename table `shop`.`orders` to `orders2`",
+        "RENAME TABLE shop.orders TO x",
+    ],
+)
+def test_rename_reads_bare_quoted_and_qualified_names(tmp_path: Path, sql: str) -> None:
+    sink = DeltaSink(tmp_path)
+    sink.write(_changes([_insert(1, TS, 0)]), CONTEXT)
+    sink.apply_ddl(_ddl(DDLType.RENAME, sql, TS + 1, _evolved(5, *SCHEMA.columns, table="orders2")), CONTEXT)
+    assert sorted(_mirror(tmp_path, "orders2")) == [1]
 
 
 def test_two_members_applying_one_rename_at_once_both_succeed(tmp_path: Path) -> None:
@@ -327,34 +433,12 @@ def test_two_members_applying_one_rename_at_once_both_succeed(tmp_path: Path) ->
     for thread in threads:
         thread.join()
     assert errors == []
-    assert not (tmp_path / "shop/orders").exists()
+    assert table_uri(tmp_path, "shop", "orders") is None
     assert sorted(_mirror(tmp_path, "orders2")) == [1]
+    assert [len(e.names) for e in tables(tmp_path)] == [2]
 
 
-def test_a_write_in_flight_holds_a_rename_back(tmp_path: Path, monkeypatch: Any) -> None:
-    """A directory moved under a commit in flight would re-create the old name around the new file."""
-    writer, renamer = DeltaSink(tmp_path), DeltaSink(tmp_path)
-    writer.write(_changes([_insert(1, TS, 0)]), CONTEXT)
-    renamed = _evolved(5, *SCHEMA.columns, table="orders2")
-    rename = _ddl(DDLType.RENAME, "RENAME TABLE `orders` TO `orders2`", TS + 3, renamed)
-    writing, renaming = threading.Event(), threading.Thread(target=renamer.apply_ddl, args=(rename, CONTEXT))
-    append = writer._append_changelog
-
-    def slow_append(path: Path, changelog: Any, context: CommitContext) -> None:
-        writing.set()
-        time.sleep(0.5)  # the RENAME is attempted meanwhile
-        append(path, changelog, context)
-
-    monkeypatch.setattr(writer, "_append_changelog", slow_append)
-    threading.Thread(target=lambda: (writing.wait(), renaming.start())).start()
-    writer.write(_changes([_insert(2, TS + 1, 1)]), CONTEXT)
-    renaming.join()
-    assert not (tmp_path / "shop/orders").exists()  # moved after the write, not around it
-    assert [r["_offset"] for r in _changelog(tmp_path, "orders2")] == [0, 1]
-    assert sorted(_mirror(tmp_path, "orders2")) == [1, 2]
-
-
-def test_a_member_behind_a_rename_applies_older_ddls_where_the_table_moved(tmp_path: Path) -> None:
+def test_a_member_behind_a_rename_applies_older_ddls_to_the_renamed_table(tmp_path: Path) -> None:
     ahead, behind = DeltaSink(tmp_path), DeltaSink(tmp_path)
     ahead.write(_changes([_insert(1, TS, 0), _insert(2, TS, 1)]), CONTEXT)
     renamed = _evolved(5, *SCHEMA.columns, table="orders2")
@@ -364,9 +448,9 @@ def test_a_member_behind_a_rename_applies_older_ddls_where_the_table_moved(tmp_p
         _ddl(DDLType.ALTER, "ALTER TABLE orders ADD COLUMN note varchar(8)", TS + 1, v6), CONTEXT
     )
     behind.apply_ddl(_ddl(DDLType.TRUNCATE, "TRUNCATE TABLE orders", TS + 2), CONTEXT)
-    assert not (tmp_path / "shop/orders").exists()  # nothing was re-created under the old name
+    assert table_uri(tmp_path, "shop", "orders") is None  # nothing was created under the old name
     for kind in ("changelog", "mirror"):
-        assert "note" in DeltaTable(str(tmp_path / "shop/orders2" / kind)).schema().to_arrow().names
+        assert "note" in DeltaTable(_uri(tmp_path, "orders2", kind)).schema().to_arrow().names
     assert _mirror(tmp_path, "orders2") == {} and len(_changelog(tmp_path, "orders2")) == 2
 
 
@@ -389,33 +473,44 @@ def test_every_ddl_is_logged_once(tmp_path: Path) -> None:
     ]
     for event in [*events, *events]:
         sink.apply_ddl(event, CONTEXT)
-    logged = sorted(_rows(tmp_path / "_ddl"), key=lambda r: r["commit_ts"])
+    logged = sorted(_plain(tmp_path / "_ddl"), key=lambda r: r["commit_ts"])
     assert [(r["type"], r["database"], r["table"], r["schema_version"]) for r in logged] == [
         ("CREATE", None, None, None),
         ("CINDEX", "shop", "orders", 5),
         ("DINDEX", "shop", "orders", 5),
         ("QUERY", "shop", "orders", 5),
     ]
-    assert not (tmp_path / "shop").exists()  # only logged
+    assert tables(tmp_path) == [] and not (tmp_path / "shop").exists()  # only logged
 
 
 # -- recorded progress ---------------------------------------------------------------------------------
-def test_recorded_offsets_snapshot_and_consistent_ts_round_trip(tmp_path: Path) -> None:
+def test_recorded_progress_round_trips_and_gives_the_consistent_point(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
-    other = _evolved(5, *SCHEMA.columns, table="other")
-    sink.write(_changes([_insert(1, TS, 0)]), CONTEXT)
-    later = CommitContext(
-        group="g", resume_offsets={("t", 0): 2, ("t", 1): 8}, resolved_ts=TS + 9, schema_snapshot=b"cache-2"
+    assert sink.recorded_offsets("g") == {} and sink.recorded_schema_snapshot() is None
+    sink.record_progress(
+        CommitContext(
+            "g", {("t", 0): 3, ("t", 1): 8}, TS + 9, b"", applied_ts={("t", 0): TS + 4, ("t", 1): TS + 9}
+        )
     )
-    sink.write(_changes([_insert(1, TS, 1, schema=other)], other), later)
-    sink.apply_ddl(_ddl(DDLType.CINDEX, "CREATE INDEX i ON orders (qty)", TS + 1, None), later)
+    other_member = DeltaSink(tmp_path)  # a member behind: its older facts do not move anything back
+    other_member.record_progress(CommitContext("g", {("t", 0): 2}, TS, b"", applied_ts={("t", 0): TS + 1}))
 
     reopened = DeltaSink(tmp_path)
-    assert reopened.recorded_offsets("g") == {("t", 0): 3, ("t", 1): 8}  # the max per partition
+    assert reopened.recorded_offsets("g") == {("t", 0): 3, ("t", 1): 8}
+    assert reopened.recorded_watermarks("g") == {("t", 0): TS + 4, ("t", 1): TS + 9}
     assert reopened.recorded_offsets("another group") == {}
-    assert reopened.recorded_schema_snapshot() == b"cache-2"
-    assert consistent_ts(tmp_path) == TS  # "orders" was last written at TS
-    assert DeltaSink(tmp_path / "empty").recorded_schema_snapshot() is None
+    assert consistent_ts(LakeRoot.of(tmp_path)) == TS + 4  # the partition furthest behind
+    assert consistent_ts(LakeRoot.of(tmp_path), "another group") is None
+
+
+def test_schema_snapshots_of_every_member_are_merged(tmp_path: Path) -> None:
+    first, second = (msgspec.msgpack.encode([schema]) for schema in (SCHEMA, _evolved(6, *SCHEMA.columns)))
+    DeltaSink(tmp_path).record_progress(CommitContext("g", {("t", 0): 1}, TS, first))
+    DeltaSink(tmp_path).record_progress(CommitContext("g", {("t", 1): 1}, TS, second))
+    merged = msgspec.msgpack.decode(
+        DeltaSink(tmp_path).recorded_schema_snapshot() or b"", type=list[TableSchema]
+    )
+    assert sorted(schema.version for schema in merged) == [5, 6]
 
 
 # -- concurrency ---------------------------------------------------------------------------------------
@@ -435,8 +530,8 @@ class _Conflicts(logging.Handler):
 def _member(root: str, partition: int, start: Any, conflicts: Any) -> None:
     """A consumer-group member in its own process, owning one partition and writing the shared table."""
     counter = _Conflicts()
-    logging.getLogger("consumer.sinks.delta").addHandler(counter)
-    logging.getLogger("consumer.sinks.delta").setLevel(logging.INFO)
+    logging.getLogger("consumer.lakehouse.storage").addHandler(counter)
+    logging.getLogger("consumer.lakehouse.storage").setLevel(logging.INFO)
     sink = DeltaSink(root, max_commit_retries=60, retry_backoff=0.02)
     context = CommitContext(group="g", resume_offsets={("t", partition): 0}, resolved_ts=TS)
     batches = [
@@ -464,6 +559,7 @@ def test_concurrent_members_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     written = [(r["_partition"], r["_offset"]) for r in _changelog(tmp_path)]
     assert written == [(p, o) for p in (0, 1) for o in range(BATCHES * ROWS)]
     assert sorted(_mirror(tmp_path)) == [p * 1000 + o for p in (0, 1) for o in range(BATCHES * ROWS)]
+    assert [e.location for e in tables(tmp_path)] == ["shop/orders"]  # registered once
 
 
 def test_user_columns_named_like_metadata_land_in_changelog_and_mirror(tmp_path: Path) -> None:
@@ -490,14 +586,17 @@ def test_user_columns_named_like_metadata_land_in_changelog_and_mirror(tmp_path:
     )
     sink.write(_changes([(delete, 0, 12)], odd), CONTEXT)
 
-    where = table_dir(tmp_path, "shop", "odd `t` é")
-    changelog = sorted(_rows(where / "changelog"), key=lambda r: r["_offset"])
-    assert [(r["_offset"], r["__offset"], r["__deleted"], r["__commit_ts"]) for r in changelog] == [
+    changelog = read_changelog(tmp_path, "shop", "odd `t` é")
+    assert changelog is not None
+    rows = sorted(changelog.to_pylist(), key=lambda r: r["_offset"])
+    assert [(r["_offset"], r["__offset"], r["__deleted"], r["__commit_ts"]) for r in rows] == [
         (10, 7, "no", 3),
         (11, 8, "no", 3),
         (12, 8, "no", 3),
     ]
-    mirror = live_mirror(where / "mirror").to_pylist()
+    mirror = read_mirror(tmp_path, "shop", "odd `t` é")
+    assert mirror is not None
     assert [
-        (r["__offset"], r["__deleted"], r["__commit_ts"], r["a b`c"], r["_commit_ts"]) for r in mirror
+        (r["__offset"], r["__deleted"], r["__commit_ts"], r["a b`c"], r["_commit_ts"])
+        for r in mirror.to_pylist()
     ] == [(7, "no", 3, 4, TS)]

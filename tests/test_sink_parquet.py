@@ -1,4 +1,5 @@
-"""The Parquet changelog sink: manifest-committed files, idempotent replays, crash recovery, DDLs."""
+"""The Parquet changelog sink: manifest-committed files, idempotent replays, crash recovery, DDLs through the
+shared lakehouse catalog and log."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ from typing import Any
 
 import msgspec
 import pytest
+from pyarrow.fs import LocalFileSystem
 from pyspark.sql import DataFrame, SparkSession
 
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.errors import RecordLocation, SinkError
+from consumer.lakehouse.tables import table_uri
 from consumer.protocol.model import DDL, Column, DataType, DDLType, DMLType, Index, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.simulate.workload import _ALL_TYPES_COLUMNS, _random_value
 from consumer.sinks.base import CommitContext, DDLEvent
-from consumer.sinks.parquet import ParquetSink, read_progress
+from consumer.sinks.parquet import ParquetSink, read_manifest
 from consumer.spark.frames import spark_schema
 from consumer.spark.readers import read_changelog, read_ddl_log
 from consumer.testing.messages import raw_dml
@@ -74,7 +77,7 @@ def ddl_event(kind: DDLType, sql: str, schema: TableSchema, commit_ts: int) -> D
 
 
 def test_reader_returns_exactly_the_written_changelog(spark: SparkSession, tmp_path: Path) -> None:
-    sink = ParquetSink(tmp_path, spark)
+    sink = ParquetSink(tmp_path)
     first = batch(
         ORDERS,
         [
@@ -89,19 +92,18 @@ def test_reader_returns_exactly_the_written_changelog(spark: SparkSession, tmp_p
     frame = read_changelog(spark, tmp_path, "shop", "orders", format="parquet")
     assert rows_of(frame) == expected(first, second)
     assert [f.name for f in frame.schema.fields] == first.changelog.column_names
-    progress = read_progress(tmp_path / "shop" / "orders" / "changelog")
-    assert progress is not None and len(progress.files) == 2
-    assert progress.next_offsets == [("cdc", 0, 3), ("cdc", 1, 42)]
-    assert (progress.group, progress.resume_offsets, progress.resolved_ts) == ("g", [("cdc", 0, 3)], TS)
+    manifest = read_manifest(str(tmp_path / "shop" / "orders" / "changelog"), LocalFileSystem())
+    assert manifest is not None and len(manifest.files) == 2
+    assert manifest.next_offsets == [("cdc", 0, 3), ("cdc", 1, 42)]
 
 
 def test_replayed_rows_are_skipped(spark: SparkSession, tmp_path: Path) -> None:
-    sink = ParquetSink(tmp_path, spark)
+    sink = ParquetSink(tmp_path)
     first = batch(ORDERS, inserts(1, 3))
     sink.write(first, CONTEXT)
-    manifest = tmp_path / "shop" / "orders" / "changelog" / "_progress.json"
+    manifest = tmp_path / "shop" / "orders" / "changelog" / "_manifest.json"
     committed = manifest.read_bytes()
-    restarted = ParquetSink(tmp_path, spark)
+    restarted = ParquetSink(tmp_path)
     restarted.write(first, CONTEXT)  # a restarted consumer re-reads the same records
     restarted.write(batch(ORDERS, []), CONTEXT)
     assert manifest.read_bytes() == committed
@@ -114,16 +116,16 @@ def test_replayed_rows_are_skipped(spark: SparkSession, tmp_path: Path) -> None:
 def test_files_of_a_crash_before_the_manifest_are_ignored_then_rewritten(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    sink = ParquetSink(tmp_path, spark)
+    sink = ParquetSink(tmp_path)
     committed = batch(ORDERS, inserts(1, 2))
     sink.write(committed, CONTEXT)
     lost = batch(ORDERS, inserts(3, 2), offset=2)
     directory = tmp_path / "shop" / "orders" / "changelog"
-    orphans = sink._write_files(lost, directory)  # the first commit step only: then the process dies
+    orphans = sink._write_files(lost.changelog, str(directory))  # the first commit step only: then it dies
     assert orphans and all((directory / name).exists() for name in orphans)
     assert rows_of(read_changelog(spark, tmp_path, "shop", "orders", format="parquet")) == expected(committed)
 
-    restarted = ParquetSink(tmp_path, spark)
+    restarted = ParquetSink(tmp_path)
     restarted.write(lost, CONTEXT)  # the replay
     assert not any((directory / name).exists() for name in orphans)
     frame = read_changelog(spark, tmp_path, "shop", "orders", format="parquet")
@@ -131,58 +133,61 @@ def test_files_of_a_crash_before_the_manifest_are_ignored_then_rewritten(
 
 
 def test_recorded_offsets_and_schema_snapshot_survive_a_restart(spark: SparkSession, tmp_path: Path) -> None:
-    sink = ParquetSink(tmp_path, spark)
+    sink = ParquetSink(tmp_path)
     assert sink.recorded_offsets("g") == {} and sink.recorded_schema_snapshot() is None
     # the name would be a glob pattern to Spark if the layout did not escape it
     customers = msgspec.structs.replace(ORDERS, table="customers [eu]*", table_id=2)
     sink.write(batch(ORDERS, inserts(1, 1)), CONTEXT)
-    later = CommitContext("g", {("cdc", 0): 9, ("cdc", 1): 4}, TS + 9, b"v2")
-    sink.write(batch(customers, inserts(1, 1), offset=8), later)
-    restarted = ParquetSink(tmp_path, spark)
+    sink.write(batch(customers, inserts(1, 1), offset=8), CONTEXT)
+    snapshot = msgspec.msgpack.encode([ORDERS, customers])
+    sink.record_progress(CommitContext("g", {("cdc", 0): 9, ("cdc", 1): 4}, TS + 9, snapshot))
+    restarted = ParquetSink(tmp_path)
     assert restarted.recorded_offsets("g") == {("cdc", 0): 9, ("cdc", 1): 4}
     assert restarted.recorded_offsets("other") == {}
-    assert restarted.recorded_schema_snapshot() == b"v2"
+    assert restarted.recorded_schema_snapshot() == snapshot
     assert read_changelog(spark, tmp_path, "shop", "customers [eu]*", format="parquet").count() == 1
 
 
-def test_rename_moves_the_table_and_redirects_its_replayed_rows(spark: SparkSession, tmp_path: Path) -> None:
-    sink = ParquetSink(tmp_path, spark)
+@pytest.mark.parametrize(
+    "sql", ["RENAME TABLE `orders` TO `orders_renamed`", "RENAME TABLE shop.orders TO orders_renamed"]
+)
+def test_rename_renames_the_table_and_its_replayed_rows_follow(
+    spark: SparkSession, tmp_path: Path, sql: str
+) -> None:
+    sink = ParquetSink(tmp_path)
     before = batch(ORDERS, inserts(1, 2))
     sink.write(before, CONTEXT)
     renamed = msgspec.structs.replace(ORDERS, table="orders_renamed")
-    rename = ddl_event(DDLType.RENAME, "RENAME TABLE `orders` TO `orders_renamed`", renamed, TS + 5)
-    renamed_context = CommitContext("g", {("cdc", 0): 6}, TS + 5, b"v3")
-    sink.apply_ddl(rename, renamed_context)
-    assert not (tmp_path / "shop" / "orders").exists()
+    rename = ddl_event(DDLType.RENAME, sql, renamed, TS + 5)
+    sink.apply_ddl(rename, CONTEXT)
+    assert table_uri(tmp_path, "shop", "orders", "changelog") is None  # the old name is gone
     after = batch(renamed, inserts(3, 1), offset=6)
-    sink.write(after, renamed_context)
+    sink.write(after, CONTEXT)
 
-    restarted = ParquetSink(tmp_path, spark)  # replays from before the rename
+    restarted = ParquetSink(tmp_path)  # replays from before the rename
     restarted.write(before, CONTEXT)
     restarted.apply_ddl(rename, CONTEXT)
-    assert not (tmp_path / "shop" / "orders").exists()
     frame = read_changelog(spark, tmp_path, "shop", "orders_renamed", format="parquet")
     assert rows_of(frame) == expected(before, after)
     log = read_ddl_log(spark, tmp_path).collect()
     assert [(r.type, r.database, r.table, r.commit_ts) for r in log] == [
         ("RENAME", "shop", "orders_renamed", TS + 5)
     ]
-    assert restarted.recorded_schema_snapshot() == b"v3"  # the replays committed nothing
 
 
 def test_rename_onto_an_existing_table_is_refused(spark: SparkSession, tmp_path: Path) -> None:
-    sink = ParquetSink(tmp_path, spark)
+    sink = ParquetSink(tmp_path)
     other = msgspec.structs.replace(ORDERS, table="archive", table_id=3)
     sink.write(batch(ORDERS, inserts(1, 1)), CONTEXT)
     sink.write(batch(other, inserts(1, 1), offset=1), CONTEXT)
-    with pytest.raises(SinkError, match="already exists"):
+    with pytest.raises(SinkError, match="already holds a live table"):
         sink.apply_ddl(
             ddl_event(DDLType.RENAME, "RENAME TABLE `orders` TO `archive`", other, TS + 5), CONTEXT
         )
 
 
 def test_truncate_is_logged_and_schema_versions_are_merged(spark: SparkSession, tmp_path: Path) -> None:
-    sink = ParquetSink(tmp_path, spark)
+    sink = ParquetSink(tmp_path)
     old = batch(ORDERS, inserts(1, 1))
     sink.write(old, CONTEXT)
     sink.apply_ddl(ddl_event(DDLType.TRUNCATE, "TRUNCATE TABLE `orders`", ORDERS, TS + 1), CONTEXT)
@@ -205,7 +210,7 @@ def test_every_type_round_trips_exactly(spark: SparkSession, tmp_path: Path) -> 
     schema = TableSchema("db", "all_types", 7, 1, (key, *_ALL_TYPES_COLUMNS), ORDERS.indexes)
     rows = [{"id": i} | {c.name: _random_value(c, rng) for c in _ALL_TYPES_COLUMNS} for i in range(50)]
     changes = batch(schema, [(DMLType.INSERT, row, None) for row in rows])
-    ParquetSink(tmp_path, spark).write(changes, CONTEXT)
+    ParquetSink(tmp_path).write(changes, CONTEXT)
     frame = read_changelog(spark, tmp_path, "db", "all_types", format="parquet")
     # Spark reads every Parquet column (and array element) as nullable; the types themselves are kept
     assert frame.schema.simpleString() == spark_schema(changes.changelog.schema).simpleString()

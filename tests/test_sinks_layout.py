@@ -7,15 +7,17 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumer.sinks.layout import segment, table_dir
+from consumer.lakehouse import Catalog, LakeRoot
+from consumer.sinks.layout import segment
 
 # Any text a message could carry, lone surrogates included (msgspec can decode `\ud800`).
 NAMES = st.text(st.characters(codec=None), max_size=300)
 
 
 def test_plain_names_are_kept_and_the_rest_escaped(tmp_path: Path) -> None:
-    assert table_dir(tmp_path, "shop_1", "orders.v2") == tmp_path / "shop_1" / "orders.v2"
-    assert table_dir(tmp_path, "_ddl", "../a b") == tmp_path / "~5Fddl" / "~2E.~2Fa~20b"
+    catalog = Catalog(LakeRoot.of(tmp_path))
+    assert catalog.locate(("shop_1", "orders.v2"), 1).location == "shop_1/orders.v2"
+    assert catalog.locate(("_ddl", "../a b"), 1).location == "~5Fddl/~2E.~2Fa~20b"
     assert segment("/abs/path") == "~2Fabs~2Fpath"
     assert segment("..") == "~2E."
     assert segment("") == "~"
@@ -37,14 +39,15 @@ def test_different_names_get_different_segments(first: str, second: str) -> None
         assert segment(first) != segment(second)
 
 
-def test_a_table_dir_stays_under_its_root(tmp_path: Path) -> None:
+def test_a_table_location_stays_under_its_root(tmp_path: Path) -> None:
+    catalog = Catalog(LakeRoot.of(tmp_path))
     for database, table in [
         ("../../x", "/etc"),
         ("..", ".."),
         ("a/../../b", "c\\d"),
         ("x" * 5000, "é" * 300),
     ]:
-        path = table_dir(tmp_path, database, table).resolve()
+        path = (tmp_path / catalog.locate((database, table), 1).location).resolve()
         assert (
             path.is_relative_to(tmp_path.resolve()) and len(path.relative_to(tmp_path.resolve()).parts) == 2
         )

@@ -1,4 +1,5 @@
-"""Readers of Delta tables (live files only, the table's schema) under `<root>/<database>/<table>/<kind>`."""
+"""Readers of Delta tables (live files only, the table's schema), by URI or by upstream name through the
+lakehouse catalog."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from consumer.sinks.delta import STORED_AS, STORED_DURATION, live_mirror
+from consumer.lakehouse.catalog import Catalog
+from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.tables import STORED_AS, STORED_DURATION
+from consumer.lakehouse.tables import read_mirror as read_mirror_arrow
 from consumer.spark.readers import read_changelog, read_delta, read_mirror
 
 ROWS = pa.table(
@@ -33,8 +37,13 @@ ROWS = pa.table(
 )
 
 
+def _registered(root: Path, database: str, table: str) -> Path:
+    """The directory the catalog gives a new table (as a sink registers it on its first row)."""
+    return root / Catalog(LakeRoot.of(root)).locate((database, table), 1).location
+
+
 def test_read_delta_sees_the_live_files_with_the_tables_schema(spark: SparkSession, tmp_path: Path) -> None:
-    mirror = tmp_path / "shop" / "orders" / "mirror"
+    mirror = _registered(tmp_path, "shop", "orders") / "mirror"
     write_deltalake(mirror, ROWS)
     DeltaTable(mirror).delete("id = 2")  # rewrites the file: the old one stays on disk, removed
     wider = pa.table({"id": pa.array([4], pa.int64()), "note": ["new"]})
@@ -60,22 +69,18 @@ def test_read_delta_sees_the_live_files_with_the_tables_schema(spark: SparkSessi
     assert len(list(mirror.glob("*.parquet"))) > len(DeltaTable(mirror).file_uris())
 
 
-def test_read_mirror_leaves_tombstones_out_unless_asked(spark: SparkSession, tmp_path: Path) -> None:
-    mirror = tmp_path / "shop" / "orders" / "mirror"
-    write_deltalake(mirror, ROWS.append_column("_deleted", pa.array([False, True, None])))
-    live = read_mirror(spark, tmp_path, "shop", "orders")
-    assert "_deleted" not in live.columns
-    assert sorted(r["id"] for r in live.collect()) == [1, 3]  # null: written before tombstones, live
-    everything = read_mirror(spark, tmp_path, "shop", "orders", include_deleted=True)
-    assert sorted((r["id"], r["_deleted"]) for r in everything.collect()) == [
-        (1, False),
-        (2, True),
-        (3, None),
-    ]
+def test_readers_find_a_renamed_table_by_its_new_name(spark: SparkSession, tmp_path: Path) -> None:
+    catalog = Catalog(LakeRoot.of(tmp_path))
+    location = catalog.locate(("shop", "orders"), 1).location
+    write_deltalake(tmp_path / location / "mirror", ROWS)
+    catalog.rename(("shop", "orders"), ("shop", "orders_v2"), 5)
+    assert sorted(r["id"] for r in read_mirror(spark, tmp_path, "shop", "orders_v2").collect()) == [1, 2, 3]
+    with pytest.raises(FileNotFoundError, match=r"no live table shop\.orders in the catalog"):
+        read_mirror(spark, tmp_path, "shop", "orders")
 
 
 def test_read_changelog_of_an_empty_delta_table(spark: SparkSession, tmp_path: Path) -> None:
-    changelog = tmp_path / "shop" / "orders" / "changelog"
+    changelog = _registered(tmp_path, "shop", "orders") / "changelog"
     write_deltalake(changelog, ROWS.slice(0, 0))
     frame = read_changelog(spark, tmp_path, "shop", "orders")
     assert frame.columns == ROWS.column_names and frame.count() == 0
@@ -83,13 +88,14 @@ def test_read_changelog_of_an_empty_delta_table(spark: SparkSession, tmp_path: P
 
 
 def test_a_parquet_changelog_without_manifest_is_not_found(spark: SparkSession, tmp_path: Path) -> None:
+    _registered(tmp_path, "shop", "missing")
     with pytest.raises(FileNotFoundError, match="no Parquet sink manifest"):
         read_changelog(spark, tmp_path, "shop", "missing", format="parquet")
 
 
 def test_time_columns_come_back_as_intervals(spark: SparkSession, tmp_path: Path) -> None:
     """Delta has no duration type: TIME is stored as int64 microseconds, marked in the field metadata."""
-    mirror = tmp_path / "shop" / "clock" / "mirror"
+    mirror = _registered(tmp_path, "shop", "clock") / "mirror"
     micros = [-(838 * 3600 + 59 * 60 + 59) * 10**6, 1_500_000, None]
     stored = pa.field("t", pa.int64(), metadata={STORED_AS: STORED_DURATION})
     write_deltalake(
@@ -101,4 +107,5 @@ def test_time_columns_come_back_as_intervals(spark: SparkSession, tmp_path: Path
     frame = read_mirror(spark, tmp_path, "shop", "clock")
     assert frame.schema["t"].dataType == T.DayTimeIntervalType(0, 3)
     assert [r["t"] for r in frame.orderBy("id").collect()] == expected
-    assert live_mirror(mirror)["t"].to_pylist() == expected
+    arrow = read_mirror_arrow(tmp_path, "shop", "clock")
+    assert arrow is not None and arrow["t"].to_pylist() == expected

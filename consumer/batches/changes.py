@@ -14,7 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from consumer.errors import InternalDecodeError, RecordLocation, ValueDecodeError
+from consumer.errors import InternalDecodeError, RecordLocation, RejectedRowsError, ValueDecodeError
+from consumer.protocol.checksum import verify_changes
 from consumer.protocol.model import RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.state.units import RowOrigins
@@ -101,13 +102,22 @@ def table_changes(
     codec: TableCodec, rows: Sequence[tuple[RawDML, RecordLocation]], origins: RowOrigins | None = None
 ) -> TableChanges:
     """Decode a resolved batch of one table version (`origins`: the rows' `RowOrigins`, when known). A bad
-    value raises with the record's location; only `ConsumerError`s come out."""
+    value raises with the record's location; only `ConsumerError`s come out. With `verify_checksums` in the
+    codec's policy, rows whose checksum fails raise together (`RejectedRowsError`), each with its location."""
+    raws = [raw for raw, _ in rows]
     try:
-        images = codec.decode_changes([raw for raw, _ in rows])
+        images = codec.decode_changes(raws)
     except ValueDecodeError as exc:
         if exc.row is not None:
             exc.with_location(rows[exc.row][1])
         raise
+    if codec.policy.verify_checksums and any(images.checksums):
+        verified, rejected = verify_changes(codec, images, raws)
+        if rejected:
+            for row, error in rejected.items():
+                error.with_location(rows[row][1])
+            raise RejectedRowsError(rejected)
+        codec.policy.stats.verified += verified
     source = pa.array(images.source, pa.int64())
     kinds = CHANGE_TYPES.take(pa.array(images.kinds, pa.int8()))
     try:

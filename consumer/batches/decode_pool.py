@@ -25,6 +25,7 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import msgspec
 import pyarrow as pa
@@ -35,6 +36,9 @@ from consumer.errors import ConsumerError, RecordLocation
 from consumer.protocol.model import RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import DecodeStats, ValuePolicy
+
+if TYPE_CHECKING:  # the registry client loads an HTTP stack: only TiCDC Avro needs it
+    from consumer.protocol.registry import SchemaRegistry
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +55,7 @@ PIECE_ROWS = 10_000
 DECODE_GC_THRESHOLDS = (100_000, 50, 100)
 
 
-_Decoded = tuple[pa.Table, int] | None
+_Decoded = tuple[pa.Table, int, int] | None  # changelog, values nulled by the policy, images verified
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +69,13 @@ class Decoding:
 
 
 class DecodePool:
-    """`workers` processes decoding `RowBatch` rows into changelog tables under `policy`.
+    """`workers` processes decoding `RowBatch` rows into changelog tables under `policy` (TiCDC Avro rows
+    read their writer schemas from `registry`).
 
     Values the policy nulls are counted into `policy.stats`, as when decoding in the loop.
     """
 
-    def __init__(self, workers: int, policy: ValuePolicy) -> None:
+    def __init__(self, workers: int, policy: ValuePolicy, registry: SchemaRegistry | None = None) -> None:
         if workers < 1:
             raise ValueError(f"a decode pool needs at least one worker, not {workers}")
         context = multiprocessing.get_context("forkserver")
@@ -80,7 +85,7 @@ class DecodePool:
             workers,
             mp_context=context,
             initializer=_start_worker,
-            initargs=(policy, os.getpid()),
+            initargs=(policy, registry, os.getpid()),  # a registry travels as its settings
         )
         self._broken = False
         self._start_all(workers)
@@ -110,8 +115,8 @@ class DecodePool:
             return None
 
     def result(self, decoding: Decoding, schema: TableSchema) -> TableChanges | None:
-        """The batch's changes; None when a value did not decode (the caller's error policy then names
-        the row) or a worker died."""
+        """The batch's changes; None when a value did not decode or a row failed verification (the caller's
+        error policy then names the rows) or a worker died."""
         try:
             pieces = [piece.result() for piece in decoding.pieces]
         except BrokenProcessPool as exc:
@@ -125,8 +130,9 @@ class DecodePool:
         decoded = [piece for piece in pieces if piece is not None]
         if len(decoded) < len(pieces):
             return None
-        self.policy.stats.unrepresentable += sum(count for _, count in decoded)
-        changelogs = [changelog for changelog, _ in decoded]
+        self.policy.stats.unrepresentable += sum(nulled for _, nulled, _ in decoded)
+        self.policy.stats.verified += sum(verified for _, _, verified in decoded)
+        changelogs = [changelog for changelog, _, _ in decoded]
         return TableChanges(schema, changelogs[0] if len(changelogs) == 1 else pa.concat_tables(changelogs))
 
     def close(self) -> None:
@@ -139,16 +145,18 @@ class DecodePool:
 
 
 _policy = ValuePolicy()
+_registry: SchemaRegistry | None = None
 _codecs: LRUCache[bytes, TableCodec] = LRUCache(_CODECS_PER_WORKER)
 
 
-def _start_worker(policy: ValuePolicy, consumer: int) -> None:
+def _start_worker(policy: ValuePolicy, registry: SchemaRegistry | None, consumer: int) -> None:
     """A worker ignores Ctrl-C (a terminal sends it to the whole process group): the consumer decides when
-    its workers stop, and ends them itself."""
-    global _policy
+    its workers stop, and ends them itself. A registry arrives as its settings: each worker has a client."""
+    global _policy, _registry
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.set_threshold(*DECODE_GC_THRESHOLDS)
     _policy = replace(policy, stats=DecodeStats())  # counts since start; `_decode` reports the increase
+    _registry = registry
     threading.Thread(target=_exit_with, args=(consumer,), name="exit-with-consumer", daemon=True).start()
 
 
@@ -185,12 +193,12 @@ def _decode(schema: bytes, rows: bytes) -> _Decoded:
     codec = _codecs.get(schema)
     if codec is None:
         try:
-            codec = _codecs[schema] = TableCodec(_SCHEMA.decode(schema), _policy)
+            codec = _codecs[schema] = TableCodec(_SCHEMA.decode(schema), _policy, registry=_registry)
         except ConsumerError:
             return None
-    before = _policy.stats.unrepresentable
+    nulled, verified = _policy.stats.unrepresentable, _policy.stats.verified
     try:
         changes = table_changes(codec, _ROWS.decode(rows))
     except ConsumerError:  # the loop decodes the batch again, to apply the error policy to the bad row
         return None
-    return changes.changelog, _policy.stats.unrepresentable - before
+    return changes.changelog, _policy.stats.unrepresentable - nulled, _policy.stats.verified - verified

@@ -28,6 +28,7 @@ from consumer.protocol.model import (
     DecodedMessage,
     DMLType,
     Index,
+    KeyOnlyDML,
     RawDML,
     TableSchema,
     Watermark,
@@ -108,8 +109,9 @@ def _read_exactly(stream: io.BytesIO, schema: Any, size: int) -> Any:
     return datum
 
 
-def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML:
-    """Read only the DML's routing fields; values are decoded later, once the schema is known."""
+def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML | KeyOnlyDML:
+    """Read only the DML's routing fields (and whether it carries only its handle key); values are decoded
+    later, once the schema is known."""
     reader = _HeaderReader(payload, 2)
     if reader.long() != 3:
         raise MalformedMessageError("Avro Message of type DML does not carry a DML payload")
@@ -123,7 +125,7 @@ def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML:
         checks.commit_ts(commit_ts, "DML")
     if not 0 <= schema_version <= MAX_TSO:  # a TSO beyond 2^63 reads back negative from an Avro long
         raise MalformedMessageError(f"DML schemaVersion {schema_version} is no TSO")
-    return RawDML(
+    raw = RawDML(
         type=_DML_TYPES[kind],
         database=database,
         table=table,
@@ -134,6 +136,9 @@ def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML:
         payload=payload,
         encoding="avro",
     )
+    location = reader.string() if reader.branch() else ""  # claimCheckLocation: [null, string]
+    key_only = reader.branch() and reader.boolean()  # handleKeyOnly: [null, boolean]
+    return KeyOnlyDML(raw, location) if key_only or location else raw
 
 
 class _HeaderReader:
@@ -159,6 +164,19 @@ class _HeaderReader:
                 if result >> 64:  # a tenth byte carrying more than the 64th bit: no Avro long
                     raise MalformedMessageError("Avro long beyond 64 bits in the DML header")
                 return (result >> 1) ^ -(result & 1)
+
+    def branch(self) -> int:
+        """The index of a [null, T] union: 0 or 1."""
+        index = self.long()
+        if index not in (0, 1):
+            raise MalformedMessageError(f"Avro union index {index} outside [null, T]")
+        return index
+
+    def boolean(self) -> bool:
+        if self.position >= len(self.buffer) or self.buffer[self.position] > 1:
+            raise MalformedMessageError("truncated or corrupt Avro DML header boolean")
+        self.position += 1
+        return self.buffer[self.position - 1] == 1
 
     def string(self) -> str:
         size = self.long()

@@ -43,6 +43,8 @@ class MessageDecoder:
     with unknown column types in the schemas that arrive.
     """
 
+    registry = None  # Simple records name no registry schema (see `RecordDecoder`)
+
     def __init__(
         self,
         encoding: EncodingSetting = "auto",
@@ -56,6 +58,14 @@ class MessageDecoder:
         self.limits = self.policy.limits
         self._plain_json = encoding != "avro" and compression in ("auto", "none")  # `{` may start JSON
         self._checks = MessageChecks(self.limits, self.policy.unknown_types)
+
+    def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
+        """A record as `RecordDecoder` takes it: the Simple protocol puts nothing in the key."""
+        return self.decode(value)
+
+    def described_schema(self, key: tuple[str, str, int]) -> TableSchema | None:
+        """Simple DMLs carry no schema: BOOTSTRAP and DDL records announce every version."""
+        return None
 
     def decode(self, value: bytes | None) -> DecodedMessage:
         try:

@@ -17,6 +17,7 @@ from consumer.protocol.model import (
     DDLType,
     DecodedMessage,
     DMLType,
+    KeyOnlyDML,
     RawDML,
     TableSchema,
     Watermark,
@@ -41,6 +42,8 @@ class _Envelope(msgspec.Struct, rename="camel", gc=False):
     table: str = ""
     table_id: int = msgspec.field(default=0, name="tableID")
     schema_version: _SchemaVersion = 0
+    claim_check_location: str = ""
+    handle_key_only: bool = False
 
 
 _ABSENT = -1  # commitTs/buildTs are always on the wire (even 0), so only a missing one is omitted
@@ -105,7 +108,7 @@ def decode(payload: bytes, checks: MessageChecks = _DEFAULT_CHECKS) -> DecodedMe
         commit_ts = envelope.commit_ts
         if not 0 < commit_ts <= checks.ceiling:
             checks.commit_ts(commit_ts, "DML")
-        return RawDML(
+        raw = RawDML(
             type=kind,
             database=envelope.database,
             table=envelope.table,
@@ -116,6 +119,9 @@ def decode(payload: bytes, checks: MessageChecks = _DEFAULT_CHECKS) -> DecodedMe
             payload=payload,
             encoding="json",
         )
+        if envelope.handle_key_only or envelope.claim_check_location:
+            return KeyOnlyDML(raw, envelope.claim_check_location)
+        return raw
     check_nesting(payload, checks.max_nesting_depth, f"{envelope.type[:20]} message")
     try:
         wire = _WIRE.decode(payload)

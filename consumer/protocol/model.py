@@ -159,6 +159,15 @@ class RawDML(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return (self.database, self.table, self.schema_version)
 
 
+class KeyOnlyDML(msgspec.Struct, frozen=True, gc=False):
+    """A DML whose message carries only the handle-key columns (spec §7): TiCDC put the full message in
+    claim-check storage at `claim_check_location`, or nowhere (handle-key-only: only upstream TiDB has
+    the row). Never a row to apply as it is; `row` is the key-only message itself."""
+
+    row: RawDML
+    claim_check_location: str = ""
+
+
 SchemaMessage = Bootstrap | DDL
 Message = Watermark | Bootstrap | DDL | DML
-DecodedMessage = Watermark | Bootstrap | DDL | RawDML
+DecodedMessage = Watermark | Bootstrap | DDL | RawDML | KeyOnlyDML

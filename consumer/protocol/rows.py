@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 import pyarrow as pa
@@ -22,19 +22,23 @@ import pyarrow.compute as pc
 from msgspec.structs import astuple
 
 from consumer.errors import (
-    ConsumerError,
     DocumentTooDeepError,
-    InternalDecodeError,
     MalformedMessageError,
     ValueDecodeError,
     ValueTooLargeError,
 )
 from consumer.protocol import avro_codec
+from consumer.protocol.containment import contained
 from consumer.protocol.model import DML, Checksum, DMLType, RawDML, TableSchema
 from consumer.protocol.types import ColumnType, ValuePolicy, column_type
 from consumer.protocol.validation import validate_schema
 
+if TYPE_CHECKING:  # the registry client loads an HTTP stack: only TiCDC Avro needs it
+    from consumer.protocol.registry import SchemaRegistry
+
 Encoding = Literal["json", "avro"]
+# Protocols whose records carry their own schema: their rows decode in their own modules (`_foreign_rows`).
+FOREIGN_ENCODINGS = ("avro-confluent", "debezium")
 _CHUNK_BYTES = 1 << 20  # payload decoded at a time by `decode_batch`, so its parsed rows stay in cache
 
 
@@ -70,6 +74,7 @@ class ChangeImages:
     rows: pa.RecordBatch
     source: list[int]  # the DML (index into the batch) each image comes from
     kinds: list[int]  # each image's `ImageKind`
+    checksums: list[Checksum | None]  # each DML's row checksums (spec §8), None where it sent none
 
 
 _UPDATE_KINDS = (ImageKind.UPDATE_OLD, ImageKind.UPDATE_NEW)
@@ -84,10 +89,19 @@ class TableCodec:
     unanticipated comes out as an `InternalDecodeError` without a row.
     """
 
-    def __init__(self, schema: TableSchema, policy: ValuePolicy | None = None) -> None:
+    def __init__(
+        self,
+        schema: TableSchema,
+        policy: ValuePolicy | None = None,
+        *,
+        registry: SchemaRegistry | None = None,
+    ) -> None:
+        """`registry`: where TiCDC Avro rows' writer schemas are (only that protocol needs one)."""
         self.policy = policy or ValuePolicy()
         validate_schema(schema, self.policy.unknown_types)
         self.schema = schema
+        self.registry = registry
+        self._foreign: Any = None
         self.columns: tuple[ColumnType, ...] = tuple(column_type(c, self.policy) for c in schema.columns)
         self.arrow_schema = pa.schema(
             [pa.field(c.name, c.arrow_type, nullable=c.column.nullable) for c in self.columns]
@@ -104,7 +118,7 @@ class TableCodec:
     # -- fast path: many DMLs -> Arrow ---------------------------------------------------------------
     def decode_batch(self, raws: Sequence[RawDML]) -> RowImages:
         """Typed Arrow images of many DMLs of this table version. Errors carry `.row` = index in raws."""
-        with _collector_paused(), _contained():
+        with _collector_paused(), contained("decoding rows"):
             chunks = self._chunked(raws, self._decode_chunk)
         if len(chunks) == 1:
             return chunks[0]
@@ -118,7 +132,9 @@ class TableCodec:
     def decode_changes(self, raws: Sequence[RawDML]) -> ChangeImages:
         """The batch's row images in change order (see `ChangeImages`), typed. Errors carry `.row` = the
         index in raws of the DML whose value did not decode."""
-        with _collector_paused(), _contained():
+        with _collector_paused(), contained("decoding rows"):
+            if raws and raws[0].encoding in FOREIGN_ENCODINGS:
+                return self._foreign_changes(raws)
             chunks = self._chunked(raws, self._changes_chunk)
         if len(chunks) == 1:
             return chunks[0]
@@ -130,6 +146,7 @@ class TableCodec:
             rows=pa.concat_batches([c.rows for c in chunks]),
             source=source,
             kinds=list(chain.from_iterable(c.kinds for c in chunks)),
+            checksums=list(chain.from_iterable(c.checksums for c in chunks)),
         )
 
     def _chunk_sizes(self, raws: Sequence[RawDML]) -> list[int]:
@@ -154,7 +171,7 @@ class TableCodec:
         return chunks
 
     def _decode_chunk(self, raws: Sequence[RawDML]) -> RowImages:
-        datas, olds, longest = self._wire_images(raws)
+        datas, olds, _, longest = self._wire_images(raws)
         avro = bool(raws) and raws[0].encoding == "avro"
         return RowImages(
             data=self._image(datas, avro, longest),
@@ -164,7 +181,7 @@ class TableCodec:
         )
 
     def _changes_chunk(self, raws: Sequence[RawDML]) -> ChangeImages:
-        datas, olds, longest = self._wire_images(raws)
+        datas, olds, checksums, longest = self._wire_images(raws)
         images: list[Any] = []
         source: list[int] = []
         kinds: list[int] = []
@@ -187,24 +204,27 @@ class TableCodec:
             if exc.row is not None:
                 exc.row = source[exc.row]
             raise
-        return ChangeImages(rows, source, kinds)
+        return ChangeImages(rows, source, kinds, checksums)
 
-    def _wire_images(self, raws: Sequence[RawDML]) -> tuple[list[Any], list[Any], int]:
-        """The chunk's `data` and `old` wire images, and its longest payload (no value is longer)."""
+    def _wire_images(self, raws: Sequence[RawDML]) -> tuple[list[Any], list[Any], list[Checksum | None], int]:
+        """The chunk's `data` and `old` wire images, its checksums, and its longest payload (no value is
+        longer)."""
         payloads = list(map(_PAYLOAD, raws))
         longest = max(map(len, payloads), default=0)
         if raws and raws[0].encoding == "json":
             try:  # the fast path decodes the whole chunk at once; the per-row loop only names a bad row
                 bodies = list(map(self._batch_body.decode, payloads))
-                return [b.data for b in bodies], [b.old for b in bodies], longest
+                checksums = [b.checksum for b in bodies]
+                return [b.data for b in bodies], [b.old for b in bodies], checksums, longest
             except (*_INVALID_JSON, AttributeError, RecursionError):
                 pass
         if len(set(map(_ENCODING, raws))) > 1:  # an Avro payload fails the JSON path: settled here
             raise _MixedEncodings
         bodies = [self._wire_body(raw, row, self._batch_body) for row, raw in enumerate(raws)]
         if raws and raws[0].encoding == "avro":
-            return [b["data"] for b in bodies], [b["old"] for b in bodies], longest
-        return [b.data for b in bodies], [b.old for b in bodies], longest
+            checksums = [_avro_checksum(b["checksum"]) for b in bodies]
+            return [b["data"] for b in bodies], [b["old"] for b in bodies], checksums, longest
+        return [b.data for b in bodies], [b.old for b in bodies], [b.checksum for b in bodies], longest
 
     def _wire_body(self, raw: RawDML, row: int, decoder: msgspec.json.Decoder) -> Any:
         if raw.encoding == "avro":
@@ -251,7 +271,9 @@ class TableCodec:
     # -- typed per-row path --------------------------------------------------------------------------
     def decode(self, raw: RawDML) -> DML:
         """One DML with typed values; columns absent from the wire stay absent from the dicts."""
-        with _contained():
+        with contained("decoding rows"):
+            if raw.encoding in FOREIGN_ENCODINGS:
+                return self._foreign_dml(raw)
             return self._decode_one(raw)
 
     def _decode_one(self, raw: RawDML) -> DML:
@@ -308,6 +330,50 @@ class TableCodec:
             typed[name] = column.to_python(getattr(column, convert)([value]))[0]
         return typed
 
+    # -- protocols that describe their rows themselves -------------------------------------------------
+    def _foreign_rows(self, encoding: str) -> Any:
+        if self._foreign is None:
+            # imported here: those modules build on this one
+            if encoding == "avro-confluent":
+                from consumer.protocol.avro_rows import AvroRows
+
+                if self.registry is None:
+                    raise MalformedMessageError("TiCDC Avro rows need a schema registry to decode")
+                self._foreign = AvroRows(self.schema, self.columns, self.registry, self.policy)
+            else:
+                from consumer.protocol.debezium import DebeziumRows
+
+                self._foreign = DebeziumRows(self.schema, self.columns, self.policy)
+        return self._foreign
+
+    def _foreign_changes(self, raws: Sequence[RawDML]) -> ChangeImages:
+        rows, source, kinds, _ = self._foreign_rows(raws[0].encoding).images(raws)
+        return ChangeImages(rows, source, kinds, [None] * len(raws))  # their checksums are not verified
+
+    def _foreign_dml(self, raw: RawDML) -> DML:
+        rows, _, kinds, key_only = self._foreign_rows(raw.encoding).images([raw])
+        images: dict[int, dict[str, Any]] = {}
+        keys = set(self.schema.handle_key())
+        for position, kind in enumerate(kinds):
+            images[kind] = {
+                c.name: c.to_python(rows.column(i).slice(position, 1))[0]
+                for i, c in enumerate(self.columns)
+                if not key_only[position] or c.name in keys
+            }
+        old = images.get(ImageKind.UPDATE_OLD, images.get(ImageKind.DELETE))
+        new = images.get(ImageKind.UPDATE_NEW, images.get(ImageKind.INSERT))
+        return DML(
+            type=raw.type,
+            database=raw.database,
+            table=raw.table,
+            table_id=raw.table_id,
+            commit_ts=raw.commit_ts,
+            build_ts=raw.build_ts,
+            schema_version=raw.schema_version,
+            data=new,
+            old=old,
+        )
+
     # -- encoding ------------------------------------------------------------------------------------
     def encode_image(self, image: dict[str, Any] | None, encoding: Encoding) -> dict[str, Any] | None:
         """Typed row -> wire map (JSON values or Avro (branch, value) pairs)."""
@@ -335,17 +401,6 @@ def _collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-@contextlib.contextmanager
-def _contained() -> Iterator[None]:
-    """The rows' containment boundary: whatever the payloads hold, only `ConsumerError`s come out."""
-    try:
-        yield
-    except ConsumerError:
-        raise
-    except Exception as exc:
-        raise InternalDecodeError(f"unexpected {type(exc).__name__} decoding rows: {exc}") from exc
 
 
 class _MixedEncodings(Exception):
@@ -408,10 +463,13 @@ _HAS_DATA = frozenset((DMLType.INSERT, DMLType.UPDATE))
 _HAS_OLD = frozenset((DMLType.UPDATE, DMLType.DELETE))
 
 
+def _avro_checksum(record: dict[str, Any] | None) -> Checksum | None:
+    return None if record is None else Checksum(**record)
+
+
 def _avro_extras(body: dict[str, Any]) -> dict[str, Any]:
-    checksum = body["checksum"]
     return {
-        "checksum": None if checksum is None else Checksum(**checksum),
+        "checksum": _avro_checksum(body["checksum"]),
         "handle_key_only": bool(body["handleKeyOnly"]),
         "claim_check_location": body["claimCheckLocation"] or "",
     }

@@ -12,8 +12,11 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from consumer.large_messages.encoder import LargeMessageEncoder
 from consumer.protocol.codec import MessageEncoder
-from consumer.protocol.model import DML, Bootstrap, Watermark
+from consumer.protocol.confluent_avro import ConfluentAvroEncoder
+from consumer.protocol.debezium import DebeziumEncoder
+from consumer.protocol.model import DDL, DML, Bootstrap, DDLType, Watermark
 from consumer.render import row_object
 from consumer.simulate.workload import StreamRecord, Workload
 from consumer.sources.capture import write_capture
@@ -45,14 +48,70 @@ def record_key(record: StreamRecord) -> bytes | None:
     return b"" if isinstance(record.message, DML | Bootstrap) else None
 
 
-def encoded(workload: Workload, encoder: MessageEncoder) -> Iterable[tuple[StreamRecord, bytes]]:
+KafkaPair = tuple[bytes | None, bytes | None]  # key, value
+
+
+class AvroStream:
+    """The workload as TiCDC's Avro protocol sends it to `topic`: rows only (BOOTSTRAPs do not exist), DDLs
+    and checkpoints only in the watermark mode (`encoder.options.watermark`)."""
+
+    def __init__(self, encoder: ConfluentAvroEncoder, topic: str) -> None:
+        self.encoder = encoder
+        self.topic = topic
+
+    def pairs(self, record: StreamRecord) -> list[KafkaPair]:
+        message, watermarks = record.message, self.encoder.options.watermark
+        if isinstance(message, DML) and record.schema is not None:
+            return [self.encoder.encode_dml(message, record.schema, self.topic)]
+        if isinstance(message, DDL) and watermarks:
+            return [(None, self.encoder.encode_ddl(message, _action(message)))]
+        if isinstance(message, Watermark) and watermarks:
+            return [(None, self.encoder.encode_checkpoint(message.commit_ts))]
+        return []
+
+
+class DebeziumStream:
+    """The workload as TiCDC's Debezium protocol sends it: no BOOTSTRAPs, WATERMARKs only with the TiDB
+    extension (`encoder.options.tidb_extension`)."""
+
+    def __init__(self, encoder: DebeziumEncoder) -> None:
+        self.encoder = encoder
+
+    def pairs(self, record: StreamRecord) -> list[KafkaPair]:
+        message = record.message
+        if isinstance(message, DML) and record.schema is not None:
+            return [self.encoder.encode_dml(message, record.schema, message.build_ts)]
+        if isinstance(message, DDL):
+            return [self.encoder.encode_ddl(message, message.build_ts)]
+        if isinstance(message, Watermark) and self.encoder.options.tidb_extension:
+            return [self.encoder.encode_watermark(message.commit_ts, message.build_ts)]
+        return []
+
+
+StreamWriter = MessageEncoder | LargeMessageEncoder | AvroStream | DebeziumStream
+
+
+def _action(ddl: DDL) -> int:
+    """The TiDB ActionType number of a simulated DDL (what TiCDC's Avro DDL record sends)."""
+    if ddl.type is DDLType.ALTER:
+        return 6 if "DROP COLUMN" in ddl.sql.upper() else 5
+    actions = {DDLType.CREATE: 3, DDLType.ERASE: 4, DDLType.CINDEX: 7, DDLType.DINDEX: 8}
+    return {**actions, DDLType.TRUNCATE: 11, DDLType.RENAME: 14}.get(ddl.type, 1)
+
+
+def encoded(workload: Workload, writer: StreamWriter) -> Iterable[tuple[StreamRecord, KafkaPair]]:
+    """Each Kafka record of the stream, in order: a Simple `MessageEncoder`'s, or another protocol's."""
     for record in workload.records():
-        yield record, encoder.encode(record.message, record.schema)
+        if isinstance(writer, MessageEncoder | LargeMessageEncoder):
+            yield record, (record_key(record), writer.encode(record.message, record.schema))
+            continue
+        for pair in writer.pairs(record):
+            yield record, pair
 
 
 def produce_to_kafka(
     workload: Workload,
-    encoder: MessageEncoder,
+    encoder: StreamWriter,
     bootstrap_servers: str,
     topic: str,
     *,
@@ -70,7 +129,7 @@ def produce_to_kafka(
         if error is not None:
             failures.append(str(error))
 
-    pending: list[tuple[StreamRecord, bytes]] = []
+    pending: list[tuple[StreamRecord, KafkaPair]] = []
     for item in encoded(workload, encoder):
         pending.append(item)
         if len(pending) > workload.config.partitions:
@@ -88,15 +147,14 @@ def _send(
     producer: Producer,
     topic: str,
     record: StreamRecord,
-    value: bytes,
+    pair: KafkaPair,
     callback: Any,
     report: SimulationReport,
 ) -> None:
+    key, value = pair
     while True:
         try:
-            producer.produce(
-                topic, value=value, key=record_key(record), partition=record.partition, on_delivery=callback
-            )
+            producer.produce(topic, value=value, key=key, partition=record.partition, on_delivery=callback)
             break
         except BufferError:  # local queue full: let deliveries drain
             producer.poll(0.1)
@@ -116,19 +174,17 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
             raise
 
 
-def write_capture_file(
-    workload: Workload, encoder: MessageEncoder, topic: str, path: Path
-) -> SimulationReport:
+def write_capture_file(workload: Workload, encoder: StreamWriter, topic: str, path: Path) -> SimulationReport:
     """The same stream as a capture file, with the offsets a broker would have assigned."""
     report = SimulationReport()
 
     def records() -> Iterable[SourceRecord]:
-        for record, value in encoded(workload, encoder):
+        for record, (key, value) in encoded(workload, encoder):
             yield SourceRecord(
                 topic=topic,
                 partition=record.partition,
                 offset=report.count(record),
-                key=record_key(record),
+                key=key,
                 value=value,
                 timestamp=None,
             )

@@ -14,11 +14,10 @@ from typing import Any
 import pyarrow as pa
 
 from consumer.batches.changes import stored_name
+from consumer.lakehouse.tables import read_mirror
 from consumer.protocol.model import TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.render import value_object
-from consumer.sinks.delta import live_mirror
-from consumer.sinks.layout import table_dir
 
 TableRows = dict[Any, dict[str, Any]]
 
@@ -116,12 +115,14 @@ def arrow_table_rows(table: pa.Table, schema: TableSchema, key: str = "id") -> T
     return {row[key]: row for row in rows}
 
 
-def delta_mirror_state(root: str | Path, schemas: Iterable[TableSchema]) -> dict[str, TableRows]:
-    """The rows of the Delta mirrors under `root` (tombstones left out), for `differences`; a table without
-    a mirror directory has no rows."""
+def delta_mirror_state(
+    root: str | Path, schemas: Iterable[TableSchema], storage_options: Mapping[str, str] | None = None
+) -> dict[str, TableRows]:
+    """The rows of the live tables' Delta mirrors under `root` (a directory or an object-store URI), found
+    through the lakehouse catalog, for `differences`; a table without a live mirror has no rows."""
     state = {}
     for schema in schemas:
-        path = table_dir(root, schema.database, schema.table) / "mirror"
-        rows = arrow_table_rows(live_mirror(path), schema) if path.exists() else {}
+        mirror = read_mirror(root, schema.database, schema.table, storage_options=storage_options)
+        rows = {} if mirror is None else arrow_table_rows(mirror, schema)
         state[f"{schema.database}.{schema.table}"] = rows
     return state

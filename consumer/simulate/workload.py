@@ -20,10 +20,12 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
+from consumer.protocol.checksum import row_checksum
 from consumer.protocol.model import (
     DDL,
     DML,
     Bootstrap,
+    Checksum,
     Column,
     DataType,
     DDLType,
@@ -33,6 +35,7 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
+from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import JSON_NULL
 
 Dispatch = Literal["table", "primary-key"]
@@ -51,7 +54,9 @@ class WorkloadConfig:
     bootstrap_every_seconds: float = 120.0
     bootstrap_to_all_partitions: bool = True
     watermark_every_txns: int = 50
-    ddl: bool = True  # ALTER ADD/DROP COLUMN, CREATE INDEX, TRUNCATE, RENAME, DROP TABLE along the way
+    ddl: bool = True  # ALTER ADD/DROP COLUMN, CREATE INDEX, TRUNCATE, RENAME, DROP TABLE, CREATE it again
+    checksums: bool = False  # rows carry TiDB's row checksums (spec §8), as with integrity-check-level
+    large_value_bytes: int = 0  # table 0's rows get a TEXT value this long: its DMLs are large messages
     max_txn_rows: int = 4
     start_physical_ms: int | None = None  # the TSO clock's start; default: now
 
@@ -85,6 +90,7 @@ class Workload:
         self._logical = 0
         self.tables: list[_Table] = []
         self.last_watermark = 0
+        self._codecs: dict[tuple[str, str, int], TableCodec] = {}
 
     # -- the stream ----------------------------------------------------------------------------------
     def records(self) -> Iterator[StreamRecord]:
@@ -130,9 +136,10 @@ class Workload:
         return self._physical_ms
 
     # -- tables, rows and transactions --------------------------------------------------------------
-    def _create_table(self, index: int) -> Iterator[StreamRecord]:
+    def _create_table(self, index: int, name: str | None = None) -> Iterator[StreamRecord]:
         commit_ts = self._tso()
-        schema = _initial_schema(self.config.database, f"t{index}", 100 + index, commit_ts - 1, index)
+        table_id = 100 + len(self.tables)
+        schema = _initial_schema(self.config.database, name or f"t{index}", table_id, commit_ts - 1, index)
         self.tables.append(_Table(schema))
         ddl = DDL(
             type=DDLType.CREATE,
@@ -190,6 +197,12 @@ class Workload:
 
     def _dml(self, table: _Table, kind: DMLType, commit_ts: int, data: Any = None, old: Any = None) -> DML:
         schema = table.schema
+        checksum = None
+        if self.config.checksums:
+            codec = self._codecs.get(schema.key)
+            if codec is None or codec.schema != schema:
+                codec = self._codecs[schema.key] = TableCodec(schema)
+            checksum = Checksum(1, False, row_checksum(codec, data), row_checksum(codec, old))
         return DML(
             type=kind,
             database=schema.database,
@@ -200,19 +213,25 @@ class Workload:
             schema_version=schema.version,
             data=data,
             old=old,
+            checksum=checksum,
         )
 
     def _insert(self, table: _Table, commit_ts: int) -> DML:
         key, table.next_id = table.next_id, table.next_id + 1
-        row = {c.name: _random_value(c, self.rng) for c in table.schema.columns} | {"id": key}
+        row = {c.name: self._value(table, c) for c in table.schema.columns} | {"id": key}
         table.rows[key] = row
         return self._dml(table, DMLType.INSERT, commit_ts, data=row)
+
+    def _value(self, table: _Table, column: Column) -> Any:
+        if self.config.large_value_bytes and column.name == "c_text" and table is self.tables[0]:
+            return self.rng.randbytes(self.config.large_value_bytes // 2).hex()
+        return _random_value(column, self.rng)
 
     def _update(self, table: _Table, key: int, commit_ts: int) -> DML:
         old = table.rows[key]
         new = dict(old)
         for column in self.rng.sample(table.schema.columns[1:], k=min(2, len(table.schema.columns) - 1)):
-            new[column.name] = _random_value(column, self.rng)
+            new[column.name] = self._value(table, column)
         table.rows[key] = new
         return self._dml(table, DMLType.UPDATE, commit_ts, data=new, old=old)
 
@@ -273,11 +292,15 @@ class Workload:
     def _ddl_points(self) -> list[tuple[int, str]]:
         if not self.config.ddl or self.config.tables < 2:
             return []
-        kinds = ["add-column", "create-index", "drop-column", "truncate", "rename", "drop-table"]
+        kinds = ["add-column", "create-index", "drop-column", "truncate", "rename", "drop-table", "recreate"]
         step = self.config.rows // (len(kinds) + 1)
         return [(step * (i + 1), kind) for i, kind in enumerate(kinds)]
 
     def _ddl(self, kind: str) -> Iterator[StreamRecord]:
+        if kind == "recreate":  # CREATE TABLE with the name of the table dropped before: a new table
+            dropped = next(t for t in reversed(self.tables) if t.dropped)
+            yield from self._create_table(len(self.tables), dropped.schema.table)
+            return
         live = [t for t in self.tables if not t.dropped]
         table = live[-1] if kind == "drop-table" else live[0]
         commit_ts = self._tso()

@@ -7,7 +7,7 @@ state machine, and only confirmed records' offsets are ever committed to Kafka.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from consumer.batches.changes import TableChanges
 from consumer.protocol.model import DDL
@@ -22,12 +22,15 @@ class CommitContext:
     `resume_offsets`: per (topic, partition), an offset from which re-reading loses nothing (everything
     before it is durably applied everywhere). `resolved_ts`: the global watermark the commit is consistent
     at. `schema_snapshot`: the schema cache, so a restarted consumer need not wait for a BOOTSTRAP.
+    `applied_ts`: per (topic, partition), a commit ts every change of that partition up to which is
+    durably applied (given to `ProgressRecorder.record_progress`).
     """
 
     group: str
     resume_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     resolved_ts: int = 0
     schema_snapshot: bytes = b""
+    applied_ts: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -54,3 +57,23 @@ class Sink(Protocol):
         """The newest schema-cache snapshot recorded with a commit, if any."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ProgressRecorder(Protocol):
+    """A sink that keeps the pipeline's progress beside its output, so any member resumes exactly where the
+    group stopped and partitions that had nothing more to read resolve at once (their watermark)."""
+
+    def record_progress(self, context: CommitContext) -> None:
+        """Durably record `context.resume_offsets`, `context.applied_ts` and, when not empty,
+        `context.schema_snapshot`; called after units were applied, before Kafka offsets are committed."""
+
+    def recorded_watermarks(self, group: str) -> dict[TopicPartition, int]:
+        """Per partition, the furthest `applied_ts` recorded for the group."""
+
+
+@runtime_checkable
+class ReportsMetrics(Protocol):
+    """A sink with operation counters (e.g. delta-rs MERGE metrics) for the metrics endpoint and summary."""
+
+    def operation_metrics(self) -> dict[str, int]: ...

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,6 +16,7 @@ import msgspec
 from confluent_kafka import Producer
 
 from consumer.errors import SinkError
+from consumer.sinks.layout import segment
 from consumer.state.units import DeadLetter
 
 
@@ -31,7 +33,13 @@ class _Letter(msgspec.Struct):
     offset: int
     reason: str
     value: str | None  # standard base64 of the raw record value
-    reason_code: str = ""
+    reason_code: str = ""  # letters written before reason codes have none
+
+    @classmethod
+    def of(cls, letter: DeadLetter) -> _Letter:
+        value = None if letter.value is None else base64.b64encode(letter.value).decode("ascii")
+        where = letter.location
+        return cls(where.topic, where.partition, where.offset, letter.reason, value, letter.reason_code)
 
 
 class _Origin(msgspec.Struct):
@@ -59,15 +67,35 @@ class DeadLetterFile:
         origin = (where.topic, where.partition, where.offset)
         if origin in self._written:
             return
-        value = None if letter.value is None else base64.b64encode(letter.value).decode("ascii")
-        line = _Letter(where.topic, where.partition, where.offset, letter.reason, value, letter.reason_code)
-        self._file.write(self._encoder.encode(line) + b"\n")
+        self._file.write(self._encoder.encode(_Letter.of(letter)) + b"\n")
         self._file.flush()
         os.fsync(self._file.fileno())
         self._written.add(origin)
 
     def close(self) -> None:
         self._file.close()
+
+
+class DeadLetterObjects:
+    """One object per letter under an object-store prefix (or a directory):
+    `<prefix>/<topic>/<partition>/<offset>.json`, holding the letter's JSON line. Object stores cannot
+    append; a letter written again (a replay) replaces its own object, so there are no duplicates."""
+
+    def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+        from consumer.lakehouse.storage import LakeRoot  # delta-rs loads only for object-store letters
+
+        self._filesystem, self._prefix = LakeRoot.of(uri, storage_options).filesystem()
+        self._encoder = msgspec.json.Encoder()
+
+    def write(self, letter: DeadLetter) -> None:
+        where = letter.location
+        directory = f"{self._prefix}/{segment(where.topic)}/{where.partition}"
+        self._filesystem.create_dir(directory, recursive=True)
+        with self._filesystem.open_output_stream(f"{directory}/{where.offset:020d}.json") as out:
+            out.write(self._encoder.encode(_Letter.of(letter)) + b"\n")
+
+    def close(self) -> None:
+        return None
 
 
 class DeadLetterTopic:

@@ -1,4 +1,5 @@
-"""Where a sink keeps an upstream table under its root: one rule for every sink.
+"""How a sink names an upstream table under its root: one rule for every sink (the lakehouse catalog gives a
+table the location `<segment(database)>/<segment(table)>`, the JSONL sink a file of the same names).
 
 Database and table names come from messages, so they are untrusted: each becomes exactly one path segment
 that cannot climb out of the root (`..`, `/`, a leading `.`), cannot collide with the sinks' own entries at
@@ -8,7 +9,6 @@ the root (they all start with `_`), and stays within file-name length limits.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 DDL_LOG = "_ddl"  # every sink's DDL log lives under this name at its root
 _MAX_SEGMENT_BYTES = 200  # below the usual 255-byte file-name limit, with room for suffixes
@@ -34,8 +34,3 @@ def segment(name: str) -> str:
 
 def _escaped(char: str) -> str:
     return "".join(f"~{byte:02X}" for byte in char.encode("utf-8", "surrogatepass"))
-
-
-def table_dir(root: str | Path, database: str, table: str) -> Path:
-    """Where a table's outputs live: `<root>/<database>/<table>`, each name one `segment`."""
-    return Path(root) / segment(database) / segment(table)

@@ -1,86 +1,120 @@
-"""Reading what the sinks wrote, as Spark DataFrames, under the layout `<root>/<database>/<table>/<kind>`
-(names escaped to path segments as the Delta sink's `table_dir` does, for every sink).
+"""Reading what the lakehouse sinks wrote, as Spark DataFrames, finding tables through the catalog
+(`consumer.lakehouse`): `read_changelog` / `read_mirror` by upstream name, `read_delta` by table URI.
 
 Spark cannot read Delta here (no delta-spark jar) and must not list a table directory (that would include
 files a Delta MERGE removed, or Parquet files a crashed writer never committed), so every reader reads
-exactly the files a log or manifest lists.
+exactly the files a Delta log or manifest lists: Spark reads them itself on a local disk; on an object
+store (this Spark has no Hadoop S3 connector) pyarrow reads them and Spark takes the Arrow table.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Literal
 
 import pyarrow as pa
-from deltalake import DeltaTable
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from consumer.sinks.delta import DELETED_FIELD, stored_durations
-from consumer.sinks.layout import table_dir
-from consumer.sinks.parquet import read_progress
+from consumer.lakehouse.catalog import Catalog, CatalogEntry
+from consumer.lakehouse.ddl import DDL_LOG
+from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.tables import as_durations, stored_durations
+from consumer.lakehouse.tables import read_delta as read_delta_arrow
+from consumer.sinks.parquet import manifest_files
 from consumer.spark.frames import spark_schema
 
 ChangelogFormat = Literal["delta", "parquet"]
-DELETED = DELETED_FIELD.name
+Root = str | os.PathLike[str]
 
 
-def read_delta(spark: SparkSession, path: str | os.PathLike[str]) -> DataFrame:
-    """The current version of a Delta table: its live files, read with the table's own schema (types, and
-    columns older files lack), TIME columns as intervals again; Spark makes every column read from files
-    nullable."""
-    delta = DeltaTable(str(path))
+def read_delta(spark: SparkSession, uri: Root, storage_options: Mapping[str, str] | None = None) -> DataFrame:
+    """The current version of the Delta table at `uri`: its live files, read with the table's own schema
+    (types, and columns older files lack), TIME columns as intervals again; Spark makes every column read
+    from files nullable."""
+    root = LakeRoot.of(uri, storage_options)
+    delta = root.open(root.uri)
+    if delta is None:
+        raise FileNotFoundError(f"no Delta table at {root.uri}")
+    if not root.is_local:
+        return _from_arrow(spark, read_delta_arrow(root, delta))
     arrow_schema = pa.schema(delta.schema().to_arrow())
     files = delta.file_uris()
     if not files:  # through Arrow: a Python list would start Python workers (seconds, the first time)
         frame = spark.createDataFrame(arrow_schema.empty_table(), schema=spark_schema(arrow_schema))
     else:
         frame = spark.read.schema(spark_schema(arrow_schema)).parquet(*files)
-    for name in stored_durations(delta):  # TIME: int64 microseconds in Delta, an interval in Spark
-        seconds = (F.col(name).cast("decimal(20,0)") / F.lit(1_000_000)).cast("decimal(18,6)")
-        frame = frame.withColumn(name, F.make_dt_interval(secs=seconds))
-    return frame
-
-
-def read_parquet_log(spark: SparkSession, directory: str | os.PathLike[str]) -> DataFrame:
-    """The files a Parquet sink's manifest lists; files of older schema versions are merged in."""
-    directory = Path(directory)
-    progress = read_progress(directory)
-    if progress is None:
-        raise FileNotFoundError(f"no Parquet sink manifest in {directory}")
-    files = [str(directory / name) for name in progress.files]
-    return spark.read.option("mergeSchema", "true").parquet(*files)
+    return _with_intervals(frame, stored_durations(arrow_schema))
 
 
 def read_changelog(
     spark: SparkSession,
-    root: str | os.PathLike[str],
+    root: Root,
     database: str,
     table: str,
     format: ChangelogFormat = "delta",
+    storage_options: Mapping[str, str] | None = None,
 ) -> DataFrame:
-    """Every change of a table (one row per image, with the `_change_type`, `_commit_ts`... columns)."""
-    path = table_dir(root, database, table) / "changelog"
-    return read_delta(spark, path) if format == "delta" else read_parquet_log(spark, path)
+    """Every change of the live table `database.table` (one row per image, with the `_change_type`,
+    `_commit_ts`... columns), written by the Delta or the Parquet sink."""
+    lake = LakeRoot.of(root, storage_options)
+    entry = _entry(lake, database, table)
+    if format == "delta":
+        return read_delta(spark, lake.join(entry.location, "changelog"), storage_options)
+    return _read_parquet_log(spark, lake, entry)
 
 
 def read_mirror(
     spark: SparkSession,
-    root: str | os.PathLike[str],
+    root: Root,
     database: str,
     table: str,
-    include_deleted: bool = False,
+    storage_options: Mapping[str, str] | None = None,
 ) -> DataFrame:
-    """The table's current rows, as the Delta sink's MERGEs left them. Deleted keys stay in the mirror as
-    tombstones (`_deleted` true) so late, older changes cannot resurrect them; they are left out unless
-    `include_deleted`, which keeps the `_deleted` column."""
-    frame = read_delta(spark, table_dir(root, database, table) / "mirror")
-    if include_deleted or DELETED not in frame.columns:
-        return frame
-    return frame.filter(~F.coalesce(F.col(DELETED), F.lit(False))).drop(DELETED)
+    """The live table `database.table`'s current rows, as the Delta sink's MERGEs left them."""
+    lake = LakeRoot.of(root, storage_options)
+    return read_delta(spark, lake.join(_entry(lake, database, table).location, "mirror"), storage_options)
 
 
-def read_ddl_log(spark: SparkSession, root: str | os.PathLike[str]) -> DataFrame:
-    """The DDLs a Parquet sink applied, in the order it applied them."""
-    return read_parquet_log(spark, Path(root) / "_ddl")
+def read_ddl_log(
+    spark: SparkSession, root: Root, storage_options: Mapping[str, str] | None = None
+) -> DataFrame:
+    """Every DDL the lakehouse sinks applied at `root`, once each."""
+    return read_delta(spark, LakeRoot.of(root, storage_options).join(DDL_LOG), storage_options)
+
+
+def _entry(root: LakeRoot, database: str, table: str) -> CatalogEntry:
+    entry = Catalog(root).current((database, table))
+    if entry is None:
+        raise FileNotFoundError(f"no live table {database}.{table} in the catalog of {root.uri}")
+    return entry
+
+
+def _read_parquet_log(spark: SparkSession, root: LakeRoot, entry: CatalogEntry) -> DataFrame:
+    """The files a Parquet sink's manifest lists; files of older schema versions are merged in."""
+    files = manifest_files(root, entry.location)
+    if files is None:
+        raise FileNotFoundError(f"no Parquet sink manifest for {entry.location} under {root.uri}")
+    filesystem, _ = root.filesystem()
+    schema = pa.unify_schemas([pq.read_schema(path, filesystem=filesystem) for path in files])
+    durations = stored_durations(schema)
+    if not root.is_local:
+        rows = pads.dataset(files, schema=schema, format="parquet", filesystem=filesystem).to_table()
+        return _from_arrow(spark, as_durations(rows, durations))
+    frame = spark.read.option("mergeSchema", "true").parquet(*files)
+    return _with_intervals(frame, durations)
+
+
+def _from_arrow(spark: SparkSession, rows: pa.Table) -> DataFrame:
+    return spark.createDataFrame(rows, schema=spark_schema(rows.schema))
+
+
+def _with_intervals(frame: DataFrame, durations: list[str]) -> DataFrame:
+    """TIME: int64 microseconds in the files, an interval in Spark."""
+    for name in durations:
+        seconds = (F.col(name).cast("decimal(20,0)") / F.lit(1_000_000)).cast("decimal(18,6)")
+        frame = frame.withColumn(name, F.make_dt_interval(secs=seconds))
+    return frame

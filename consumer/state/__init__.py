@@ -3,7 +3,7 @@
 Pure library code, no I/O: a source feeds `ConsumerState`, a sink applies the units it resolves.
 """
 
-from consumer.state.machine import ConsumerState, ErrorPolicy, StateStats, Unapplied
+from consumer.state.machine import ConsumerState, ErrorPolicy, Ordering, StateStats, Unapplied
 from consumer.state.pending import PendingBuffer
 from consumer.state.resolver import Resolver
 from consumer.state.schema_cache import SchemaCache
@@ -15,6 +15,7 @@ __all__ = [
     "DDLUnit",
     "DeadLetter",
     "ErrorPolicy",
+    "Ordering",
     "PartitionWatermarks",
     "PendingBuffer",
     "Resolver",

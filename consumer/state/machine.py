@@ -12,19 +12,36 @@ A driver loop looks like::
 
 Delivery is at least once: offsets never move past a record whose effect is not durable, so a crash or
 a rebalance redelivers it. Within one assignment of a partition, a record is emitted at most once.
+
+Ordering: with "watermark" (the Simple protocol, and streams that carry watermarks) a row resolves once
+every owned partition's watermark has passed its commit ts, so tables are consistent at the watermark. With
+"arrival" (protocols without watermarks: TiCDC Avro, Debezium without the TiDB extension) a row resolves
+as soon as it arrives: TiCDC writes every change of a key to one partition in commit order, so applying each
+partition in offset order applies each key's changes in commit order, and a mirror is exact per key, though
+no cross-table consistency point exists. In both, a row without a commit ts (0: an Avro tombstone) takes
+the newest commit ts seen before it on its partition, a lower bound that keeps it after every earlier change
+of its key (and is 0 when it is the first record of an assignment).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import msgspec
 from cachetools import LRUCache
 
-from consumer.errors import ConsumerError, RecordLocation, SchemaNotFoundError, SchemaRejectedError
-from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, RawDML, TableSchema, Watermark
+from consumer.errors import (
+    ClaimCheckNotAllowedError,
+    ConsumerError,
+    HandleKeyOnlyError,
+    RecordLocation,
+    SchemaNotFoundError,
+    SchemaRejectedError,
+)
+from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, KeyOnlyDML, RawDML, TableSchema, Watermark
 from consumer.state.offsets import PartitionOffsets
 from consumer.state.pending import (
     DEFAULT_BUDGET_BYTES,
@@ -49,6 +66,9 @@ from consumer.state.watermarks import PartitionWatermarks
 ErrorPolicy = Literal["dead-letter", "fail"]
 # Schema keys whose schema was rejected, remembered so their rows are set aside as they arrive.
 REJECTED_SCHEMAS_REMEMBERED = 10_000
+Ordering = Literal["watermark", "arrival"]
+# The resolve limit in "arrival" ordering: above every TSO, so everything known goes out.
+EVERYTHING = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +118,21 @@ class Unapplied:
         return f"{topic}[{partition}]: {'; '.join(reasons)}"
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """Where an owned partition stands: the offset to resume it from (None before its first record),
+    whether every record seen on it is durably applied, and its watermark."""
+
+    resume_offset: int | None
+    drained: bool
+    watermark: int | None
+
+
 @dataclass(slots=True, eq=False)
 class _Partition:
     offsets: PartitionOffsets
     reported: int | None = None  # last offset `committable` returned
+    newest_ts: int = 0  # newest commit ts seen on this assignment: the floor of a row without one
 
 
 class ConsumerState:
@@ -110,7 +141,9 @@ class ConsumerState:
     `budget_bytes` bounds, separately, rows waiting for a schema and rows waiting for the watermark;
     reaching it pauses partitions (see `paused`), it never drops a row. `policy` decides what happens to
     undecodable records and to rows whose schema does not arrive within `pending_timeout` seconds:
-    "dead-letter" hands them out as `DeadLetter` units, "fail" raises.
+    "dead-letter" hands them out as `DeadLetter` units, "fail" raises. `ordering`: see the module docstring.
+    `described`: the schema a row's own record described (protocols whose records carry their schema, e.g.
+    `ConfluentAvroDecoder.described_schema`), consulted when the cache lacks a row's version.
     """
 
     def __init__(
@@ -121,8 +154,12 @@ class ConsumerState:
         pending_timeout: float = DEFAULT_TIMEOUT_S,
         schemas: SchemaCache | None = None,
         clock: Callable[[], float] = time.monotonic,
+        ordering: Ordering = "watermark",
+        described: Callable[[SchemaKey], TableSchema | None] | None = None,
     ) -> None:
         self.policy = policy
+        self.ordering = ordering
+        self._described = described
         self.budget_bytes = budget_bytes
         self.schemas = schemas if schemas is not None else SchemaCache()
         self._pending = PendingBuffer(budget_bytes=budget_bytes, timeout=pending_timeout, clock=clock)
@@ -188,6 +225,10 @@ class ConsumerState:
                 self._take(location, message, offsets)
                 continue
             offsets.hold(location.offset)
+            if message.commit_ts > partition.newest_ts:
+                partition.newest_ts = message.commit_ts
+            elif not message.commit_ts and partition.newest_ts:
+                message = msgspec.structs.replace(message, commit_ts=partition.newest_ts)
             key = (message.database, message.table, message.schema_version)
             schema = known.get(key)
             if schema is not None:
@@ -196,7 +237,7 @@ class ConsumerState:
                 continue
             # pinned first: a row waiting for its schema keeps it from being evicted once it arrives
             self.schemas.pin(key)
-            schema = self.schemas.lookup(key, message.table_id)
+            schema = self.schemas.lookup(key, message.table_id) or self._self_described(key)
             if schema is None:
                 rejected = self._rejected.get(key) if self._rejected else None
                 if rejected is None:
@@ -228,8 +269,16 @@ class ConsumerState:
             self._learn(message.table_schema)
             self._learn(message.pre_table_schema)
             self._add_ddl(message, location, offsets)
+        elif isinstance(message, KeyOnlyDML):  # a large-message resolver makes these whole before here
+            self._fail(location, offsets, _unresolved(message), message.row.payload)
         else:
             raise TypeError(f"{location}: not a decoded message: {type(message).__name__}")
+
+    def _self_described(self, key: SchemaKey) -> TableSchema | None:
+        schema = self._described(key) if self._described is not None else None
+        if schema is not None:
+            self._learn(schema)
+        return schema
 
     def learn_schemas(self, schemas: Iterable[TableSchema]) -> None:
         """Schemas known from outside the stream, such as a sink's recorded snapshot written by whichever
@@ -244,10 +293,14 @@ class ConsumerState:
         arriving later, are set aside rather than waiting for a schema that cannot decode them.
         """
         offsets = self._owned(topic_partition(location), location).offsets
-        if not offsets.admit(location.offset):
-            return
-        if isinstance(error, SchemaRejectedError):
-            self._reject(error)
+        if offsets.admit(location.offset):
+            if isinstance(error, SchemaRejectedError):
+                self._reject(error)
+            self._fail(location, offsets, error, value)
+
+    def _fail(
+        self, location: RecordLocation, offsets: PartitionOffsets, error: ConsumerError, value: bytes | None
+    ) -> None:
         if self.policy == "fail":
             raise error.with_location(location)
         offsets.hold(location.offset)
@@ -271,7 +324,8 @@ class ConsumerState:
         """Every unit ready now, in the order a sink must apply them (dead letters first, unordered)."""
         units: list[Unit] = [*self._expire(), *self._failed]
         self._failed = []
-        units += self._resolver.resolve(self._watermarks.global_watermark())
+        limit = EVERYTHING if self.ordering == "arrival" else self._watermarks.global_watermark()
+        units += self._resolver.resolve(limit)
         for unit in units:
             self._claims[unit] = _claim(unit)
         return units
@@ -307,6 +361,20 @@ class ConsumerState:
             partition = self._partitions.get(tp)
             if partition is not None and partition.reported == offset:
                 partition.reported = None
+
+    def partition_states(self) -> dict[TopicPartition, PartitionState]:
+        return {
+            tp: PartitionState(p.offsets.committable(), p.offsets.drained(), self._watermarks.of(tp))
+            for tp, p in self._partitions.items()
+        }
+
+    def seed_watermarks(self, marks: Mapping[TopicPartition, int]) -> None:
+        """Watermarks known from outside the stream for owned partitions: a sink's record that every change
+        of the partition up to them is applied. A partition resumed at its end has no WATERMARK left to
+        read, and would otherwise hold every other partition back until TiCDC's next one."""
+        for tp, commit_ts in marks.items():
+            if tp in self._partitions:
+                self._watermarks.advance(tp, commit_ts)
 
     def paused(self) -> set[TopicPartition]:
         """Partitions the source should pause now (and resume every other one).
@@ -387,6 +455,16 @@ class ConsumerState:
             )
             for row in expired
         ]
+
+
+def _unresolved(message: KeyOnlyDML) -> ConsumerError:
+    """Why a key-only DML that reached the state machine is not applied: nothing made it whole."""
+    if message.claim_check_location:
+        return ClaimCheckNotAllowedError(
+            f"claim-check location not allowed: {message.claim_check_location!r} (no claim-check storage "
+            "is configured)"
+        )
+    return HandleKeyOnlyError("handle-key-only row needs an upstream lookup")
 
 
 def _claim(unit: Unit) -> dict[TopicPartition, list[int]]:

@@ -42,3 +42,7 @@ class PartitionOffsets:
         while unapplied and unapplied[0] in applied:
             applied.discard(unapplied.popleft())
         return unapplied[0] if unapplied else self._next
+
+    def drained(self) -> bool:
+        """Every record seen since assignment is durably applied (or none was seen)."""
+        return self.committable() == self._next

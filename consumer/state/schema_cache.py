@@ -47,6 +47,7 @@ class SchemaCache:
         self._pinned: dict[SchemaKey, TableSchema] = {}
         self._pins: Counter[SchemaKey] = Counter()
         self._by_version_id: dict[_VersionId, set[SchemaKey]] = {}
+        self.learned = 0  # schemas ever added: tells a caller keeping snapshots whether one is due
 
     def __len__(self) -> int:
         return len(self._lru) + len(self._pinned)
@@ -65,6 +66,7 @@ class SchemaCache:
         else:
             self._lru[key] = schema
         self._by_version_id.setdefault((schema.table_id, schema.version), set()).add(key)
+        self.learned += 1
         return True
 
     def get(self, key: SchemaKey) -> TableSchema | None:

@@ -44,7 +44,8 @@ def _checked_executable(binary: Path) -> Path:
     return binary
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
@@ -60,7 +61,7 @@ class EmbeddedBroker:
 
     def __init__(self, *, binary: Path | None = None, startup_timeout: float = 10.0) -> None:
         executable = _checked_executable(binary) if binary else tansu_binary()
-        self.port = _free_port()
+        self.port = free_port()
         self.bootstrap_servers = f"127.0.0.1:{self.port}"
         url = f"tcp://{self.bootstrap_servers}"
         log_fd, log_name = tempfile.mkstemp(prefix="tansu-", suffix=".log")

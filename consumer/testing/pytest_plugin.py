@@ -1,4 +1,5 @@
-"""pytest fixtures for a real Kafka-protocol broker: one per test session, a fresh topic per request.
+"""pytest fixtures: a real Kafka-protocol broker (one per test session, a fresh topic per request) and a
+Confluent-compatible schema registry on localhost (one per session).
 
 Enable with `pytest_plugins = ["consumer.testing.pytest_plugin"]` in a conftest.py.
 """
@@ -13,6 +14,7 @@ from typing import Protocol
 import pytest
 
 from consumer.testing.broker import EmbeddedBroker
+from consumer.testing.registry import LocalSchemaRegistry
 
 
 class TopicFactory(Protocol):
@@ -39,3 +41,10 @@ def kafka_topic(kafka_broker: EmbeddedBroker, request: pytest.FixtureRequest) ->
         return name
 
     return create
+
+
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[LocalSchemaRegistry]:
+    """A registry for the whole session: ids are global, and identical schemas share one."""
+    with LocalSchemaRegistry() as registry:
+        yield registry

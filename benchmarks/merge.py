@@ -1,0 +1,286 @@
+"""Mirror MERGE at scale: does a MERGE cost follow the files holding the changed keys, not the table size?
+
+Run: `python benchmarks/merge.py [--sizes 1000000,10000000] [--changes 100000] [--batches 3] [--file-mb 1]`.
+
+For each table size a mirror is built as the Delta sink keeps one (registered in the lakehouse catalog,
+bounded files of `--file-mb`, sorted by key as after `ticdc-consumer maintain --cluster`), then batches of
+`--changes` changes go through `DeltaSink.write` (catalog lookup, exactly-once filter, deletes side table,
+key-range MERGE) with keys
+  - recent 1% / recent 10%: in the most recent 1% / 10% of the key space (90% updates, 5% deletes of keys
+    there, 5% inserts of new keys above the largest: a table whose activity is on its newest rows);
+  - uniform: anywhere in the key space (the same mix).
+Per MERGE: wall time of the write, files scanned / skipped / rewritten, rows the MERGE wrote per changed
+row (changed = updated + inserted + deleted keys). Median over `--batches` batches per mode.
+For reference, in the same run: the MERGE the sink made before this change (equality predicate only,
+streamed source) on the recent-1% batches.
+
+Targets (issue): the recent-key MERGE at the largest size within 2x of its time at the smallest; rows
+written <= 5x rows changed for recent keys. The machine is shared: read the ratios, not the seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from consumer.batches.changes import TSO_PHYSICAL_SHIFT, TableChanges, changelog_schema, stored_schema
+from consumer.lakehouse.catalog import Catalog
+from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.tables import KEY_PROPERTY
+from consumer.protocol.model import Column, DataType, Index, TableSchema
+from consumer.protocol.rows import TableCodec
+from consumer.sinks.base import CommitContext
+from consumer.sinks.delta import DeltaSink
+
+SCHEMA = TableSchema(
+    database="shop",
+    table="orders",
+    table_id=1,
+    version=1,
+    columns=(
+        Column("id", DataType("bigint", length=20), nullable=False),
+        Column("name", DataType("varchar", "utf8mb4", "utf8mb4_bin", length=32)),
+        Column("qty", DataType("bigint", length=20)),
+        Column("price", DataType("double", length=22)),
+    ),
+    indexes=(Index("primary", True, True, False, ("id",)),),
+)
+BASE_TS = 1_700_000_000_000 << TSO_PHYSICAL_SHIFT
+MODES = {"recent 1%": 0.01, "recent 10%": 0.10, "uniform": 1.0}
+
+
+@dataclass
+class Merge:
+    seconds: float
+    scanned: int
+    skipped: int
+    rewritten: int
+    written: int
+    changed: int
+
+    @classmethod
+    def of(cls, seconds: float, metrics: dict[str, int]) -> Merge:
+        """From delta-rs MERGE metrics; changed = updated + inserted + deleted rows."""
+        return cls(
+            seconds,
+            metrics["num_target_files_scanned"],
+            metrics["num_target_files_skipped_during_scan"],
+            metrics["num_target_files_removed"],
+            metrics["num_output_rows"],
+            sum(metrics[f"num_target_rows_{k}"] for k in ("updated", "inserted", "deleted")),
+        )
+
+
+class Bench:
+    """One mirror of `rows` keys and the sink writing it."""
+
+    def __init__(self, root: Path, rows: int, file_mb: float, seed: int) -> None:
+        self.rows = rows
+        self.top = rows  # keys 0 .. top-1 exist (some deleted)
+        self.rng = np.random.default_rng(seed)
+        self.offset = 0
+        self.ts = BASE_TS + 1_000_000
+        self.sink = DeltaSink(root, mode="mirror", target_file_size=int(file_mb * 1024 * 1024))
+        location = Catalog(LakeRoot.of(root)).locate((SCHEMA.database, SCHEMA.table), BASE_TS).location
+        self.uri = str(root / location / "mirror")
+        started = time.perf_counter()
+        self._build(rows, int(file_mb * 1024 * 1024))
+        self.build_seconds = time.perf_counter() - started
+
+    def _build(self, rows: int, file_bytes: int) -> None:
+        """The mirror as the sink stores it, written in key order in bounded files."""
+        user = stored_schema(TableCodec(SCHEMA))
+        fields = [f.with_nullable(True) if f.name != "id" else f for f in user]
+        meta = [pa.field("_commit_ts", pa.int64(), False), pa.field("_schema_version", pa.int64(), False)]
+        schema = pa.schema([*fields, *meta])
+        step = 2_000_000
+        for start in range(0, rows, step):
+            keys = np.arange(start, min(rows, start + step))
+            columns = [*self._values(keys), np.full(len(keys), BASE_TS), np.full(len(keys), 1)]
+            write_deltalake(
+                self.uri,
+                pa.Table.from_arrays([pa.array(c) for c in columns], schema=schema),
+                mode="append",
+                configuration={"delta.targetFileSize": str(file_bytes)},
+                target_file_size=file_bytes,
+            )
+        DeltaTable(self.uri).alter.set_table_properties({KEY_PROPERTY: "id"}, raise_if_not_exists=False)
+
+    def _values(self, keys: np.ndarray) -> list[pa.Array]:
+        return [
+            pa.array(keys, pa.int64()),
+            pa.array([f"order-{k}" for k in keys.tolist()], pa.string()),
+            pa.array(self.rng.integers(0, 1000, len(keys)), pa.int64()),
+            pa.array(self.rng.random(len(keys)), pa.float64()),
+        ]
+
+    def batch(self, share: float, changes: int) -> TableChanges:
+        """`changes` changes: 90% updates and 5% deletes of keys in the newest `share` of the key space,
+        5% inserts of new keys; one commit ts per change, in offset order on partition 0."""
+        inserts = changes // 20
+        low = int(self.top * (1 - share))
+        existing = self.rng.integers(low, self.top, changes - inserts)
+        new = np.arange(self.top, self.top + inserts)
+        self.top += inserts
+        keys = np.concatenate([existing, new])
+        kinds = np.array(["update_postimage"] * len(existing) + ["insert"] * inserts, dtype=object)
+        kinds[: len(existing)][self.rng.random(len(existing)) < 0.05 / 0.95] = "delete"
+        order = self.rng.permutation(len(keys))
+        keys, kinds = keys[order], kinds[order]
+        count = len(keys)
+        offsets = np.arange(self.offset, self.offset + count)
+        commit_ts = self.ts + offsets - self.offset
+        self.offset += count
+        self.ts += count
+        meta = [
+            pa.array(kinds.tolist(), pa.string()),
+            pa.array(commit_ts, pa.int64()),
+            pa.array((commit_ts >> TSO_PHYSICAL_SHIFT) * 1000, pa.timestamp("us", tz="UTC")),
+            pa.array(np.full(count, 1), pa.int64()),
+            pa.array(["bench"] * count, pa.string()),
+            pa.array(np.zeros(count), pa.int32()),
+            pa.array(offsets, pa.int64()),
+        ]
+        schema = changelog_schema(TableCodec(SCHEMA))
+        return TableChanges(SCHEMA, pa.Table.from_arrays([*self._values(keys), *meta], schema=schema))
+
+    def merge(self, changes: TableChanges) -> Merge:
+        before = self.sink.operation_metrics()
+        started = time.perf_counter()
+        self.sink.write(changes, CommitContext("bench", resolved_ts=self.ts))
+        seconds = time.perf_counter() - started
+        after = self.sink.operation_metrics()
+        return Merge.of(seconds, {name: after[name] - before[name] for name in after})
+
+    def merge_as_before(self, changes: TableChanges) -> Merge:
+        """The MERGE as the sink made it before key ranges: equality on the key only, streamed source."""
+        latest = changes.changelog.select(["id", "name", "qty", "price", "_commit_ts", "_schema_version"])
+        latest = latest.append_column("_change_type", changes.changelog["_change_type"])
+        latest = (
+            latest.group_by("id", use_threads=False)
+            .aggregate([("_commit_ts", "max")])
+            .join(latest, ["id", "_commit_ts_max"], ["id", "_commit_ts"])
+            .rename_columns({"_commit_ts_max": "_commit_ts"})
+        )
+        table = DeltaTable(self.uri)
+        columns = ["id", "name", "qty", "price", "_commit_ts", "_schema_version"]
+        assignments = {f"`{c}`": f"s.`{c}`" for c in columns}
+        started = time.perf_counter()
+        metrics = (
+            table.merge(latest, "t.id = s.id", source_alias="s", target_alias="t")
+            .when_matched_update(assignments, "s._change_type <> 'delete' AND s._commit_ts >= t._commit_ts")
+            .when_matched_delete("s._change_type = 'delete' AND s._commit_ts >= t._commit_ts")
+            .when_not_matched_insert(assignments, "s._change_type <> 'delete'")
+            .execute()
+        )
+        return Merge.of(time.perf_counter() - started, metrics)
+
+
+def median(merges: list[Merge]) -> Merge:
+    return Merge(
+        statistics.median(m.seconds for m in merges),
+        int(statistics.median(m.scanned for m in merges)),
+        int(statistics.median(m.skipped for m in merges)),
+        int(statistics.median(m.rewritten for m in merges)),
+        int(statistics.median(m.written for m in merges)),
+        int(statistics.median(m.changed for m in merges)),
+    )
+
+
+def run(size: int, args: argparse.Namespace, work: Path) -> dict[str, Merge]:
+    bench = Bench(work / f"lake-{size}", size, args.file_mb, seed=size % 1000)
+    files = len(DeltaTable(bench.uri).file_uris())
+    print(f"{size:,} rows: built in {bench.build_seconds:.1f} s, {files} files", flush=True)
+    bench.merge(bench.batch(0.01, args.changes))  # warm-up: caches, the side table
+    results = {}
+    for mode, share in MODES.items():
+        results[mode] = median([bench.merge(bench.batch(share, args.changes)) for _ in range(args.batches)])
+        print(f"  {mode}: {results[mode].seconds:.2f} s", flush=True)
+    as_before = [bench.merge_as_before(bench.batch(0.01, args.changes)) for _ in range(args.batches)]
+    results["recent 1%, MERGE as before"] = median(as_before)
+    return results
+
+
+def report(sizes: list[int], results: dict[int, dict[str, Merge]]) -> None:
+    head = (
+        f"{'rows':>11} {'keys':<28} {'seconds':>8} {'scanned':>8} {'skipped':>8} {'rewritten':>9} "
+        f"{'rows written':>12} {'changed':>8} {'written/changed':>15}"
+    )
+    print(head)
+    print("-" * len(head))
+    for size in sizes:
+        for mode, m in results[size].items():
+            print(
+                f"{size:>11,} {mode:<28} {m.seconds:>8.2f} {m.scanned:>8} {m.skipped:>8} {m.rewritten:>9} "
+                f"{m.written:>12,} {m.changed:>8,} {m.written / max(m.changed, 1):>14.2f}x"
+            )
+    small, large = min(sizes), max(sizes)
+    print()
+    for mode in MODES:
+        ratio = results[large][mode].seconds / results[small][mode].seconds
+        amplification = results[large][mode].written / max(results[large][mode].changed, 1)
+        target = " (target <= 2x; written/changed <= 5x)" if mode.startswith("recent") else ""
+        print(
+            f"{mode}: MERGE at {large:,} rows takes {ratio:.2f}x its time at {small:,}; "
+            f"writes {amplification:.2f}x the rows it changes at {large:,}{target}"
+        )
+    before = results[large]["recent 1%, MERGE as before"]
+    now = results[large]["recent 1%"]
+    print(
+        f"recent 1% at {large:,} rows: {before.seconds / now.seconds:.1f}x faster than the MERGE as before, "
+        f"{before.written / max(now.written, 1):.1f}x fewer rows written"
+    )
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        values = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive numbers, not {text!r}")
+    return sorted(set(values))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=parse_sizes, default=[1_000_000, 10_000_000], help="table rows")
+    parser.add_argument("--changes", type=int, default=100_000, help="changes per batch (default 100000)")
+    parser.add_argument("--batches", type=int, default=3, help="batches per mode, median counts (default 3)")
+    parser.add_argument("--file-mb", type=float, default=1.0, help="mirror target file size (default 1)")
+    parser.add_argument("--workdir", type=Path, help="keep the tables here (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    if min(args.changes, args.batches) <= 0 or args.file_mb <= 0:
+        parser.error("--changes, --batches and --file-mb must be positive")
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="merge-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    try:
+        results = {size: run(size, args, work) for size in args.sizes}
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(
+        f"{args.changes:,} changes per MERGE, mirror files of {args.file_mb:g} MiB, median of {args.batches}"
+    )
+    report(args.sizes, results)
+    print(f"total run time {time.perf_counter() - began:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

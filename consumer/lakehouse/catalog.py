@@ -1,0 +1,296 @@
+"""The catalog: which directory holds which upstream table, and what happened to the table, kept in the lake.
+
+`<root>/_catalog` is a small Delta table with one row per upstream table (an incarnation: a table dropped
+and created again gets a new row):
+
+    location       its directory under the root, e.g. `shop/orders`; it never changes, RENAME included
+    database       current name
+    table          current name
+    created_ts     commit ts from which it holds its first name (0: before the consumer first saw it)
+    dropped_ts     the DROP TABLE's commit ts; null while the table is live
+    truncated_ts   the latest TRUNCATE's commit ts
+    names          every name it had: list of {since_ts, database, table}, oldest first
+    updated_at     when this row last changed
+
+The Delta tables of a row live at `<root>/<location>/changelog` and `<root>/<location>/mirror`. Any Delta
+reader finds a live table's location with
+`SELECT location FROM <root>/_catalog WHERE database = 'shop' AND "table" = 'orders' AND dropped_ts IS NULL`.
+
+Every change is an optimistic Delta commit that rewrites the (small) table and carries the app transaction
+`ticdc-catalog` with the next version: two writers changing the catalog at once conflict, and the loser
+re-reads the catalog and applies its change again (each change is idempotent), so members on different
+machines agree without any lock. Rows of a table are found by their name *and* commit ts, so a member behind
+a RENAME or a DROP still writes its older rows to the table they belong to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from consumer.errors import SinkError
+from consumer.lakehouse.storage import LakeRoot, retry_commits
+from consumer.sinks.layout import segment
+
+CATALOG = "_catalog"
+CATALOG_APP = "ticdc-catalog"  # app transaction every catalog commit sets: concurrent changes conflict
+Name = tuple[str, str]  # (database, table)
+
+_NAME = pa.struct(
+    [
+        pa.field("since_ts", pa.int64(), nullable=False),
+        pa.field("database", pa.string(), nullable=False),
+        pa.field("table", pa.string(), nullable=False),
+    ]
+)
+CATALOG_SCHEMA = pa.schema(
+    [
+        pa.field("location", pa.string(), nullable=False),
+        pa.field("database", pa.string(), nullable=False),
+        pa.field("table", pa.string(), nullable=False),
+        pa.field("created_ts", pa.int64(), nullable=False),
+        pa.field("dropped_ts", pa.int64()),
+        pa.field("truncated_ts", pa.int64()),
+        pa.field("names", pa.list_(pa.field("element", _NAME, nullable=False)), nullable=False),
+        pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class NamePeriod:
+    since_ts: int
+    database: str
+    table: str
+
+    @property
+    def name(self) -> Name:
+        return self.database, self.table
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One upstream table incarnation: where it lives and its history."""
+
+    location: str
+    names: tuple[NamePeriod, ...]
+    dropped_ts: int | None = None
+    truncated_ts: int | None = None
+    updated_at: datetime | None = None  # None: changed now, not committed yet
+
+    @property
+    def name(self) -> Name:
+        return self.names[-1].name
+
+    @property
+    def created_ts(self) -> int:
+        return self.names[0].since_ts
+
+    @property
+    def live(self) -> bool:
+        return self.dropped_ts is None
+
+    @property
+    def floor(self) -> int:
+        """Changes older than this no longer belong in the mirror (a TRUNCATE or DROP came after them)."""
+        return max(self.truncated_ts or 0, self.dropped_ts or 0)
+
+    def name_at(self, commit_ts: int) -> Name | None:
+        """The table's name for a change at `commit_ts`; None if the table did not exist then."""
+        if commit_ts < self.created_ts or (self.dropped_ts is not None and commit_ts >= self.dropped_ts):
+            return None
+        return next(p.name for p in reversed(self.names) if p.since_ts <= commit_ts)
+
+    def ends_of(self, name: Name) -> list[int]:
+        """When each period of the table under `name` ended (a RENAME away, or the DROP)."""
+        ends = [*(p.since_ts for p in self.names[1:]), self.dropped_ts]
+        return [
+            end
+            for period, end in zip(self.names, ends, strict=True)
+            if period.name == name and end is not None
+        ]
+
+
+class Catalog:
+    """The catalog of one root, cached: locations never change, so a stale cache only misses tables
+    (then it reloads); every change re-reads the table inside its commit attempt."""
+
+    def __init__(self, root: LakeRoot) -> None:
+        self.root = root
+        self.uri = root.join(CATALOG)
+        self._entries: list[CatalogEntry] | None = None
+
+    def entries(self) -> list[CatalogEntry]:
+        if self._entries is None:
+            self.refresh()
+        assert self._entries is not None
+        return self._entries
+
+    def refresh(self) -> None:
+        table = self.root.open(self.uri)
+        self._entries = [] if table is None else _read(self.root, table)
+
+    def find(self, name: Name, commit_ts: int) -> CatalogEntry | None:
+        """The table holding `name`'s changes at `commit_ts`, from the cache."""
+        return _holding(self.entries(), name, commit_ts)
+
+    def current(self, name: Name) -> CatalogEntry | None:
+        """The live table called `name` now (what readers want)."""
+        live = [e for e in self.entries() if e.live and e.name == name]
+        return max(live, key=lambda e: e.created_ts) if live else None
+
+    def locate(self, name: Name, commit_ts: int) -> CatalogEntry:
+        """The table `name`'s changes at `commit_ts` go to, registering it on first sight."""
+        found = self.find(name, commit_ts)
+        if found is None:
+            self.refresh()
+            found = self.find(name, commit_ts) or self._register(name, commit_ts, since=None)
+        return found
+
+    # -- changes -----------------------------------------------------------------------------------
+    def create(self, name: Name, commit_ts: int) -> CatalogEntry:
+        """CREATE TABLE: a new table from `commit_ts`, unless one already holds the name then (created by
+        another member, or registered from rows seen before the CREATE)."""
+        return self._register(name, commit_ts, since=commit_ts)
+
+    def rename(self, old: Name, new: Name, commit_ts: int) -> CatalogEntry:
+        def change(entries: list[CatalogEntry]) -> tuple[list[CatalogEntry] | None, CatalogEntry]:
+            done = _holding(entries, new, commit_ts)
+            if done is not None and any(p.since_ts == commit_ts and p.name == new for p in done.names):
+                return None, done  # applied already
+            if done is not None:
+                raise SinkError(
+                    f"RENAME {old[0]}.{old[1]} to {new[0]}.{new[1]}: "
+                    f"{done.location} already holds a live table of that name"
+                )
+            entry = _holding(entries, old, commit_ts - 1)
+            if entry is None:  # never seen: rows of the old name may still come
+                entry = _new_entry(entries, old, _start(entries, old, commit_ts))
+                entries = [*entries, entry]
+            renamed = replace(entry, names=(*entry.names, NamePeriod(commit_ts, *new)), updated_at=None)
+            return _replaced(entries, entry, renamed), renamed
+
+        return self._change(f"catalog: RENAME {old} to {new}", change)
+
+    def truncate(self, name: Name, commit_ts: int) -> CatalogEntry:
+        return self._mark(name, commit_ts, "truncated_ts")
+
+    def drop(self, name: Name, commit_ts: int) -> CatalogEntry:
+        return self._mark(name, commit_ts, "dropped_ts")
+
+    def _mark(self, name: Name, commit_ts: int, mark: str) -> CatalogEntry:
+        """Record a TRUNCATE or DROP of the table holding `name` just before `commit_ts`."""
+
+        def change(entries: list[CatalogEntry]) -> tuple[list[CatalogEntry] | None, CatalogEntry]:
+            entry = _holding(entries, name, commit_ts - 1)
+            if entry is None:  # never seen: rows from before it may still come, and must not revive it
+                entry = _new_entry(entries, name, _start(entries, name, commit_ts))
+                entries = [*entries, entry]
+            elif (getattr(entry, mark) or 0) >= commit_ts:
+                return None, entry  # applied already
+            marked = replace(entry, updated_at=None, **{mark: commit_ts})
+            return _replaced(entries, entry, marked), marked
+
+        return self._change(f"catalog: {mark.removesuffix('_ts')} {name} at {commit_ts}", change)
+
+    def _register(self, name: Name, commit_ts: int, *, since: int | None) -> CatalogEntry:
+        def change(entries: list[CatalogEntry]) -> tuple[list[CatalogEntry] | None, CatalogEntry]:
+            found = _holding(entries, name, commit_ts)
+            if found is not None:
+                return None, found
+            entry = _new_entry(entries, name, _start(entries, name, commit_ts) if since is None else since)
+            return [*entries, entry], entry
+
+        return self._change(f"catalog: register {name}", change)
+
+    def _change(
+        self,
+        what: str,
+        change: Callable[[list[CatalogEntry]], tuple[list[CatalogEntry] | None, CatalogEntry]],
+    ) -> CatalogEntry:
+        def attempt() -> CatalogEntry:
+            table = self.root.open(self.uri)
+            if table is None:
+                options = self.root.options()
+                DeltaTable.create(self.uri, CATALOG_SCHEMA, mode="ignore", storage_options=options)
+                table = self.root.open(self.uri)
+                assert table is not None
+            entries = _read(self.root, table)
+            changed, result = change(entries)
+            if changed is not None:
+                version = (table.transaction_version(CATALOG_APP) or 0) + 1
+                write_deltalake(
+                    table,
+                    _arrow(changed),
+                    mode="overwrite",
+                    commit_properties=CommitProperties(app_transactions=[Transaction(CATALOG_APP, version)]),
+                )
+            self._entries = changed if changed is not None else entries
+            return result
+
+        return retry_commits(what, attempt)
+
+
+def _holding(entries: Iterable[CatalogEntry], name: Name, commit_ts: int) -> CatalogEntry | None:
+    found = [e for e in entries if e.name_at(commit_ts) == name]
+    return max(found, key=lambda e: e.created_ts) if found else None
+
+
+def _start(entries: Iterable[CatalogEntry], name: Name, commit_ts: int) -> int:
+    """Where a table first seen at `commit_ts` starts: after the last table that held its name before
+    (renamed away or dropped), else at 0 (it existed before the consumer saw it)."""
+    ends = [end for e in entries for end in e.ends_of(name) if end <= commit_ts]
+    return max(ends, default=0)
+
+
+def _new_entry(entries: Iterable[CatalogEntry], name: Name, since: int) -> CatalogEntry:
+    """A table at `<database>/<table>`, or `<database>/<table>@N` when an earlier table took that."""
+    taken = {e.location for e in entries}
+    base = f"{segment(name[0])}/{segment(name[1])}"
+    location = base
+    suffix = 2
+    while location in taken:
+        location = f"{base}@{suffix}"
+        suffix += 1
+    return CatalogEntry(location, (NamePeriod(since, *name),))
+
+
+def _replaced(entries: list[CatalogEntry], old: CatalogEntry, new: CatalogEntry) -> list[CatalogEntry]:
+    return [new if e.location == old.location else e for e in entries]
+
+
+def _read(root: LakeRoot, table: DeltaTable) -> list[CatalogEntry]:
+    rows = root.scan(table).to_table().to_pylist()
+    return [
+        CatalogEntry(
+            row["location"],
+            tuple(NamePeriod(n["since_ts"], n["database"], n["table"]) for n in row["names"]),
+            row["dropped_ts"],
+            row["truncated_ts"],
+            row["updated_at"],
+        )
+        for row in sorted(rows, key=lambda r: r["location"])
+    ]
+
+
+def _arrow(entries: list[CatalogEntry]) -> pa.Table:
+    now = datetime.now(UTC)
+    rows: list[dict[str, Any]] = [
+        {
+            "location": e.location,
+            "database": e.name[0],
+            "table": e.name[1],
+            "created_ts": e.created_ts,
+            "dropped_ts": e.dropped_ts,
+            "truncated_ts": e.truncated_ts,
+            "names": [{"since_ts": p.since_ts, "database": p.database, "table": p.table} for p in e.names],
+            "updated_at": e.updated_at or now,
+        }
+        for e in entries
+    ]
+    return pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA)

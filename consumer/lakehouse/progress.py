@@ -1,0 +1,216 @@
+"""How far each consumer group got, kept in the lake: where to resume and how far the output is consistent.
+
+`<root>/_progress` (Delta) gets rows appended by every group member after its cycles:
+
+    group, topic, partition   the partition
+    resume_offset             re-reading from here loses nothing: every record before it is durably applied
+    applied_ts                every change of the partition with commit ts <= it is durably applied (null:
+                              not known yet, e.g. while rows wait for their schema)
+    member, recorded_at       who recorded it, when
+
+Each value only ever grows as a claim (a row stays true once written), so readers take the maximum of each
+per partition, a stale member's row is harmless, and appends of different members never conflict.
+`<root>/_schemas` keeps each member's schema-cache snapshot (msgpack), so a member taking over a partition
+decodes rows whose schema no later message announces. Both are compacted to their newest rows now and then.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from consumer.lakehouse.offsets import TopicPartition
+from consumer.lakehouse.storage import LakeRoot, retry_commits
+
+log = logging.getLogger(__name__)
+
+PROGRESS = "_progress"
+SCHEMAS = "_schemas"
+COMPACT_EVERY = 50  # commits between compactions of the progress tables
+_Compaction = Callable[[pa.Table], pa.Table]  # a table's rows -> its newest facts
+
+PROGRESS_SCHEMA = pa.schema(
+    [
+        pa.field("group", pa.string(), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("resume_offset", pa.int64(), nullable=False),
+        pa.field("applied_ts", pa.int64()),
+        pa.field("member", pa.string(), nullable=False),
+        pa.field("recorded_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+SCHEMAS_SCHEMA = pa.schema(
+    [
+        pa.field("member", pa.string(), nullable=False),
+        pa.field("recorded_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("snapshot", pa.binary(), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class PartitionProgress:
+    resume_offset: int
+    applied_ts: int | None
+
+
+class ProgressLog:
+    """A root's progress and schema records; `member` names this writer in the rows it appends."""
+
+    def __init__(self, root: LakeRoot, member: str | None = None) -> None:
+        self.root = root
+        self.member = member or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.progress_uri = root.join(PROGRESS)
+        self.schemas_uri = root.join(SCHEMAS)
+
+    def record(
+        self,
+        group: str,
+        resume_offsets: Mapping[TopicPartition, int],
+        applied_ts: Mapping[TopicPartition, int],
+        schema_snapshot: bytes | None = None,
+    ) -> None:
+        """Append a member's progress (and its schema snapshot, when given: record it whenever it changed)."""
+        now = datetime.now(UTC)
+        if schema_snapshot:
+            row = {"member": self.member, "recorded_at": now, "snapshot": schema_snapshot}
+            self._append(
+                self.schemas_uri, pa.Table.from_pylist([row], schema=SCHEMAS_SCHEMA), _newest_schemas
+            )
+        rows = [
+            {
+                "group": group,
+                "topic": topic,
+                "partition": partition,
+                "resume_offset": offset,
+                "applied_ts": applied_ts.get((topic, partition)),
+                "member": self.member,
+                "recorded_at": now,
+            }
+            for (topic, partition), offset in sorted(resume_offsets.items())
+        ]
+        if rows:
+            self._append(
+                self.progress_uri, pa.Table.from_pylist(rows, schema=PROGRESS_SCHEMA), _newest_progress
+            )
+
+    def partitions(self, group: str) -> dict[TopicPartition, PartitionProgress]:
+        """Per partition the group recorded, the furthest resume offset and applied ts any row claims."""
+        table = self.root.open(self.progress_uri)
+        if table is None:
+            return {}
+        rows = self.root.scan(table).to_table(filter=pc.field("group") == group)
+        return {
+            (row["topic"], row["partition"]): PartitionProgress(
+                row["resume_offset_max"], row["applied_ts_max"]
+            )
+            for row in _furthest(rows).to_pylist()
+        }
+
+    def schema_snapshot(self) -> bytes | None:
+        """Every schema any member recorded, as one snapshot."""
+        table = self.root.open(self.schemas_uri)
+        if table is None:
+            return None
+        snapshots = self.root.scan(table).to_table(columns=["snapshot"])["snapshot"].to_pylist()
+        return merged_snapshots(snapshots) if snapshots else None
+
+    def groups(self) -> list[str]:
+        table = self.root.open(self.progress_uri)
+        if table is None:
+            return []
+        return sorted(set(self.root.scan(table).to_table(columns=["group"])["group"].to_pylist()))
+
+    def _append(self, uri: str, rows: pa.Table, compacted: _Compaction) -> None:
+        def attempt() -> None:  # conflicts only with a compaction that removed files this handle saw
+            table = self.root.open(uri)
+            target = table if table is not None else uri
+            write_deltalake(target, rows, mode="append", storage_options=self.root.options())
+
+        retry_commits(f"progress {uri}", attempt)
+        table = self.root.open(uri)
+        if table is not None and table.version() % COMPACT_EVERY == 0:
+            self._compact(table, compacted)
+
+    def _compact(self, table: DeltaTable, compacted: _Compaction) -> None:
+        """Rewrite the table as its newest facts; best effort: another member's concurrent compaction wins,
+        and rows appended meanwhile stay (only the files read are replaced)."""
+        try:
+            write_deltalake(table, compacted(self.root.scan(table).to_table()), mode="overwrite")
+        except CommitFailedError as exc:
+            log.info("%s: compaction skipped, another writer changed it: %s", table.table_uri, exc)
+
+
+def _furthest(rows: pa.Table) -> pa.Table:
+    return rows.group_by(["topic", "partition"], use_threads=False).aggregate(
+        [("resume_offset", "max"), ("applied_ts", "max")]
+    )
+
+
+def _newest_progress(rows: pa.Table) -> pa.Table:
+    now = datetime.now(UTC)
+    furthest = rows.group_by(["group", "topic", "partition"], use_threads=False).aggregate(
+        [("resume_offset", "max"), ("applied_ts", "max")]
+    )
+    return pa.table(
+        {
+            "group": furthest["group"],
+            "topic": furthest["topic"],
+            "partition": furthest["partition"],
+            "resume_offset": furthest["resume_offset_max"],
+            "applied_ts": furthest["applied_ts_max"],
+            "member": pa.array(["compacted"] * furthest.num_rows, pa.string()),
+            "recorded_at": pa.array([now] * furthest.num_rows, pa.timestamp("us", tz="UTC")),
+        },
+        schema=PROGRESS_SCHEMA,
+    )
+
+
+def _newest_schemas(rows: pa.Table) -> pa.Table:
+    snapshot = merged_snapshots(rows["snapshot"].to_pylist())
+    row = {"member": "compacted", "recorded_at": datetime.now(UTC), "snapshot": snapshot}
+    return pa.Table.from_pylist([row], schema=SCHEMAS_SCHEMA)
+
+
+def merged_snapshots(snapshots: list[bytes]) -> bytes:
+    """One schema-cache snapshot (a msgpack array of schemas) holding every schema of several, without
+    decoding the schemas (this layer does not know their type)."""
+    seen: dict[bytes, msgspec.Raw] = {}
+    for snapshot in snapshots:
+        for item in msgspec.msgpack.decode(snapshot, type=list[msgspec.Raw]):
+            seen.setdefault(bytes(item), item)
+    return msgspec.msgpack.encode(list(seen.values()))
+
+
+def consistent_ts(
+    root: str | os.PathLike[str] | LakeRoot,
+    group: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+) -> int | None:
+    """A commit ts the lakehouse holds every change up to, with any number of group members: the smallest,
+    over the partitions the group recorded, of the furthest applied ts each partition's rows claim.
+
+    `group`: the consumer group; None takes the only group that recorded progress (several: the smallest
+    over them). None when nothing is known yet or a partition has no applied ts.
+    """
+    progress = ProgressLog(LakeRoot.of(root, storage_options))
+    groups = [group] if group is not None else progress.groups()
+    points = []
+    for name in groups:
+        applied = [p.applied_ts for p in progress.partitions(name).values()]
+        if not applied or None in applied:
+            return None
+        points.append(min(ts for ts in applied if ts is not None))
+    return min(points, default=None)

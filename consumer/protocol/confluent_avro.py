@@ -1,0 +1,664 @@
+"""TiCDC's Avro protocol (`protocol=avro`, spec avro-protocol.md): a Confluent-framed key and value per row
+change, writer schemas in a schema registry, one topic per table.
+
+A record carries no schema version of TiDB's: the table version of a row is its pair of writer schemas. The
+decoder derives the SDK's `TableSchema` from them (`AvroLayout.schema`, version `key id << 31 | value id`)
+and hands it to the state machine through `described_schema`, so rows never wait for a BOOTSTRAP that this
+protocol does not have. Row values stay undecoded in a `RawDML` (`encoding` "avro-confluent", `payload` the
+framed value, or the framed key of a key-only DELETE) until a batch of them is decoded columnar
+(`consumer.protocol.avro_rows`).
+
+Routing needs each row's operation and commit ts, which the TiDB extension puts at the *end* of the datum:
+they are read backwards from the last bytes (the extension fields' layout is fixed by the writer schema),
+and the columnar decode later checks them against the decoded fields.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal
+from zoneinfo import ZoneInfo
+
+import fastavro
+import msgspec
+
+from consumer.errors import EncodeError, MalformedMessageError, UnsupportedTypeError
+from consumer.protocol.containment import contained
+from consumer.protocol.model import (
+    DDL,
+    DML,
+    Column,
+    DataType,
+    DDLType,
+    DecodedMessage,
+    DMLType,
+    Index,
+    RawDML,
+    TableSchema,
+    Watermark,
+)
+from consumer.protocol.registry import SchemaRegistry, subject_names
+from consumer.protocol.self_described import joined_allowed, split_allowed, stable_table_id
+from consumer.protocol.types import (
+    ColumnType,
+    ValuePolicy,
+    column_type,
+    datetime_text,
+    fsp_of,
+    json_document_text,
+)
+
+ENCODING = "avro-confluent"
+MAGIC, DDL_MARK, CHECKPOINT_MARK, DELETE_MARK = 0, 1, 2, 3
+BEFORE_FIELD = "_ticdc_before"
+OP, COMMIT_TS, PHYSICAL_TIME = "_tidb_op", "_tidb_commit_ts", "_tidb_commit_physical_time"
+CHECKSUM, CORRUPTED, CHECKSUM_VERSION = (
+    "_tidb_row_level_checksum",
+    "_tidb_corrupted",
+    "_tidb_checksum_version",
+)
+EXTENSION_FIELDS = frozenset(
+    (BEFORE_FIELD, OP, COMMIT_TS, PHYSICAL_TIME, CHECKSUM, CORRUPTED, CHECKSUM_VERSION)
+)
+_OPS = {"c": DMLType.INSERT, "u": DMLType.UPDATE, "d": DMLType.DELETE}
+_ID_BITS = 31  # registry ids are positive int32: a version holds both
+_U64 = 1 << 64
+
+DecimalMode = Literal["precise", "string"]
+UnsignedMode = Literal["long", "string"]
+
+
+@dataclass(frozen=True)
+class AvroOptions:
+    """TiCDC's options for this protocol (spec §9), which the encoder follows; the decoder needs none of them
+    (the writer schema says everything) but the producer's time zone, in `ValuePolicy.timestamp_location`.
+
+    `bit_bytes` "fixed" writes BIT as ⌈M/8⌉ bytes (new TiCDC), "minimal" as few as the value needs (classic).
+    """
+
+    decimal: DecimalMode = "precise"
+    bigint_unsigned: UnsignedMode = "long"
+    tidb_extension: bool = False
+    include_before: bool = False
+    checksum: bool = False
+    watermark: bool = False
+    bit_bytes: Literal["fixed", "minimal"] = "fixed"
+
+
+# -- names ------------------------------------------------------------------------------------------
+def sanitized(name: str) -> str:
+    """Spec §4.6: `[A-Za-z_][A-Za-z0-9_]*`, a bad first digit kept after a `_`, anything else as `_`."""
+    out = []
+    for position, char in enumerate(name):
+        ascii_letter = char.isascii() and (char.isalpha() or char == "_")
+        if position == 0 and not ascii_letter:
+            out.append("_" + char if char.isascii() and char.isdigit() else "_")
+        else:
+            out.append(char if ascii_letter or (char.isascii() and char.isdigit()) else "_")
+    return "".join(out)
+
+
+def table_topic(prefix: str, database: str, table: str) -> str:
+    """A topic per table, as TiCDC's dispatcher `<prefix>_{schema}_{table}` names it: characters outside
+    `[A-Za-z0-9._-]` become `_`, and the name is cut at 249 characters."""
+    raw = f"{prefix}_{database}_{table}"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", raw)[:249]
+
+
+def schema_version(key_id: int, value_id: int) -> int:
+    return key_id << _ID_BITS | value_id
+
+
+def schema_ids(version: int) -> tuple[int, int]:
+    """(key id, value id) of a version made by `schema_version`; 0 stands for "none"."""
+    return version >> _ID_BITS, version & ((1 << _ID_BITS) - 1)
+
+
+# -- writer schemas -> the SDK's table version ---------------------------------------------------------
+@dataclass(frozen=True)
+class AvroColumn:
+    """One column field of a writer schema: its Avro primitive and the SDK type it decodes to."""
+
+    name: str
+    avro: str  # int long float double string bytes boolean
+    nullable: bool
+    data_type: DataType
+    precise: tuple[int, int] | None = None  # (precision, scale) of a bytes-decimal
+
+
+@dataclass(frozen=True)
+class AvroLayout:
+    """What a (key, value) writer schema pair says: the table version, and where a datum holds what."""
+
+    schema: TableSchema
+    key_id: int
+    value_id: int
+    columns: tuple[AvroColumn, ...]  # the value's column fields (the key's when there is no value schema)
+    key_columns: tuple[AvroColumn, ...]
+    value_json: Any
+    key_json: Any
+    extension: bool  # _tidb_op, _tidb_commit_ts, _tidb_commit_physical_time
+    checksum: bool
+    before: bool
+
+    def avro_column(self, name: str) -> AvroColumn | None:
+        return next((c for c in self.columns if c.name == name), None)
+
+
+_TIDB_TYPES: dict[str, tuple[str, bool]] = {
+    "INT": ("int", False),
+    "INT UNSIGNED": ("int", True),
+    "BIGINT": ("bigint", False),
+    "BIGINT UNSIGNED": ("bigint", True),
+    "FLOAT": ("float", False),
+    "DOUBLE": ("double", False),
+    "TEXT": ("text", False),
+    "BLOB": ("blob", False),
+    "DATE": ("date", False),
+    "DATETIME": ("datetime", False),
+    "TIMESTAMP": ("timestamp", False),
+    "TIME": ("time", False),
+    "YEAR": ("year", False),
+    "JSON": ("json", False),
+    "TiDBVECTORFloat32": ("vector", False),
+}
+_TEXT = {"charset": "utf8mb4", "collate": "utf8mb4_bin"}
+WIDEST_DECIMAL = (65, 30)  # string-mode DECIMAL: precision and scale are not on the wire
+
+
+def layout(key_json: Any, value_json: Any, key_id: int, value_id: int) -> AvroLayout:
+    """Derive the table version from writer schemas (either may be None: a keyless table, a key-only
+    DELETE of a table whose value schema this consumer has not seen)."""
+    main = value_json if value_json is not None else key_json
+    if not isinstance(main, dict) or main.get("type") != "record" or not isinstance(main.get("fields"), list):
+        raise MalformedMessageError("writer schema is not an Avro record")
+    fields = [f for f in main["fields"] if isinstance(f, dict)]
+    names = [f.get("name") for f in fields]
+    columns = tuple(_avro_column(f) for f in fields if f.get("name") not in EXTENSION_FIELDS)
+    key_columns = tuple(_avro_column(f) for f in key_json["fields"]) if isinstance(key_json, dict) else ()
+    database = str(main.get("namespace") or "").partition(".")[2]
+    table = str(main.get("name") or "")
+    key_names = tuple(c.name for c in key_columns)
+    schema = TableSchema(
+        database=database,
+        table=table,
+        table_id=stable_table_id(database, table),
+        version=schema_version(key_id, value_id),
+        columns=tuple(Column(c.name, c.data_type, c.nullable) for c in columns),
+        indexes=(Index("primary", True, True, False, key_names),) if key_names else (),
+    )
+    return AvroLayout(
+        schema=schema,
+        key_id=key_id,
+        value_id=value_id,
+        columns=columns,
+        key_columns=key_columns,
+        value_json=value_json,
+        key_json=key_json,
+        extension=value_json is not None and COMMIT_TS in names,
+        checksum=value_json is not None and CHECKSUM in names,
+        before=value_json is not None and BEFORE_FIELD in names,
+    )
+
+
+def _avro_column(field: dict[str, Any]) -> AvroColumn:
+    name = field.get("name")
+    branches = field.get("type")
+    branches = branches if isinstance(branches, list) else [branches]
+    typed = [b for b in branches if b != "null"]
+    if not isinstance(name, str) or len(typed) != 1 or not isinstance(typed[0], dict):
+        raise MalformedMessageError(f"column field {name!r} is not a TiCDC column shape")
+    wire = typed[0]
+    params = wire.get("connect.parameters") or {}
+    tidb_type = params.get("tidb_type")
+    avro = wire.get("type")
+    precise = None
+    if wire.get("logicalType") == "decimal":
+        precise = (int(wire.get("precision", 10)), int(wire.get("scale", 0)))
+    data_type = _data_type(str(tidb_type), avro, params, precise, name)
+    return AvroColumn(name, str(avro), len(branches) > 1, data_type, precise)
+
+
+def _data_type(
+    tidb_type: str, avro: Any, params: dict[str, str], precise: tuple[int, int] | None, name: str
+) -> DataType:
+    if tidb_type == "DECIMAL":
+        length, scale = precise or WIDEST_DECIMAL
+        return DataType("decimal", length=length, decimal=scale)
+    if tidb_type == "BIT":
+        return DataType("bit", length=int(params.get("length") or 1), unsigned=True)
+    if tidb_type in ("ENUM", "SET"):
+        return DataType(tidb_type.lower(), **_TEXT, elements=split_allowed(params.get("allowed", "")))
+    known = _TIDB_TYPES.get(tidb_type)
+    if known is None:
+        raise UnsupportedTypeError(f"column {name!r}: tidb_type {tidb_type!r} ({avro}) is not TiCDC Avro")
+    mysql_type, unsigned = known
+    if mysql_type == "text":
+        return DataType("text", **_TEXT)
+    if mysql_type in ("datetime", "timestamp", "time"):
+        return DataType(mysql_type, decimal=6)  # fsp is not on the wire; values keep their digits
+    return DataType(mysql_type, unsigned=unsigned)
+
+
+# -- decoding records ---------------------------------------------------------------------------------
+class ConfluentAvroDecoder:
+    """Kafka record (key, value) -> message, per spec §3.2; watermark-mode records are always recognised
+    (a Confluent frame starts with 0x00, so they cannot be mistaken)."""
+
+    def __init__(self, registry: SchemaRegistry, policy: ValuePolicy | None = None) -> None:
+        self.registry = registry
+        self.policy = policy or ValuePolicy()
+        self._layouts: dict[tuple[int, int], AvroLayout] = {}
+        self._by_version: dict[tuple[str, str, int], AvroLayout] = {}
+        self._value_of_key: dict[int, int] = {}  # key schema id -> the newest value schema id seen with it
+
+    def described_schema(self, key: tuple[str, str, int]) -> TableSchema | None:
+        """The table version this decoder derived for a row it returned (`RawDML.schema_key`)."""
+        found = self._by_version.get(key)
+        return found.schema if found is not None else None
+
+    def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
+        with contained("decoding a TiCDC Avro record"):
+            return self._decode_record(key, value)
+
+    def _decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
+        if value:
+            first = value[0]
+            if first == MAGIC:
+                return self._row(key, value)
+            if first == DDL_MARK and key is None:
+                return _ddl(value)
+            if first == CHECKPOINT_MARK and key is None:
+                return Watermark(commit_ts=_tso(value), build_ts=0)
+            if first == DELETE_MARK and key:
+                return self._key_only_delete(key, _tso(value))
+            raise MalformedMessageError(f"not a TiCDC Avro record: value starts with 0x{first:02x}")
+        if key:
+            return self._key_only_delete(key, 0)
+        raise MalformedMessageError("a record with neither key nor value (TiCDC loses a keyless DELETE)")
+
+    def layout_of(self, key_id: int, value_id: int) -> AvroLayout:
+        found = self._layouts.get((key_id, value_id))
+        if found is None:
+            key_json = self.registry.schema(key_id) if key_id else None
+            value_json = self.registry.schema(value_id) if value_id else None
+            found = self._layouts[(key_id, value_id)] = layout(key_json, value_json, key_id, value_id)
+            self._by_version[found.schema.key] = found
+        return found
+
+    def _row(self, key: bytes | None, value: bytes) -> RawDML:
+        value_id = _frame_id(value, "value")
+        key_id = _frame_id(key, "key") if key is not None else 0
+        found = self.layout_of(key_id, value_id)
+        if key_id:
+            self._value_of_key[key_id] = value_id
+        kind, commit_ts = DMLType.INSERT, 0
+        if found.extension:
+            kind, commit_ts = _tail(value, found.checksum)
+        return _raw(found, kind, commit_ts, value)
+
+    def _key_only_delete(self, key: bytes, commit_ts: int) -> RawDML:
+        """A tombstone (or the 0x03 marker): only the key. It joins the table version of the newest value
+        schema seen with its key schema, so its rows batch with theirs."""
+        key_id = _frame_id(key, "key")
+        found = self.layout_of(key_id, self._value_of_key.get(key_id, 0))
+        return _raw(found, DMLType.DELETE, commit_ts, key)
+
+
+def _raw(found: AvroLayout, kind: DMLType, commit_ts: int, payload: bytes) -> RawDML:
+    schema = found.schema
+    return RawDML(
+        type=kind,
+        database=schema.database,
+        table=schema.table,
+        table_id=schema.table_id,
+        commit_ts=commit_ts,
+        build_ts=0,
+        schema_version=schema.version,
+        payload=payload,
+        encoding=ENCODING,
+    )
+
+
+def frame_id(framed: bytes) -> int:
+    return int.from_bytes(framed[1:5], "big")
+
+
+def _frame_id(framed: bytes, part: str) -> int:
+    if len(framed) < 5 or framed[0] != MAGIC:
+        raise MalformedMessageError(f"record {part} is not in the Confluent wire format (0x00 + schema id)")
+    return frame_id(framed)
+
+
+def _tso(value: bytes) -> int:
+    if len(value) != 9:
+        raise MalformedMessageError(f"a 0x{value[0]:02x} marker is 9 bytes, not {len(value)}")
+    return int.from_bytes(value[1:], "big")
+
+
+def _tail(value: bytes, checksum: bool) -> tuple[DMLType, int]:
+    """`_tidb_op` and `_tidb_commit_ts`, read backwards from the datum's end: `[op][commit ts][physical
+    time]` and, with checksums, `[checksum digits][corrupted][checksum version]` after them."""
+    try:
+        end = len(value)
+        if checksum:
+            end = _varint_start(value, end)  # _tidb_checksum_version
+            end -= 1  # _tidb_corrupted
+            digits = end
+            while digits > 5 and 0x30 <= value[digits - 1] <= 0x39:
+                digits -= 1
+            if value[digits - 1] != 2 * (end - digits):
+                raise ValueError("checksum length")
+            end = digits - 1
+        end = _varint_start(value, end)  # _tidb_commit_physical_time
+        start = _varint_start(value, end)
+        commit_ts = _zigzag(value[start:end])
+        kind = _OPS[chr(value[start - 1])]
+        if value[start - 2] != 2:
+            raise ValueError("op length")
+    except (ValueError, KeyError, IndexError) as exc:
+        raise MalformedMessageError(f"the TiDB extension fields do not end the datum ({exc})") from exc
+    return kind, commit_ts
+
+
+def _varint_start(buffer: bytes, end: int) -> int:
+    """Where the varint ending just before `end` starts (its last byte is the only one below 0x80)."""
+    position = end - 1
+    if position < 5 or buffer[position] & 0x80:
+        raise ValueError("no varint")
+    while position > 5 and buffer[position - 1] & 0x80:
+        position -= 1
+    return position
+
+
+def _zigzag(encoded: bytes) -> int:
+    result = 0
+    for shift, byte in enumerate(encoded):
+        result |= (byte & 0x7F) << (7 * shift)
+    return (result >> 1) ^ -(result & 1)
+
+
+# TiDB ActionType numbers of the watermark-mode DDL record (§7.1) as the SDK's DDL types.
+_ACTIONS: dict[int, DDLType] = {
+    3: DDLType.CREATE,
+    4: DDLType.ERASE,
+    7: DDLType.CINDEX,
+    8: DDLType.DINDEX,
+    11: DDLType.TRUNCATE,
+    14: DDLType.RENAME,
+    32: DDLType.CINDEX,
+    **dict.fromkeys((5, 6, 12, 13, 15, 17, 18, 19, 20, 22, 23, 33, 41, 42, 61, 64, 71, 72), DDLType.ALTER),
+}
+
+
+class _DDLRecord(msgspec.Struct):
+    query: str
+    type: int
+    schema: str
+    table: str
+    commitTs: int
+
+
+_DDL_RECORD = msgspec.json.Decoder(_DDLRecord)
+
+
+def _ddl(value: bytes) -> DDL:
+    """A watermark-mode DDL. It names its table but not the columns (the next row's writer schema has them):
+    its schema carries the names only, and a column change is an ALTER only in name (logged; rows bring
+    their columns)."""
+    try:
+        record = _DDL_RECORD.decode(value[1:])
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MalformedMessageError(f"invalid watermark-mode DDL record: {exc}") from exc
+    kind = _ACTIONS.get(record.type, DDLType.QUERY) if record.table else DDLType.QUERY
+    named = record.table and kind is not DDLType.ALTER
+    return DDL(
+        type=kind,
+        sql=record.query,
+        commit_ts=record.commitTs,
+        build_ts=0,
+        table_schema=_named(record.schema, record.table, record.commitTs) if named else None,
+    )
+
+
+def _named(database: str, table: str, version: int) -> TableSchema:
+    return TableSchema(database, table, stable_table_id(database, table), version)
+
+
+# -- encoding ---------------------------------------------------------------------------------------
+class ConfluentAvroEncoder:
+    """Typed messages -> Kafka records as TiCDC writes them, registering writer schemas as TiCDC does.
+
+    `encode_dml` gives (key, value): a DELETE is a tombstone (value None), or with the watermark mode the
+    0x03 marker; with `include_before` a full value. `encode_ddl` and `encode_checkpoint` exist only in the
+    watermark mode (TiCDC sends them nowhere else).
+    """
+
+    def __init__(
+        self, registry: SchemaRegistry, options: AvroOptions | None = None, policy: ValuePolicy | None = None
+    ) -> None:
+        self.registry = registry
+        self.options = options or AvroOptions()
+        self.policy = policy or ValuePolicy()
+        self._parsed: dict[int, Any] = {}
+        self._columns: dict[tuple[str, str, int], tuple[ColumnType, ...]] = {}
+
+    def encode_dml(self, dml: DML, schema: TableSchema, topic: str) -> tuple[bytes | None, bytes | None]:
+        key_subject, value_subject = subject_names(topic)
+        key_fields = _key_columns(schema)
+        key_id = self.registry.register(key_subject, key_schema(schema, self.options)) if key_fields else 0
+        if dml.type is DMLType.DELETE and not self.options.include_before:
+            key = self._framed(key_id, self._key_datum(schema, dml.old or {})) if key_id else None
+            if self.options.watermark and self.options.tidb_extension:
+                return key, bytes((DELETE_MARK,)) + dml.commit_ts.to_bytes(8, "big")
+            return key, None
+        value_id = self.registry.register(value_subject, value_schema(schema, self.options))
+        image = dml.old if dml.type is DMLType.DELETE else dml.data
+        datum = self._row_datum(schema, image or {})
+        if self.options.include_before:
+            before = None if dml.type is DMLType.INSERT else dml.old
+            datum[BEFORE_FIELD] = None if before is None else self._row_datum(schema, before)
+        if self.options.tidb_extension or self.options.include_before:
+            datum[OP] = {DMLType.INSERT: "c", DMLType.UPDATE: "u", DMLType.DELETE: "d"}[dml.type]
+        if self.options.tidb_extension:
+            datum[COMMIT_TS] = dml.commit_ts
+            datum[PHYSICAL_TIME] = dml.commit_ts >> 18
+            if self.options.checksum:
+                checksum = dml.checksum
+                datum[CHECKSUM] = str(checksum.current) if checksum else ""
+                datum[CORRUPTED] = bool(checksum and checksum.corrupted)
+                datum[CHECKSUM_VERSION] = checksum.version if checksum else 0
+        key = self._framed(key_id, self._key_datum(schema, image or {})) if key_id else None
+        return key, self._framed(value_id, datum)
+
+    def encode_ddl(self, ddl: DDL, action: int) -> bytes:
+        schema = ddl.table_schema
+        body = {
+            "query": ddl.sql,
+            "type": action,
+            "schema": schema.database if schema else "",
+            "table": schema.table if schema else "",
+            "commitTs": ddl.commit_ts,
+        }
+        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+        for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+            text = text.replace(raw, escaped)
+        return bytes((DDL_MARK,)) + text.encode()
+
+    @staticmethod
+    def encode_checkpoint(resolved_ts: int) -> bytes:
+        return bytes((CHECKPOINT_MARK,)) + resolved_ts.to_bytes(8, "big")
+
+    def _framed(self, schema_id: int, datum: dict[str, Any]) -> bytes:
+        parsed = self._parsed.get(schema_id)
+        if parsed is None:
+            parsed = self._parsed[schema_id] = fastavro.parse_schema(self.registry.schema(schema_id))
+        stream = io.BytesIO()
+        stream.write(bytes((MAGIC,)) + schema_id.to_bytes(4, "big"))
+        try:
+            fastavro.schemaless_writer(stream, parsed, datum)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise EncodeError(f"Avro datum does not fit its writer schema: {exc}") from exc
+        return stream.getvalue()
+
+    def _types(self, schema: TableSchema) -> tuple[ColumnType, ...]:
+        found = self._columns.get(schema.key)
+        if found is None:
+            found = self._columns[schema.key] = tuple(column_type(c, self.policy) for c in schema.columns)
+        return found
+
+    def _row_datum(self, schema: TableSchema, image: dict[str, Any]) -> dict[str, Any]:
+        return {sanitized(t.name): self._value(t, image.get(t.name)) for t in self._types(schema)}
+
+    def _key_datum(self, schema: TableSchema, image: dict[str, Any]) -> dict[str, Any]:
+        keys = set(_key_columns(schema))
+        return {
+            sanitized(t.name): self._value(t, image.get(t.name))
+            for t in self._types(schema)
+            if t.name in keys
+        }
+
+    def _value(self, column: ColumnType, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return _avro_value(column, value, self.options, self.policy)
+        except (TypeError, ValueError, OverflowError, ArithmeticError) as exc:
+            raise EncodeError(f"column {column.name!r}: cannot encode {value!r}: {exc}") from exc
+
+
+def _avro_value(column: ColumnType, value: Any, options: AvroOptions, policy: ValuePolicy) -> Any:
+    data_type = column.data_type
+    kind = data_type.mysql_type
+    if kind == "bigint" and data_type.unsigned:
+        unsigned = int(column.to_json(value))
+        if options.bigint_unsigned == "string":
+            return str(unsigned)
+        return unsigned - _U64 if unsigned >= 1 << 63 else unsigned
+    if kind in ("tinyint", "smallint", "mediumint", "int", "bigint", "year"):
+        return int(column.to_json(value))
+    if kind in ("float", "double"):
+        return float(value)
+    if kind == "decimal":
+        text = column.to_json(value)
+        return text if options.decimal == "string" else Decimal(text)
+    if kind == "timestamp":
+        local = value.astimezone(ZoneInfo(policy.timestamp_location))
+        return datetime_text(local, fsp_of(data_type))
+    if kind in ("date", "datetime", "time", "vector"):
+        return column.to_json(value)
+    if kind == "bit":
+        integer = int(column.to_json(value))
+        width = (
+            (max(data_type.length, 1) + 7) // 8
+            if options.bit_bytes == "fixed"
+            else max(1, (integer.bit_length() + 7) // 8)
+        )
+        return integer.to_bytes(width, "big")
+    if kind == "json":
+        return json_document_text(value)
+    if kind in ("enum", "set"):
+        column.to_json(value)  # checks the labels
+        return value
+    if kind in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"):
+        return bytes(value)
+    if not isinstance(value, str):
+        raise TypeError(f"expected str, got {type(value).__name__}")
+    return value
+
+
+# -- writer schemas (encoder side) ------------------------------------------------------------------
+_BINARY = frozenset(("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"))
+_INTS = frozenset(("tinyint", "smallint", "mediumint", "int"))
+
+
+def _key_columns(schema: TableSchema) -> tuple[str, ...]:
+    """New TiCDC's key: the PRIMARY KEY columns only, in table order."""
+    primary = next((ix for ix in schema.indexes if ix.primary), None)
+    wanted = set(primary.columns) if primary else set()
+    return tuple(c.name for c in schema.columns if c.name in wanted)
+
+
+def _tidb_type(column: Column, options: AvroOptions) -> tuple[str, Any, dict[str, str]]:
+    """(tidb_type, Avro type, extra connect.parameters) of a column (spec §5.1)."""
+    data_type = column.data_type
+    kind, unsigned = data_type.mysql_type, data_type.unsigned
+    if kind in _INTS:
+        wide = unsigned and kind == "int"
+        return ("INT UNSIGNED" if unsigned else "INT"), ("long" if wide else "int"), {}
+    if kind == "bigint":
+        if unsigned:
+            return "BIGINT UNSIGNED", ("string" if options.bigint_unsigned == "string" else "long"), {}
+        return "BIGINT", "long", {}
+    if kind in ("float", "double"):
+        return kind.upper(), kind, {}
+    if kind == "decimal":
+        return "DECIMAL", ("string" if options.decimal == "string" else "bytes"), {}
+    if kind in _BINARY:
+        return "BLOB", "bytes", {}
+    if kind in ("date", "datetime", "timestamp", "time"):
+        return kind.upper(), "string", {}
+    if kind == "year":
+        return "YEAR", "int", {}
+    if kind == "bit":
+        return "BIT", "bytes", {"length": str(max(data_type.length, 1))}
+    if kind in ("enum", "set"):
+        return kind.upper(), "string", {"allowed": joined_allowed(data_type.elements)}
+    if kind == "json":
+        return "JSON", "string", {}
+    if kind == "vector":
+        return "TiDBVECTORFloat32", "string", {}
+    return "TEXT", "string", {}
+
+
+def _column_field(column: Column, options: AvroOptions) -> dict[str, Any]:
+    tidb_type, avro, extra = _tidb_type(column, options)
+    wire: dict[str, Any] = {"type": avro, "connect.parameters": {"tidb_type": tidb_type, **extra}}
+    if tidb_type == "DECIMAL" and avro == "bytes":
+        length = column.data_type.length if column.data_type.length > 0 else 10
+        wire |= {"logicalType": "decimal", "precision": length, "scale": column.data_type.decimal}
+    name = sanitized(column.name)
+    if column.nullable:
+        return {"default": None, "name": name, "type": ["null", wire]}
+    return {"name": name, "type": wire}
+
+
+def _record(schema: TableSchema, fields: list[dict[str, Any]]) -> dict[str, Any]:
+    namespace = f"default.{sanitized(schema.database)}" if schema.database else "default"
+    return {"type": "record", "name": sanitized(schema.table), "namespace": namespace, "fields": fields}
+
+
+def key_schema(schema: TableSchema, options: AvroOptions) -> dict[str, Any]:
+    keys = set(_key_columns(schema))
+    return _record(schema, [_column_field(c, options) for c in schema.columns if c.name in keys])
+
+
+def value_schema(schema: TableSchema, options: AvroOptions) -> dict[str, Any]:
+    columns = [_column_field(c, options) for c in schema.columns]
+    fields = list(columns)
+    if options.include_before:
+        before = {
+            "type": "record",
+            "name": f"{sanitized(schema.table)}_before",
+            "namespace": _record(schema, [])["namespace"],
+            "fields": columns,
+        }
+        fields.append({"default": None, "name": BEFORE_FIELD, "type": ["null", before]})
+    if options.tidb_extension or options.include_before:
+        fields.append({"default": "", "name": OP, "type": "string"})
+    if options.tidb_extension:
+        fields += [
+            {"default": 0, "name": COMMIT_TS, "type": "long"},
+            {"default": 0, "name": PHYSICAL_TIME, "type": "long"},
+        ]
+        if options.checksum:
+            fields += [
+                {"default": "", "name": CHECKSUM, "type": "string"},
+                {"default": False, "name": CORRUPTED, "type": "boolean"},
+                {"default": 0, "name": CHECKSUM_VERSION, "type": "int"},
+            ]
+    return _record(schema, fields)

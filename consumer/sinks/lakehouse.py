@@ -1,0 +1,95 @@
+"""What the Delta and Parquet sinks share: a lakehouse root with its catalog, DDL log and progress records.
+
+Both find a table's directory through the catalog (`consumer.lakehouse.catalog`), apply CREATE, RENAME,
+TRUNCATE and DROP as catalog commits, skip a DDL the `_ddl` log already holds, and keep the pipeline's
+progress in `_progress` / `_schemas`; they differ in how rows are stored.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from consumer.lakehouse.catalog import Catalog, CatalogEntry, Name
+from consumer.lakehouse.ddl import DDLLog, renamed_from
+from consumer.lakehouse.progress import ProgressLog
+from consumer.lakehouse.storage import LakeRoot, check_atomic_commits
+from consumer.protocol.model import DDL, DDLType
+from consumer.sinks.base import CommitContext, DDLEvent, TopicPartition
+
+
+class LakehouseSink:
+    """The shared half of a lakehouse sink; subclasses store rows and may add DDL effects
+    (`_apply_to_table`)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        storage_options: Mapping[str, str] | None = None,
+        *,
+        allow_unsafe_commits: bool = False,
+    ) -> None:
+        self.root = LakeRoot.of(root, storage_options)
+        check_atomic_commits(self.root, allow_unsafe=allow_unsafe_commits)
+        self.catalog = Catalog(self.root)
+        self.ddl_log = DDLLog(self.root)
+        self.progress = ProgressLog(self.root)
+
+    def apply_ddl(self, event: DDLEvent, context: CommitContext) -> None:
+        """Apply the DDL's effect, then append it to `<root>/_ddl`; a DDL already there is skipped whole
+        (a replay, or another member applied it)."""
+        ddl, database, table = event.ddl, event.database, event.table
+        if self.ddl_log.applied(ddl, database, table):
+            self.catalog.refresh()  # another member applied it: its catalog changes are news here
+            return
+        if database is not None and table is not None:
+            self._apply_to_table(ddl, (database, table), context)
+        self.ddl_log.record(ddl, database, table, commit_metadata(context))
+
+    def _apply_to_table(self, ddl: DDL, name: Name, context: CommitContext) -> CatalogEntry | None:
+        """The catalog's part of a DDL on a table; returns the table a TRUNCATE or DROP emptied.
+
+        - CREATE: a new table (a new location when a dropped table had the name).
+        - RENAME: the table holds the new name from the DDL's commit ts; nothing moves, and rows of the old
+          name older than the RENAME (a lagging member's) still find the table.
+        - TRUNCATE / ERASE (DROP TABLE): `truncated_ts` / `dropped_ts`; later rows of the name go to a new
+          table, older ones to this one.
+        """
+        if ddl.type is DDLType.CREATE:
+            self.catalog.create(name, ddl.commit_ts)
+        elif ddl.type is DDLType.RENAME:
+            self.catalog.rename(renamed_from(ddl, *name), name, ddl.commit_ts)
+        elif ddl.type is DDLType.TRUNCATE:
+            return self.catalog.truncate(name, ddl.commit_ts)
+        elif ddl.type is DDLType.ERASE:
+            return self.catalog.drop(name, ddl.commit_ts)
+        return None
+
+    def recorded_offsets(self, group: str) -> dict[TopicPartition, int]:
+        """Per partition, the furthest resume offset any member of the group recorded (`record_progress`).
+        Called when partitions are assigned: the catalog is re-read too, since other members may have
+        changed it past this member's position."""
+        self.catalog.refresh()
+        return {tp: p.resume_offset for tp, p in self.progress.partitions(group).items()}
+
+    def recorded_watermarks(self, group: str) -> dict[TopicPartition, int]:
+        """Per partition, a commit ts every change of it up to which is applied."""
+        return {tp: p.applied_ts for tp, p in self.progress.partitions(group).items() if p.applied_ts}
+
+    def recorded_schema_snapshot(self) -> bytes | None:
+        return self.progress.schema_snapshot()
+
+    def record_progress(self, context: CommitContext) -> None:
+        """Append the pipeline's progress to `_progress` (and its schema snapshot to `_schemas` when the
+        context carries one)."""
+        self.progress.record(
+            context.group, context.resume_offsets, context.applied_ts, context.schema_snapshot or None
+        )
+
+    def close(self) -> None:
+        return None
+
+
+def commit_metadata(context: CommitContext) -> dict[str, str]:
+    """The `ticdc.*` commit metadata every commit of a lakehouse sink carries."""
+    return {"ticdc.group": context.group, "ticdc.resolved_ts": str(context.resolved_ts)}

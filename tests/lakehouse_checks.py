@@ -1,0 +1,76 @@
+"""Checks on a lakehouse root shared by the end-to-end tests (local directories and object stores alike)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pyarrow.compute as pc
+
+from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.tables import KINDS, entry_uri, read_delta, tables
+
+SESSION_TIMEOUT_S = 3
+FAST_GROUP_ENV = {  # group joins of ~SESSION_TIMEOUT_S / 2 on the embedded broker; many small commits
+    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_S * 1000),
+    "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
+    "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "1000",
+}
+
+
+def start_run(
+    servers: str, topic: str, group: str, sink: str, log: Path, processes: int
+) -> subprocess.Popen[str]:
+    """A `ticdc-consumer run` until idle, logging to `log`, in its own process group (a SIGKILL of the
+    group takes its member processes too)."""
+    command = [sys.executable, "-m", "consumer", "run", "--source", f"kafka://{servers}/{topic}"]
+    command += ["--group", group, "--sink", sink, "--until-idle", "3", "--processes", str(processes)]
+    with log.open("w") as out:
+        return subprocess.Popen(
+            command,
+            env={**os.environ, **FAST_GROUP_ENV},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+
+def changelog_duplicates(root: str | Path, storage_options: Mapping[str, str] | None = None) -> int:
+    """Change images written more than once, recognised by (topic, partition, offset, change type)."""
+    lake = LakeRoot.of(root, storage_options)
+    duplicates = 0
+    for entry in tables(lake):
+        table = lake.open(entry_uri(lake, entry, "changelog"))
+        if table is None:
+            continue
+        keys = read_delta(lake, table, ["_topic", "_partition", "_offset", "_change_type"])
+        grouped = keys.group_by(keys.column_names).aggregate([([], "count_all")])
+        duplicates += pc.sum(pc.subtract(grouped["count_all"], 1)).as_py() or 0
+    return duplicates
+
+
+def changelog_rows(root: str | Path, storage_options: Mapping[str, str] | None = None) -> int:
+    lake = LakeRoot.of(root, storage_options)
+    tables_ = (lake.open(entry_uri(lake, entry, "changelog")) for entry in tables(lake))
+    return sum(lake.scan(table).count_rows() for table in tables_ if table is not None)
+
+
+def ddl_types(root: str | Path, storage_options: Mapping[str, str] | None = None) -> set[str]:
+    lake = LakeRoot.of(root, storage_options)
+    log = lake.open(lake.join("_ddl"))
+    assert log is not None
+    return set(read_delta(lake, log, ["type"])["type"].to_pylist())
+
+
+def versions(root: str | Path, storage_options: Mapping[str, str] | None = None) -> dict[str, int]:
+    """The version of every Delta table of the lakehouse but the progress records: a replay of a stream
+    must not commit to any of them."""
+    lake = LakeRoot.of(root, storage_options)
+    uris = [lake.join("_catalog"), lake.join("_ddl")]
+    uris += [entry_uri(lake, entry, kind) for entry in tables(lake) for kind in KINDS]
+    opened = {uri: lake.open(uri) for uri in uris}
+    return {uri: table.version() for uri, table in opened.items() if table is not None}

@@ -1,0 +1,161 @@
+"""Several group members on an object store: simulator -> Kafka -> `run` processes -> Delta on `s3://` (the
+moto server), checked with a plain Delta reader that finds each table through the catalog as the README
+says, against the simulator's ground truth; the changelog is complete and duplicate-free; a replay commits
+nothing; members killed with SIGKILL at random points still end exact."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from deltalake.query import QueryBuilder
+from lakehouse_checks import SESSION_TIMEOUT_S, changelog_duplicates, ddl_types, start_run, versions
+
+from consumer.lakehouse.progress import consistent_ts
+from consumer.lakehouse.storage import LakeRoot
+from consumer.protocol.codec import MessageEncoder
+from consumer.simulate.output import SimulationReport, produce_to_kafka, write_ground_truth
+from consumer.simulate.truth import arrow_table_rows, differences
+from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.testing.broker import EmbeddedBroker
+
+EVERY_DDL = {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
+
+
+def _produce(
+    broker: EmbeddedBroker, topic: str, rows: int, partitions: int
+) -> tuple[Workload, SimulationReport]:
+    workload = Workload(WorkloadConfig(rows=rows, tables=3, partitions=partitions, dispatch="primary-key"))
+    return workload, produce_to_kafka(workload, MessageEncoder(), broker.bootstrap_servers, topic)
+
+
+def _run(
+    broker: EmbeddedBroker, topic: str, root: str, logs: Path, *, processes: int = 1, wait: bool = True
+) -> subprocess.Popen[str]:
+    """A `run` command writing `root`, reaching the store through the standard AWS_* variables (set by the
+    `s3_lake` fixture)."""
+    log_path = logs / f"run-p{processes}-{time.monotonic_ns()}.log"
+    process = start_run(
+        broker.bootstrap_servers, topic, f"{topic}.lake", f"delta:{root}", log_path, processes
+    )
+    if wait:
+        assert process.wait(600) == 0, log_path.read_text()[-3000:]
+    return process
+
+
+def _plain_table(root: str, location: str, kind: str) -> pa.Table:
+    return pa.table(
+        QueryBuilder()
+        .register("t", DeltaTable(f"{root}/{location}/{kind}"))
+        .execute("SELECT * FROM t")
+        .read_all()
+    )
+
+
+def _plain_state(root: str, workload: Workload) -> dict[str, Any]:
+    """Every live table's mirror as a plain Delta reader sees it: the location from `<root>/_catalog`."""
+    catalog = QueryBuilder().register("catalog", DeltaTable(f"{root}/_catalog"))
+    live = pa.table(
+        catalog.execute('SELECT database, "table", location FROM catalog WHERE dropped_ts IS NULL').read_all()
+    ).to_pylist()
+    locations = {(row["database"], row["table"]): row["location"] for row in live}
+    state = {}
+    for table in workload.tables:
+        schema = table.schema
+        location = locations.get((schema.database, schema.table))
+        mirror = None if location is None else _plain_table(root, location, "mirror")
+        state[f"{schema.database}.{schema.table}"] = (
+            {} if mirror is None else arrow_table_rows(mirror, schema)
+        )
+    return state
+
+
+def _changelog_offsets(root: str) -> set[tuple[int, int]]:
+    """(partition, offset) of every DML record in any table's changelog (dropped tables included)."""
+    catalog = QueryBuilder().register("catalog", DeltaTable(f"{root}/_catalog"))
+    locations = pa.table(catalog.execute("SELECT location FROM catalog").read_all())["location"].to_pylist()
+    found: set[tuple[int, int]] = set()
+    for location in locations:
+        rows = _plain_table(root, location, "changelog")
+        found.update(zip(rows["_partition"].to_pylist(), rows["_offset"].to_pylist(), strict=True))
+    return found
+
+
+def _dml_offsets(report: SimulationReport) -> set[tuple[int, int]]:
+    return {
+        (partition, offset)
+        for (kind, partition), offsets in report.offsets.items()
+        if kind == "DML"
+        for offset in offsets
+    }
+
+
+def _check(root: str, workload: Workload, report: SimulationReport, truth: dict[str, Any]) -> None:
+    assert differences(_plain_state(root, workload), truth) == []
+    assert _changelog_offsets(root) == _dml_offsets(report)  # complete: every DML record, no other
+    assert changelog_duplicates(root) == 0
+    assert ddl_types(root) == EVERY_DDL
+
+
+@pytest.mark.slow
+def test_two_members_on_s3_every_ddl_type_a_plain_reader_equals_the_truth_and_a_replay_commits_nothing(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, s3_lake: str, tmp_path: Path
+) -> None:
+    topic = kafka_topic(4)
+    workload, report = _produce(kafka_broker, topic, rows=3000, partitions=4)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    _run(kafka_broker, topic, s3_lake, tmp_path, processes=2)
+    _check(s3_lake, workload, report, truth)
+    assert consistent_ts(LakeRoot.of(s3_lake)) == workload.last_watermark
+    written = versions(s3_lake)
+    _run(kafka_broker, topic, s3_lake, tmp_path)  # the same group again: resumes at the end
+    assert versions(s3_lake) == written
+
+
+def _working(log_dir: Path, since: float, timeout: float = 120) -> None:
+    """Wait until a `run` started after `since` has applied rows (its progress line says so)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for log in log_dir.glob("run-*.log"):
+            if log.stat().st_mtime >= since and re.search(r'"rows": [1-9]', log.read_text()):
+                return
+        time.sleep(0.2)
+    raise AssertionError("no member applied any row")
+
+
+@pytest.mark.slow
+def test_three_members_on_s3_killed_at_random_points_end_exact(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, s3_lake: str, tmp_path: Path
+) -> None:
+    """A `run --processes 2` and a plain `run` (three members), killed together with SIGKILL at a random
+    point once they are applying rows, three times; then the group runs to the end. No WATERMARK is
+    produced after the stream: partitions a killed run applied to their end resolve from the recorded
+    progress."""
+    topic = kafka_topic(6)
+    workload, report = _produce(kafka_broker, topic, rows=6000, partitions=6)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    delays = random.Random(12).sample([x / 4 for x in range(12)], 3)  # 0 .. 2.75 s into the work
+    for delay in delays:
+        started = time.time()
+        members = [
+            _run(kafka_broker, topic, s3_lake, tmp_path, processes=2, wait=False),
+            _run(kafka_broker, topic, s3_lake, tmp_path, wait=False),
+        ]
+        _working(tmp_path, started)
+        time.sleep(delay)
+        for member in members:
+            os.killpg(member.pid, signal.SIGKILL)
+            member.wait()
+        time.sleep(SESSION_TIMEOUT_S + 1.5)  # the killed members' sessions expire
+    _run(kafka_broker, topic, s3_lake, tmp_path, processes=2)
+    _check(s3_lake, workload, report, truth)
+    assert consistent_ts(LakeRoot.of(s3_lake)) == workload.last_watermark

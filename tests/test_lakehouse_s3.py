@@ -1,0 +1,159 @@
+"""The lakehouse on a real S3-protocol server (moto): sinks write `s3://` roots, any Delta reader finds the
+tables through the catalog, and a store that would let two writers commit one version is refused."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from deltalake.query import QueryBuilder
+from pyarrow.fs import FileSelector
+from pyspark.sql import SparkSession
+from test_sink_delta import CONTEXT, SCHEMA, TS, _changes, _ddl, _delete, _evolved, _insert, _update
+
+from consumer.errors import RecordLocation, SinkError
+from consumer.lakehouse.progress import consistent_ts
+from consumer.lakehouse.storage import LakeRoot, check_atomic_commits
+from consumer.protocol.model import DDLType
+from consumer.sinks.base import CommitContext
+from consumer.sinks.dead_letter import DeadLetterObjects
+from consumer.sinks.delta import DeltaSink
+from consumer.sinks.parquet import ParquetSink
+from consumer.spark.readers import read_changelog, read_ddl_log, read_mirror
+from consumer.state.units import DeadLetter
+from consumer.testing.s3 import LocalS3Server
+
+
+def plain_mirror(root: str, database: str, table: str) -> list[dict[str, Any]]:
+    """What a user with nothing but deltalake does (the README's recipe): look the table's location up in
+    `<root>/_catalog` with SQL, then read its mirror."""
+    catalog = QueryBuilder().register("catalog", DeltaTable(f"{root}/_catalog"))
+    found = pa.table(
+        catalog.execute(
+            f"SELECT location FROM catalog WHERE database = '{database}' AND \"table\" = '{table}' "
+            "AND dropped_ts IS NULL"
+        ).read_all()
+    )
+    (location,) = found["location"].to_pylist()
+    mirror = QueryBuilder().register("mirror", DeltaTable(f"{root}/{location}/mirror"))
+    return pa.table(mirror.execute("SELECT * FROM mirror ORDER BY id").read_all()).to_pylist()
+
+
+def test_a_delta_sink_on_s3_keeps_pure_mirrors_a_plain_reader_finds(s3_lake: str) -> None:
+    sink = DeltaSink(s3_lake)
+    sink.write(_changes([_insert(1, TS, 0), _insert(2, TS, 1), _insert(3, TS, 2)]), CONTEXT)
+    sink.write(_changes([_delete(2, TS + 1, 3), _update(3, TS + 2, 4, qty=9)]), CONTEXT)
+    renamed = _evolved(5, *SCHEMA.columns, table="orders_v2")
+    sink.apply_ddl(_ddl(DDLType.RENAME, "RENAME TABLE orders TO orders_v2", TS + 3, renamed), CONTEXT)
+    DeltaSink(s3_lake).write(
+        _changes([_insert(4, TS, 0, partition=1)]), CONTEXT
+    )  # older: old name, same table
+    rows = plain_mirror(s3_lake, "shop", "orders_v2")
+    assert [(r["id"], r["qty"]) for r in rows] == [(1, 1), (3, 9), (4, 1)]
+    assert set(rows[0]) == {"id", "name", "qty", "_commit_ts", "_schema_version"}
+
+    sink.apply_ddl(_ddl(DDLType.ERASE, "DROP TABLE orders_v2", TS + 4, renamed), CONTEXT)
+    sink.apply_ddl(_ddl(DDLType.CREATE, "CREATE TABLE orders_v2 (id bigint)", TS + 5, renamed), CONTEXT)
+    sink.write(_changes([_insert(7, TS + 6, 5, schema=renamed)], renamed), CONTEXT)
+    assert [r["id"] for r in plain_mirror(s3_lake, "shop", "orders_v2")] == [7]
+    sink.record_progress(CommitContext("g", {("t", 0): 6}, TS + 6, b"", applied_ts={("t", 0): TS + 6}))
+    assert DeltaSink(s3_lake).recorded_offsets("g") == {("t", 0): 6}
+    assert consistent_ts(LakeRoot.of(s3_lake)) == TS + 6
+
+
+def test_storage_options_reach_delta_rs_and_pyarrow(s3_server: LocalS3Server, spark: SparkSession) -> None:
+    """Given as `[sink.storage_options]`, with no AWS_* variable in the environment."""
+    root = f"s3://{s3_server.bucket()}/lake"
+    options = s3_server.storage_options
+    delta, parquet = (
+        DeltaSink(root + "/delta", storage_options=options),
+        ParquetSink(root + "/parquet", storage_options=options),
+    )
+    batch = _changes([_insert(1, TS, 0), _insert(2, TS, 1)])
+    for sink in (delta, parquet):
+        sink.write(batch, CONTEXT)
+        sink.apply_ddl(_ddl(DDLType.TRUNCATE, "TRUNCATE TABLE orders", TS + 1), CONTEXT)
+    changelog = read_changelog(spark, root + "/parquet", "shop", "orders", "parquet", storage_options=options)
+    assert sorted(r["id"] for r in changelog.collect()) == [1, 2]
+    assert [r.type for r in read_ddl_log(spark, root + "/parquet", storage_options=options).collect()] == [
+        "TRUNCATE"
+    ]
+    assert read_mirror(spark, root + "/delta", "shop", "orders", storage_options=options).count() == 0
+    assert read_changelog(spark, root + "/delta", "shop", "orders", storage_options=options).count() == 2
+
+
+def test_dead_letters_on_an_object_store_are_one_object_each(s3_lake: str) -> None:
+    letters = DeadLetterObjects(s3_lake + "/_dead_letters")
+    letter = DeadLetter(RecordLocation("cdc", 2, 41), "MalformedMessageError: bad", b"\xff", "consumer-error")
+    letters.write(letter)
+    letters.write(letter)  # a replay rewrites its own object
+    filesystem, base = LakeRoot.of(s3_lake).filesystem()
+    found = filesystem.get_file_info(FileSelector(f"{base}/_dead_letters", recursive=True))
+    (written,) = [info for info in found if info.is_file]
+    assert written.path.endswith("/cdc/2/00000000000000000041.json")
+    with filesystem.open_input_stream(written.path) as stream:
+        line = (
+            b'{"topic":"cdc","partition":2,"offset":41,"reason":"MalformedMessageError: bad",'
+            b'"value":"/w==","reason_code":"consumer-error"}'
+        )
+        assert stream.read() == line + b"\n"
+
+
+class _IgnoringConditions(http.server.BaseHTTPRequestHandler):
+    """An S3 endpoint that ignores `If-None-Match` (forwards to moto without it): such a store would let
+    two writers commit the same Delta version."""
+
+    upstream: tuple[str, int] = ("127.0.0.1", 0)
+
+    def _forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("if-none-match", "host")}
+        connection = http.client.HTTPConnection(*self.upstream)
+        connection.request(self.command, self.path, body, headers)
+        response = connection.getresponse()
+        payload = response.read()
+        self.send_response(response.status)
+        for name, value in response.getheaders():
+            if name.lower() not in ("transfer-encoding", "content-length", "connection"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+@pytest.fixture
+def unsafe_store(s3_server: LocalS3Server) -> Iterator[dict[str, str]]:
+    host, port = s3_server.endpoint.removeprefix("http://").split(":")
+    handler = type("Handler", (_IgnoringConditions,), {"upstream": (host, int(port))})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield {**s3_server.storage_options, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_port}"}
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_store_ignoring_conditional_writes_is_refused(
+    s3_server: LocalS3Server, unsafe_store: dict[str, str], caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    bucket = s3_server.bucket()
+    check_atomic_commits(LakeRoot.of(f"s3://{bucket}/safe", s3_server.storage_options))  # moto: fine
+    with pytest.raises(SinkError, match="concurrent commits overwrote each other"):
+        DeltaSink(f"s3://{bucket}/lake", storage_options=unsafe_store)
+    DeltaSink(f"s3://{bucket}/single", storage_options=unsafe_store, allow_unsafe_commits=True)
+    assert "ONE writer process only" in caplog.text
