@@ -31,6 +31,7 @@ from consumer.sources.base import Source
 from consumer.sources.files import FileSource
 from consumer.sources.kafka import KafkaSource
 from consumer.state.machine import ConsumerState
+from consumer.stopping import StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +95,9 @@ def build_decoder(decode: DecodeConfig, policy: ValuePolicy) -> RecordDecoder:
     )
 
 
-def build_large_messages(config: RunConfig) -> LargeMessageResolver:
+def build_large_messages(config: RunConfig, policy: ValuePolicy) -> LargeMessageResolver:
     """What makes key-only DMLs (Simple protocol, spec §7) whole: claim-check storage under the configured
-    roots, and upstream TiDB."""
+    roots, and upstream TiDB. A claim-check object is held to the same `DecodeLimits` as a Kafka record."""
     settings = config.large_messages
     try:
         store = ClaimCheckStore.from_uris(
@@ -108,7 +109,7 @@ def build_large_messages(config: RunConfig) -> LargeMessageResolver:
     except (pa.ArrowException, OSError) as exc:  # pyarrow.fs refused a root URI or its options
         raise ConfigError(f"large_messages.claim_check_roots: {exc}") from exc
     return LargeMessageResolver(
-        MessageDecoder(config.decode.encoding, config.decode.compression),
+        MessageDecoder(config.decode.encoding, config.decode.compression, policy=policy),
         store,
         raw_value=settings.claim_check_raw_value,
         upstream=UpstreamLookup(settings.upstream_dsn) if settings.upstream_dsn else None,
@@ -121,6 +122,8 @@ def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeli
         unrepresentable=config.decode.unrepresentable,
         timestamp_location=config.decode.timestamp_zone,
         verify_checksums=config.integrity.verify_checksums,
+        unknown_types=config.decode.unknown_types,
+        limits=config.decode.limits(),
     )
     decoder = build_decoder(config.decode, policy)
     state = ConsumerState(
@@ -139,7 +142,7 @@ def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeli
         policy=policy,
         max_batch_records=config.budget.max_batch_records,
         decode_workers=config.budget.workers(),
-        large_messages=build_large_messages(config),
+        large_messages=build_large_messages(config, policy),
     )
 
 
@@ -155,23 +158,32 @@ def build_source(config: RunConfig, pipeline: Pipeline) -> Source:
         config=config.source.kafka,
         on_assign=pipeline.on_assign,
         on_revoke=pipeline.on_revoke,
+        unreachable_timeout=config.source.unreachable_timeout_s,
     )
 
 
 def run(config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = None) -> PipelineStats:
-    """Run the configured consumer; returns its totals once stopped (idle, end of file, or Ctrl-C).
+    """Run the configured consumer; returns its totals once stopped (idle, end of file, Ctrl-C or SIGTERM).
 
-    With `budget.processes` > 1 this process is one member of the group and starts the others, each a
-    process with its own loop; the totals are every member's, `on_cycle` sees this process's member, and a
-    member's failure stops them all. With `engine.kind` "spark" it runs as a Spark streaming query
-    (`consumer.spark.engine.run`).
+    The first Ctrl-C or SIGTERM stops it cleanly (what is resolved is applied and committed); a second
+    interrupts at once (KeyboardInterrupt). With `budget.processes` > 1 this process is one member of the
+    group and starts the others, each a process with its own loop; the totals are every member's,
+    `on_cycle` sees this process's member, and a member's failure stops them all. With `engine.kind`
+    "spark" it runs as a Spark streaming query (`consumer.spark.engine.run`), which Ctrl-C stops.
     """
     if config.engine.kind == "spark":
         from consumer.spark import engine  # Spark loads only for the Spark engine
 
         return engine.run(config, until_idle=until_idle, on_cycle=on_cycle)
-    if config.budget.processes == 1:
-        return _run_member(config, until_idle, on_cycle)
+    with StopRequest.on_signals() as stop:
+        if config.budget.processes == 1:
+            return _run_member(config, until_idle, on_cycle, stop)
+        return _run_group(config, until_idle, on_cycle, stop)
+
+
+def _run_group(
+    config: RunConfig, until_idle: float | None, on_cycle: Any, stop: StopRequest
+) -> PipelineStats:
     member = msgspec.structs.replace(
         config,
         budget=msgspec.structs.replace(config.budget, processes=1, decode_workers=config.budget.workers()),
@@ -186,40 +198,34 @@ def run(config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = N
 
     stopped = False
     try:
-        stats = _run_member(msgspec.structs.replace(member, metrics=config.metrics), until_idle, cycle)
+        stats = _run_member(msgspec.structs.replace(member, metrics=config.metrics), until_idle, cycle, stop)
         stopped = True
     finally:
-        totals = others.stop(interrupt=not stopped)
+        totals = others.stop(interrupt=not stopped or stop.requested)
     for total in totals:
         stats = stats.combined(total)
     return stats
 
 
 def _run_member(
-    config: RunConfig, until_idle: float | None, on_cycle: Any, *, interruptible: bool = False
+    config: RunConfig, until_idle: float | None, on_cycle: Any, stop: StopRequest
 ) -> PipelineStats:
-    """One member's pipeline; `interruptible`: Ctrl-C (or SIGTERM in a member process) ends it with its
-    totals instead of raising."""
+    """One member's pipeline, until idle or `stop`."""
     pipeline = build_pipeline(config)
     source = build_source(config, pipeline)
     try:
-        return pipeline.run(source, until_idle=until_idle, on_cycle=on_cycle)
-    except KeyboardInterrupt:
-        if not interruptible:
-            raise
-        return pipeline.stats  # stopped on request: what it resolved is applied and committed
+        return pipeline.run(source, until_idle=until_idle, on_cycle=on_cycle, stop=stop)
     finally:
         source.close()
         pipeline.close()
 
 
-def run_member(config: RunConfig, until_idle: float | None, reports: Any) -> None:
-    """The body of a member process `run` starts: its totals, or its error, go to `reports`."""
-    member = MemberProcess()
+def run_member(config: RunConfig, until_idle: float | None, asked: Any, reports: Any) -> None:
+    """The body of a member process `run` starts: it stops when `asked` is set; its totals, or its error, go
+    to `reports`."""
+    member = MemberProcess(asked)
     try:
-        reports.put((member.name, _run_member(config, until_idle, member.on_cycle, interruptible=True)))
-    except KeyboardInterrupt:  # asked to stop before its loop ran: it consumed nothing
-        reports.put((member.name, PipelineStats()))
+        reports.put((member.name, _run_member(config, until_idle, member.on_cycle, member.stop)))
     except Exception as exc:  # any failure of a member fails the command, with its reason
         reports.put((member.name, MemberFailed(f"{member.name}: {type(exc).__name__}: {exc}")))
         raise SystemExit(1) from exc

@@ -16,6 +16,7 @@ from consumer.config import ConfigError, DecodeConfig, load_config
 from consumer.errors import ConsumerError
 from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import DEFAULT_MAX_MESSAGE_BYTES, LargeMessageEncoder
+from consumer.pipeline import PipelineStats
 from consumer.progress import ProgressReporter
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
@@ -36,9 +37,14 @@ from consumer.simulate.output import (
 )
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.capture import capture_topic
+from consumer.sources.errors import SourceAuthenticationError, SourceUnreachableError
 
-EXIT_BAD_INPUT = 2
-EXIT_SCHEMA_MISSING = 3
+# Exit codes (the README's table): 1 is an unexpected error (a traceback), 2 also click's usage errors.
+EXIT_BAD_INPUT = 2  # stopped on a ConsumerError: a bad record under policy "fail", a sink that failed...
+EXIT_SCHEMA_MISSING = 3  # `decode`: DMLs whose schema never came
+EXIT_UNAPPLIED = 3  # `run --until-idle`: went idle with rows still waiting (for a WATERMARK or a schema)
+EXIT_SOURCE_UNAVAILABLE = 4  # the brokers refused this client, or none could be reached
+EXIT_INTERRUPTED = 130  # a second Ctrl-C/SIGTERM before the clean stop the first asked for finished
 _ENCODINGS = click.Choice(["auto", "json", "avro"])
 _COMPRESSIONS = click.Choice(["auto", "none", "snappy", "lz4"])
 _PROTOCOLS = click.Choice(list(PROTOCOLS))
@@ -332,9 +338,15 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
         stats = app.run(config, until_idle=until_idle, on_cycle=reporter)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
+    except (SourceAuthenticationError, SourceUnreachableError) as exc:
+        click.echo(f"stopped: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_SOURCE_UNAVAILABLE)
     except ConsumerError as exc:
         click.echo(f"stopped: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        click.echo("interrupted: records after the last commit are read again on restart", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     finally:
         reporter.close()
     click.echo(
@@ -362,6 +374,23 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
             f"{metrics['num_target_rows_updated'] + metrics['num_target_rows_inserted']} upserted and "
             f"{metrics['num_target_rows_deleted']} deleted"
         )
+
+    if stats.unapplied:
+        _report_unapplied(stats)
+        if not stats.stopped_on_request:
+            sys.exit(EXIT_UNAPPLIED)
+
+
+def _report_unapplied(stats: PipelineStats) -> None:
+    """Records the run stopped without applying: never committed, so read again on restart."""
+    rows = sum(u.waiting_rows + u.held_rows for u in stats.unapplied)
+    ddls = sum(u.waiting_ddls for u in stats.unapplied)
+    click.echo(
+        f"{rows} row(s) and {ddls} DDL(s) not applied (not committed either: a restart reads them again):",
+        err=True,
+    )
+    for unapplied in stats.unapplied:
+        click.echo(f"  {unapplied}", err=True)
 
 
 @main.command()

@@ -20,6 +20,7 @@ import msgspec
 from consumer.errors import ConsumerError
 from consumer.large_messages.storage import parse_location
 from consumer.large_messages.upstream import connection_options
+from consumer.protocol.limits import DecodeLimits
 
 ENV_PREFIX = "TICDC_CONSUMER_"
 # Value decoding is most of a record's CPU: a lone process on a multi-core machine decodes in worker
@@ -32,6 +33,10 @@ class SourceConfig(msgspec.Struct, forbid_unknown_fields=True):
     url: str = ""  # kafka://HOST:PORT/TOPIC[,TOPIC...] or file:PATH.jsonl
     group: str = "ticdc-consumer"
     kafka: dict[str, str] = msgspec.field(default_factory=dict)
+    unreachable_timeout_s: float = 60.0  # every broker unreachable this long, once connected: `run` fails
+
+
+_LIMITS = DecodeLimits()
 
 
 class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -46,6 +51,11 @@ class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
     schema_registry_auth: str = ""  # USER:PASSWORD, HTTP basic auth (basic.auth.user.info)
     schema_registry_config: dict[str, str] = msgspec.field(default_factory=dict)  # more client settings
     timestamp_zone: str = "UTC"  # TiCDC Avro: the zone TIMESTAMP text is in (TiCDC's --tz)
+    unknown_types: Literal["lossless", "error"] = "lossless"
+    max_decompressed_bytes: int = _LIMITS.max_decompressed_bytes
+    max_nesting_depth: int = _LIMITS.max_nesting_depth
+    max_value_bytes: int = _LIMITS.max_value_bytes
+    max_commit_ts_ahead_s: float = _LIMITS.max_commit_ts_ahead_s
 
     def registry_config(self) -> dict[str, str]:
         auth = {"basic.auth.user.info": self.schema_registry_auth} if self.schema_registry_auth else {}
@@ -53,6 +63,14 @@ class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
 
     def watermark_ordering(self) -> bool:
         return self.ordering == "watermark" or (self.ordering == "auto" and self.protocol == "simple")
+
+    def limits(self) -> DecodeLimits:
+        return DecodeLimits(
+            max_decompressed_bytes=self.max_decompressed_bytes,
+            max_nesting_depth=self.max_nesting_depth,
+            max_value_bytes=self.max_value_bytes,
+            max_commit_ts_ahead_s=self.max_commit_ts_ahead_s,
+        )
 
 
 class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -204,6 +222,13 @@ def _check_urls(config: RunConfig) -> None:
     _check_sink(config)
     if config.decode.protocol == "avro" and not config.decode.schema_registry:
         raise ConfigError("decode.protocol = avro needs decode.schema_registry (the registry URL)")
+    limits = config.decode
+    if min(limits.max_decompressed_bytes, limits.max_nesting_depth, limits.max_value_bytes) < 1:
+        raise ConfigError(
+            "decode limits (max_decompressed_bytes, max_nesting_depth, max_value_bytes) must be >= 1"
+        )
+    if not limits.max_commit_ts_ahead_s > 0:
+        raise ConfigError("decode.max_commit_ts_ahead_s must be positive")
     if config.budget.processes < 1:
         raise ConfigError(f"budget.processes = {config.budget.processes}: at least one process runs")
     if config.budget.processes > 1 and source.scheme != "kafka":

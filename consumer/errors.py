@@ -4,6 +4,9 @@ Every failure caused by input data is a `ConsumerError`, so a pipeline can route
 policy with one `except` and never crash on a stray KeyError. Each error carries where it happened
 (`RecordLocation`) once that is known; the codec raises without it and the stage that knows the Kafka
 coordinates attaches them with `with_location`.
+
+Each class has a stable, machine-readable `code` (kebab-case): it is what a dead letter records as its
+`reason_code`, so tooling can sort bad records without parsing messages.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ class RecordLocation(msgspec.Struct, frozen=True, gc=False):
         return f"{self.topic}[{self.partition}]@{self.offset}"
 
 
+MAX_REASON_CHARS = 1000  # a reason quoting a hostile value (Arrow quotes whole values) stays readable
+
+
 class ConsumerError(Exception):
     """Base of every error the SDK raises for bad input or a failed stage.
 
@@ -33,6 +39,8 @@ class ConsumerError(Exception):
     code: ClassVar[str] = "consumer-error"
 
     def __init__(self, message: str, *, location: RecordLocation | None = None) -> None:
+        if len(message) > MAX_REASON_CHARS:
+            message = f"{message[: MAX_REASON_CHARS - 20]}... ({len(message)} chars)"
         super().__init__(message)
         self.reason = message
         self.location = location
@@ -50,21 +58,55 @@ class ConsumerError(Exception):
 class DecodeError(ConsumerError):
     """A record's bytes cannot be turned into a message."""
 
+    code = "decode-error"
+
 
 class CompressionError(DecodeError):
     """The value is not valid for the configured (or detected) compression."""
+
+    code = "compression-invalid"
+
+
+class CompressionBombError(CompressionError):
+    """The value would decompress beyond `DecodeLimits.max_decompressed_bytes`: refused before inflating."""
+
+    code = "compression-bomb"
 
 
 class MalformedMessageError(DecodeError):
     """Bad JSON or Avro, a missing field, a wrong Avro branch, or a shape TiCDC never produces."""
 
+    code = "malformed-message"
+
 
 class UnknownMessageTypeError(MalformedMessageError):
     """The `type` field holds a value outside the protocol."""
 
+    code = "unknown-message-type"
+
+
+class ImplausibleTimestampError(MalformedMessageError):
+    """A commitTs outside the range a TiDB TSO can have (see `DecodeLimits`): never waited for."""
+
+    code = "commit-ts-implausible"
+
+
+class LimitExceededError(DecodeError):
+    """A record goes beyond one of the configured `DecodeLimits`."""
+
+    code = "limit-exceeded"
+
+
+class NestingTooDeepError(LimitExceededError):
+    """JSON nested deeper than `DecodeLimits.max_nesting_depth` (or than Python's recursion limit)."""
+
+    code = "nesting-too-deep"
+
 
 class ValueDecodeError(DecodeError):
     """A column value does not parse for its column type (names the column and the row in the batch)."""
+
+    code = "value-decode"
 
     def __init__(
         self, message: str, *, column: str, row: int | None = None, location: RecordLocation | None = None
@@ -74,37 +116,94 @@ class ValueDecodeError(DecodeError):
         self.row = row
 
 
+class ValueTooLargeError(ValueDecodeError):
+    """A column value is longer than `DecodeLimits.max_value_bytes`."""
+
+    code = "value-too-large"
+
+
+class DocumentTooDeepError(ValueDecodeError):
+    """A JSON column's document nests deeper than `DecodeLimits.max_nesting_depth`."""
+
+    code = "nesting-too-deep"
+
+
+class InternalDecodeError(DecodeError):
+    """Decoding raised something the SDK did not anticipate (a bug): the record still goes to the error
+    policy, with the original exception chained. The fuzz suite fails on any of these. `row` is None: which
+    row of a batch caused it is unknown, so a caller decodes the rows one by one to find out."""
+
+    code = "decode-internal"
+    row: int | None = None
+
+
 class UnsupportedTypeError(DecodeError):
-    """A column declares a mysqlType this SDK does not know; we refuse to guess."""
+    """A column declares a mysqlType this SDK does not know, under `unknown_types = "error"`."""
+
+    code = "unsupported-type"
 
 
 class UnrepresentableValueError(ValueDecodeError):
     """A valid MySQL value Python cannot hold (zero dates) under the `raise` policy."""
 
+    code = "unrepresentable-value"
+
+
+class SchemaRejectedError(DecodeError):
+    """A table schema (BOOTSTRAP or DDL) breaks MySQL/TiDB's own limits, so no row of it can be typed.
+
+    `keys` are the (database, table, version) keys rejected: a state machine remembers them and sets their
+    rows aside as they arrive instead of holding them for a schema that will never be usable.
+    """
+
+    code = "schema-rejected"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        keys: tuple[tuple[str, str, int], ...] = (),
+        location: RecordLocation | None = None,
+    ) -> None:
+        super().__init__(message, location=location)
+        self.keys = keys
+
 
 class EncodeError(ConsumerError):
     """A message or value cannot be encoded (e.g. a row value outside its column's range)."""
+
+    code = "encode-error"
 
 
 class SchemaNotFoundError(ConsumerError):
     """A DML's schema (database, table, version) never arrived within the pending timeout."""
 
+    code = "schema-not-found"
+
 
 class SinkError(ConsumerError):
     """A sink could not durably apply a batch."""
+
+    code = "sink-error"
 
 
 class DependencyError(ConsumerError):
     """A service the consumer needs failed (not the record's fault): the consumer stops instead of setting
     records aside, so nothing is dead-lettered for an outage."""
 
+    code = "dependency-unavailable"
+
 
 class SchemaRegistryError(DependencyError):
     """The schema registry could not be reached or answered with a server error."""
 
+    code = "schema-registry-unavailable"
+
 
 class UnknownSchemaError(DecodeError):
     """A record names a writer schema id the registry does not have (the record's fault)."""
+
+    code = "schema-id-unknown"
 
 
 class LargeMessageError(ConsumerError):

@@ -14,10 +14,12 @@ import os
 import queue
 import signal
 from collections.abc import Callable
+from multiprocessing.synchronize import Event
 from typing import Any
 
 from consumer.errors import ConsumerError
 from consumer.pipeline import PipelineStats
+from consumer.stopping import StopRequest
 
 _REPORT_WAIT_SECONDS = 1.0
 
@@ -25,16 +27,23 @@ _REPORT_WAIT_SECONDS = 1.0
 class MemberFailed(ConsumerError):
     """Another member of this command's group stopped on an error (its message says which)."""
 
+    code = "member-failed"
+
 
 class GroupMembers:
-    """`count` processes each running `target(*args, reports)`, which puts `(its name, its PipelineStats or
-    MemberFailed)` on `reports` when it stops."""
+    """`count` processes each running `target(*args, asked, reports)`, which stops once the event `asked` is
+    set and then puts `(its name, its PipelineStats or MemberFailed)` on `reports`.
+
+    Stopping goes through that event, not a signal: a member still importing when asked would die of a
+    signal without a word; the event waits for it to look.
+    """
 
     def __init__(self, count: int, target: Callable[..., None], args: tuple[Any, ...]) -> None:
         context = multiprocessing.get_context("spawn")
         self._reports = context.Queue()
+        self._asked = context.Event()
         self._processes = [
-            context.Process(target=target, args=(*args, self._reports), name=f"member-{n + 1}")
+            context.Process(target=target, args=(*args, self._asked, self._reports), name=f"member-{n + 1}")
             for n in range(count)
         ]
         self._outcomes: dict[str, PipelineStats | MemberFailed] = {}
@@ -57,9 +66,7 @@ class GroupMembers:
         """Wait for every member to stop (asked to first, if `interrupt`: each applies and commits what it
         resolved) and return their totals; a member's failure is raised."""
         if interrupt:
-            for process in self._processes:
-                if process.is_alive() and process.pid is not None:
-                    os.kill(process.pid, signal.SIGTERM)
+            self._asked.set()
         while any(process.is_alive() for process in self._processes):
             self._collect(timeout=_REPORT_WAIT_SECONDS)
         for process in self._processes:
@@ -83,20 +90,20 @@ class GroupMembers:
 
 class MemberProcess:
     """What a member process does besides running its pipeline: it logs warnings only (one progress
-    display, one info log: the command's), leaves Ctrl-C to the command (which asks each member to stop
-    once: SIGTERM, handled like Ctrl-C) and stops when the command's process is gone."""
+    display, one info log: the command's), leaves Ctrl-C to the command, and stops cleanly (like Ctrl-C)
+    when the command asks (`asked`), on SIGTERM, or when the command's process is gone."""
 
-    def __init__(self) -> None:
+    def __init__(self, asked: Event) -> None:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, _interrupted)
+        self.stop = StopRequest()
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: self.stop.request("SIGTERM"))
+        self._asked = asked
         self._parent = os.getppid()
         self.name = multiprocessing.current_process().name
 
     def on_cycle(self, _pipeline: object) -> None:
-        if os.getppid() != self._parent:
-            raise KeyboardInterrupt(f"{self.name}: the command's process is gone")
-
-
-def _interrupted(_signal: int, _frame: object) -> None:
-    raise KeyboardInterrupt
+        if self._asked.is_set():
+            self.stop.request(f"{self.name}: asked by the command")
+        elif os.getppid() != self._parent:
+            self.stop.request(f"{self.name}: the command's process is gone")

@@ -18,10 +18,10 @@ from consumer.batches.changes import TableChanges, table_changes
 from consumer.batches.decode_pool import DecodePool, Decoding
 from consumer.errors import (
     ConsumerError,
+    DecodeError,
     DependencyError,
     RecordLocation,
     RejectedRowsError,
-    ValueDecodeError,
 )
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
@@ -42,9 +42,10 @@ from consumer.sinks.dead_letter import DeadLetterSink
 from consumer.sources.base import Source
 from consumer.sources.errors import SourceError
 from consumer.sources.record import SourceRecord
-from consumer.state.machine import ConsumerState
+from consumer.state.machine import ConsumerState, Unapplied
 from consumer.state.schema_cache import snapshot_schemas
 from consumer.state.units import DDLUnit, DeadLetter, RowBatch, RowOrigins, Unit
+from consumer.stopping import StopRequest
 
 RowDecoder = Callable[[TableCodec, Sequence[tuple[RawDML, RecordLocation]], RowOrigins | None], TableChanges]
 """Types a resolved batch's rows (`table_changes`, or one that takes rows already decoded elsewhere, like the
@@ -107,6 +108,8 @@ class PipelineStats:
     rows_by_table: dict[str, int] = field(default_factory=dict)
     sink_metrics: dict[str, int] = field(default_factory=dict)  # the sinks' operation counters, summed
     started: float = field(default_factory=time.monotonic)
+    stopped_on_request: bool = False  # Ctrl-C, SIGTERM...: not idle, not at the end of its input
+    unapplied: list[Unapplied] = field(default_factory=list)  # per partition, when the run ended
 
     def combined(self, other: PipelineStats) -> PipelineStats:
         """The totals of two members of one group (the earlier start)."""
@@ -132,6 +135,8 @@ class PipelineStats:
             rows_by_table=tables,
             sink_metrics=metrics,
             started=min(self.started, other.started),
+            stopped_on_request=self.stopped_on_request or other.stopped_on_request,
+            unapplied=[*self.unapplied, *other.unapplied],
         )
 
 
@@ -206,10 +211,11 @@ class Pipeline:
         *,
         until_idle: float | None = None,
         on_cycle: Callable[[Pipeline], None] | None = None,
+        stop: StopRequest | None = None,
     ) -> PipelineStats:
-        """Consume until stopped (KeyboardInterrupt) or, with `until_idle`, until no change record arrived for
-        that many seconds (TiCDC keeps broadcasting WATERMARKs while the upstream is idle: those don't count);
-        everything resolved by then is applied and committed."""
+        """Consume until `stop` is requested or, with `until_idle`, until no change record arrived for that
+        many seconds (TiCDC keeps broadcasting WATERMARKs while the upstream is idle: those don't count);
+        everything resolved by then is applied and committed. The totals say what was left unapplied."""
         self._source = source
         self._idle = 0.0
         collecting = gc.isenabled()
@@ -224,6 +230,9 @@ class Pipeline:
                 self._idle = 0.0 if self._changed else self._idle + waited
                 if on_cycle:
                     on_cycle(self)
+                if stop is not None and stop.requested:
+                    self.stats.stopped_on_request = True
+                    break
                 if until_idle is not None and self._idle_for(source) >= until_idle:
                     break
                 if polled - collected > GC_EVERY_SECONDS:
@@ -236,6 +245,7 @@ class Pipeline:
                 self._count_integrity_and_fetches()
                 if collecting:
                     gc.enable()
+        self.stats.unapplied = self.state.unapplied()
         return self.stats
 
     def close(self) -> None:
@@ -483,20 +493,27 @@ class Pipeline:
         if decoded is not None:
             self._deliver(decoded, context)
             return
+        try:
+            codec = self._codec(unit)
+        except DecodeError as exc:  # a recorded schema this SDK refuses: no row of that version decodes
+            self._set_aside(list(unit.rows), exc)
+            return
         rows = list(unit.rows)
         origins: RowOrigins | None = unit.origins  # until a bad row is taken out
-        codec = self._codec(unit)
         while rows:
             counted = self.policy.stats.unrepresentable
             try:
                 changes = self.row_decoder(codec, rows, origins)
-            except ValueDecodeError as exc:
-                if self.state.policy == "fail" or exc.row is None:
+            except DecodeError as exc:
+                if self.state.policy == "fail":
                     raise
                 self.policy.stats.unrepresentable = counted  # the retry counts the batch's values again
-                bad_raw, bad_location = rows.pop(exc.row)
                 origins = None
-                self._dead_letter(DeadLetter(bad_location, str(exc), bad_raw.payload, exc.code))
+                row = getattr(exc, "row", None)
+                if row is None:  # which row is unknown: each alone tells, and is delivered alone
+                    self._write_one_by_one(codec, rows, context)
+                    return
+                self._set_aside([rows.pop(row)], exc)
                 continue
             except RejectedRowsError as exc:  # every row that failed verification, at once
                 if self.state.policy == "fail":
@@ -511,6 +528,25 @@ class Pipeline:
                 continue
             self._deliver(changes, context)
             return
+
+    def _write_one_by_one(
+        self, codec: TableCodec, rows: list[tuple[RawDML, RecordLocation]], context: CommitContext
+    ) -> None:
+        """A batch that failed without naming its row: each row on its own (a rare, slow path)."""
+        for row in rows:
+            try:
+                changes = table_changes(codec, [row])
+            except DecodeError as exc:
+                self._set_aside([row], exc)
+            else:
+                self._deliver(changes, context)
+
+    def _set_aside(self, rows: list[tuple[RawDML, RecordLocation]], error: DecodeError) -> None:
+        if self.state.policy == "fail":
+            raise error.with_location(rows[0][1])
+        reason = f"{type(error).__name__}: {error.reason}"
+        for raw, location in rows:
+            self._dead_letter(DeadLetter(location, reason, raw.payload, error.code))
 
     def _deliver(self, changes: TableChanges, context: CommitContext) -> None:
         for sink in self.sinks:
@@ -554,6 +590,7 @@ class Pipeline:
             # e.g. a rebalance took the partitions away: the next owner re-reads from the last commit,
             # so a failed commit can only cause redelivery (recognisable by offset), never loss
             self.stats.failed_commits += 1
+            self.state.commit_failed(offsets)  # tried again next cycle
             log.warning("offset commit failed, records after the last commit will be redelivered: %s", exc)
             return
         self._resume.update(offsets)

@@ -1,28 +1,48 @@
 """Shared test setup: the embedded Kafka broker fixtures (`kafka_broker`, `kafka_topic`), one SparkSession,
 one local S3-protocol server (`s3_server`, `s3_lake`), and markers: a test using the broker is `e2e`, one
 using Spark is `spark`, one using the S3 server `s3` (`pytest -m "not e2e and not spark and not slow"` is the
-fast set)."""
+fast set).
+
+The session marks its environment (`TICDC_TEST_SESSION`), which every process it starts inherits, and fails
+the run if any such process is still alive when it ends: brokers, JVMs, decode workers, forkservers,
+resource trackers and group members must all be gone, re-parented orphans included. Only this process's own
+multiprocessing forkserver and resource tracker may remain: they end with it (their "alive" pipe), and
+any worker one of them still serves is reported.
+"""
 
 pytest_plugins = ["consumer.testing.pytest_plugin"]
 
 
 import os  # noqa: E402
+import uuid  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
+from pyspark import SparkContext  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 from consumer.spark.session import spark_session  # noqa: E402
+from consumer.testing.processes import command_line, parent, wait_gone, with_environment  # noqa: E402
 from consumer.testing.s3 import LocalS3Server  # noqa: E402
+
+SESSION_MARK = "TICDC_TEST_SESSION"
+LEFTOVER_GRACE_SECONDS = 15.0  # processes asked to stop by the last tests may still be finishing
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """One local SparkSession per test run: a cold start costs ~10 s."""
+    """One local SparkSession per test run: a cold start costs ~10 s. Its JVM is ended with it (it would
+    otherwise live until the test process exits)."""
     session = spark_session("consumer-tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session
+    gateway = SparkContext._gateway
     session.stop()
+    if gateway is not None:
+        gateway.shutdown()
+        gateway.proc.stdin.close()  # the JVM exits when its stdin closes
+        gateway.proc.wait(60)
+        SparkContext._gateway = SparkContext._jvm = None
 
 
 @pytest.fixture(scope="session")
@@ -66,3 +86,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             marker = _MARKED_BY_FIXTURE.get(fixture)
             if marker:
                 item.add_marker(marker)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
+
+
+_OWN_HELPERS = ("multiprocessing.forkserver import main", "multiprocessing.resource_tracker import main")
+
+
+def _own_helper(pid: int) -> bool:
+    return parent(pid) == os.getpid() and any(helper in command_line(pid) for helper in _OWN_HELPERS)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    started = {
+        pid for pid in with_environment(SESSION_MARK, os.environ[SESSION_MARK]) if not _own_helper(pid)
+    }
+    leftovers = wait_gone(started, LEFTOVER_GRACE_SECONDS)
+    if leftovers:
+        lines = "\n".join(f"  {pid} {command_line(pid)[:200]}" for pid in sorted(leftovers))
+        session.config.get_terminal_writer().line(
+            f"\n{len(leftovers)} process(es) started by the tests outlived them:\n{lines}", red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 
 import lz4.frame
+import pyarrow as pa
 import pytest
 
 from consumer.errors import (
     CompressionError,
     DecodeError,
     MalformedMessageError,
-    RecordLocation,
+    SchemaRejectedError,
     UnknownMessageTypeError,
     UnrepresentableValueError,
-    UnsupportedTypeError,
     ValueDecodeError,
 )
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
@@ -144,16 +144,15 @@ def test_zero_date_is_null_and_counted_by_default_or_raises_on_request() -> None
         _typed(_json_dml({"id": "1", "born": "2026-00-10"}), ValuePolicy(unrepresentable="raise"))
 
 
-def test_unknown_mysql_type_is_refused_with_the_column_name() -> None:
-    schema = TableSchema("d", "t", 1, 7, (Column("shape", DataType("geometry")),))
-    with pytest.raises(UnsupportedTypeError, match=r"'shape'.*'geometry'"):
-        TableCodec(schema)
-
-
-def test_location_is_attached_and_shown() -> None:
-    try:
-        MessageDecoder().decode(b"{oops")
-    except DecodeError as exc:
-        exc.with_location(RecordLocation("orders", 2, 41))
-        assert str(exc).startswith("orders[2]@41: ")
-        assert exc.location == RecordLocation("orders", 2, 41)
+def test_unknown_mysql_type_is_kept_as_its_text_or_refused_on_request() -> None:
+    schema = TableSchema(
+        "d", "t", 1, 7, (Column("id", DataType("int")), Column("shape", DataType("geometry")))
+    )
+    raw = MessageDecoder().decode(_json_dml({"id": "1", "shape": "POINT(1 2)"}))
+    assert isinstance(raw, RawDML)
+    codec = TableCodec(schema)
+    assert codec.arrow_schema.field("shape").type == pa.string()
+    assert codec.decode(raw).data == {"id": 1, "shape": "POINT(1 2)"}
+    with pytest.raises(SchemaRejectedError, match=r"'shape'.*'geometry'") as caught:
+        TableCodec(schema, ValuePolicy(unknown_types="error"))
+    assert caught.value.keys == (("d", "t", 7),)

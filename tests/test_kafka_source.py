@@ -223,13 +223,13 @@ def test_settings_the_source_owns_are_rejected(kafka_broker: EmbeddedBroker) -> 
 def test_missing_topic_is_a_source_error(kafka_broker: EmbeddedBroker) -> None:
     with pytest.raises(SourceError, match="does not exist") as failure:
         KafkaSource(kafka_broker.bootstrap_servers, ["absent"], group_id(), partitions=ALL_PARTITIONS)
-    assert failure.value.code == "UNKNOWN_TOPIC_OR_PART"
+    assert failure.value.client_code == "UNKNOWN_TOPIC_OR_PART"
     with (
         KafkaSource(kafka_broker.bootstrap_servers, ["absent"], group_id(), config=FAST_GROUP) as source,
         pytest.raises(SourceError, match="absent") as failure,
     ):
         poll_until([source], lambda _: False, timeout=10.0)
-    assert failure.value.code == "UNKNOWN_TOPIC_OR_PART"
+    assert failure.value.client_code == "UNKNOWN_TOPIC_OR_PART"
 
 
 def test_a_client_error_loses_no_records(kafka_broker: EmbeddedBroker, kafka_topic: TopicFactory) -> None:
@@ -248,4 +248,4 @@ def test_a_client_error_loses_no_records(kafka_broker: EmbeddedBroker, kafka_top
                 errors.append(error)
     assert summary(records) == expected
     assert len(records) == 100
-    assert errors[0].code == "UNKNOWN_TOPIC_OR_PART"
+    assert errors[0].client_code == "UNKNOWN_TOPIC_OR_PART"

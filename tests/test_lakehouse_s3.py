@@ -91,7 +91,7 @@ def test_storage_options_reach_delta_rs_and_pyarrow(s3_server: LocalS3Server, sp
 
 def test_dead_letters_on_an_object_store_are_one_object_each(s3_lake: str) -> None:
     letters = DeadLetterObjects(s3_lake + "/_dead_letters")
-    letter = DeadLetter(RecordLocation("cdc", 2, 41), "MalformedMessageError: bad", b"\xff")
+    letter = DeadLetter(RecordLocation("cdc", 2, 41), "MalformedMessageError: bad", b"\xff", "consumer-error")
     letters.write(letter)
     letters.write(letter)  # a replay rewrites its own object
     filesystem, base = LakeRoot.of(s3_lake).filesystem()

@@ -14,29 +14,30 @@ from consumer.members import GroupMembers, MemberFailed, MemberProcess
 from consumer.pipeline import PipelineStats
 
 
-def _reports_totals(records: int, reports: Any) -> None:
-    reports.put((MemberProcess().name, PipelineStats(records=records, rows_by_table={"shop.t": records})))
+def _reports_totals(records: int, asked: Any, reports: Any) -> None:
+    reports.put(
+        (MemberProcess(asked).name, PipelineStats(records=records, rows_by_table={"shop.t": records}))
+    )
 
 
-def _fails(reports: Any) -> None:
-    member = MemberProcess()
+def _fails(asked: Any, reports: Any) -> None:
+    member = MemberProcess(asked)
     reports.put((member.name, MemberFailed(f"{member.name}: SinkError: disk full")))
     raise SystemExit(1)
 
 
-def _dies(reports: Any) -> None:
+def _dies(asked: Any, reports: Any) -> None:
     os._exit(3)
 
 
-def _runs_until_asked(reports: Any) -> None:
-    member = MemberProcess()
+def _runs_until_asked(asked: Any, reports: Any) -> None:
+    member = MemberProcess(asked)
     consumed = 0
-    try:
-        while True:
-            consumed += 1
-            time.sleep(0.01)
-    except KeyboardInterrupt:
-        reports.put((member.name, PipelineStats(records=consumed)))
+    while not member.stop.requested:
+        consumed += 1
+        member.on_cycle(None)
+        time.sleep(0.01)
+    reports.put((member.name, PipelineStats(records=consumed)))
 
 
 def test_totals_of_every_member_come_back() -> None:
@@ -60,9 +61,8 @@ def test_a_member_that_dies_without_a_word_is_a_failure() -> None:
 
 def test_members_asked_to_stop_report_what_they_did() -> None:
     members = GroupMembers(2, _runs_until_asked, ())
-    time.sleep(2.0)  # a spawned member imports the SDK before it starts counting
-    members.check()  # running, nothing failed
-    totals = members.stop(interrupt=True)
+    members.check()  # running (or still starting), nothing failed
+    totals = members.stop(interrupt=True)  # asked at once: each member looks once it has started
     assert len(totals) == 2 and all(t.records > 0 for t in totals)
 
 

@@ -64,14 +64,18 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The notebook after a full run (any failing cell fails here with its traceback)."""
     tmp_path = tmp_path_factory.mktemp("notebook")
     notebook = nbformat.read(NOTEBOOK, as_version=4)
+    kernel = _kernel_manager(tmp_path)
     client = NotebookClient(
         notebook,
-        km=_kernel_manager(tmp_path),
+        km=kernel,
         timeout=CELL_TIMEOUT,
         startup_timeout=120,
         resources={"metadata": {"path": str(tmp_path)}},  # the kernel's working directory
     )
-    client.execute()
+    try:
+        client.execute()
+    finally:  # nbclient leaves a kernel it was handed running, and with it the notebook's Spark JVM
+        kernel.shutdown_kernel()
     return notebook
 
 

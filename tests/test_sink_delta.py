@@ -514,7 +514,7 @@ def test_schema_snapshots_of_every_member_are_merged(tmp_path: Path) -> None:
 
 
 # -- concurrency ---------------------------------------------------------------------------------------
-BATCHES, ROWS = 6, 5
+MIN_BATCHES, MAX_BATCHES, ROWS = 6, 60, 5
 
 
 class _Conflicts(logging.Handler):
@@ -527,38 +527,46 @@ class _Conflicts(logging.Handler):
             self.count += 1
 
 
-def _member(root: str, partition: int, start: Any, conflicts: Any) -> None:
-    """A consumer-group member in its own process, owning one partition and writing the shared table."""
+def _member(root: str, partition: int, rounds: Any, conflicts: Any, batches: Any) -> None:
+    """A consumer-group member in its own process, owning one partition and writing the shared table.
+    Both members commit each batch at the same moment, round after round, until they have collided at least
+    once (and at least `MIN_BATCHES` rounds): whether two commits collide is up to the scheduler, so the
+    rounds go on until one did, rather than hoping one will."""
     counter = _Conflicts()
     logging.getLogger("consumer.lakehouse.storage").addHandler(counter)
     logging.getLogger("consumer.lakehouse.storage").setLevel(logging.INFO)
     sink = DeltaSink(root, max_commit_retries=60, retry_backoff=0.02)
     context = CommitContext(group="g", resume_offsets={("t", partition): 0}, resolved_ts=TS)
-    batches = [
-        _changes(
-            [_insert(partition * 1000 + o, TS + o, o, partition) for o in range(b * ROWS, (b + 1) * ROWS)]
-        )
-        for b in range(BATCHES)
-    ]
-    for batch in batches:
-        start.wait()  # both members commit each batch at the same moment: they collide
-        sink.write(batch, context)
-    conflicts.put(counter.count)
+    batch = reported = 0
+    while batch < MIN_BATCHES or (conflicts.value == 0 and batch < MAX_BATCHES):
+        rounds.wait()
+        offsets = range(batch * ROWS, (batch + 1) * ROWS)
+        sink.write(_changes([_insert(partition * 1000 + o, TS + o, o, partition) for o in offsets]), context)
+        with conflicts.get_lock():
+            conflicts.value += counter.count - reported
+        reported = counter.count
+        rounds.wait()  # nobody writes before both have read the same total
+        batch += 1
+    batches.put(batch)
 
 
 def test_concurrent_members_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     spawn = multiprocessing.get_context("spawn")
-    start, conflicts = spawn.Barrier(2), spawn.Queue()
-    members = [spawn.Process(target=_member, args=(str(tmp_path), p, start, conflicts)) for p in (0, 1)]
+    rounds, conflicts, batches = spawn.Barrier(2), spawn.Value("i", 0), spawn.Queue()
+    members = [
+        spawn.Process(target=_member, args=(str(tmp_path), p, rounds, conflicts, batches)) for p in (0, 1)
+    ]
     for member in members:
         member.start()
     for member in members:
-        member.join(60)
+        member.join(120)
     assert [m.exitcode for m in members] == [0, 0]
-    assert conflicts.get() + conflicts.get() > 0  # the members did collide, and retried
+    assert conflicts.value > 0  # the members did collide, and retried
+    done = batches.get()
+    assert batches.get() == done
     written = [(r["_partition"], r["_offset"]) for r in _changelog(tmp_path)]
-    assert written == [(p, o) for p in (0, 1) for o in range(BATCHES * ROWS)]
-    assert sorted(_mirror(tmp_path)) == [p * 1000 + o for p in (0, 1) for o in range(BATCHES * ROWS)]
+    assert written == [(p, o) for p in (0, 1) for o in range(done * ROWS)]
+    assert sorted(_mirror(tmp_path)) == [p * 1000 + o for p in (0, 1) for o in range(done * ROWS)]
     assert [e.location for e in tables(tmp_path)] == ["shop/orders"]  # registered once
 
 

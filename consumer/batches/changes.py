@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from consumer.errors import RecordLocation, RejectedRowsError, ValueDecodeError
+from consumer.errors import InternalDecodeError, RecordLocation, RejectedRowsError, ValueDecodeError
 from consumer.protocol.checksum import verify_changes
 from consumer.protocol.model import RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
@@ -64,10 +64,11 @@ def stored_name(name: str) -> str:
 
     Any legal MySQL name must work, including `_offset` or `_commit_ts`, so a user column whose name is a
     metadata name preceded by zero or more underscores gets one more leading underscore (`_offset` ->
-    `__offset`, `__offset` -> `___offset`); every other name is kept. The mapping is injective and never
-    yields a metadata name, and it depends on the name alone, so a column keeps its stored name for life.
+    `__offset`, `__offset` -> `___offset`); every other name is kept. Names compare case-insensitively, as
+    in MySQL, Delta and Spark (`_OFFSET` -> `__OFFSET`). The mapping is injective and never yields a
+    metadata name in any case, and it depends on the name alone, so a column keeps its stored name for life.
     """
-    rest = name
+    rest = name.lower()
     while rest.startswith("_"):
         if rest in METADATA_NAMES:
             return "_" + name
@@ -101,8 +102,8 @@ def table_changes(
     codec: TableCodec, rows: Sequence[tuple[RawDML, RecordLocation]], origins: RowOrigins | None = None
 ) -> TableChanges:
     """Decode a resolved batch of one table version (`origins`: the rows' `RowOrigins`, when known). A bad
-    value raises with the record's location; with `verify_checksums` in the codec's policy, rows whose
-    checksum fails raise together (`RejectedRowsError`), each with its location."""
+    value raises with the record's location; only `ConsumerError`s come out. With `verify_checksums` in the
+    codec's policy, rows whose checksum fails raise together (`RejectedRowsError`), each with its location."""
     raws = [raw for raw, _ in rows]
     try:
         images = codec.decode_changes(raws)
@@ -119,7 +120,10 @@ def table_changes(
         codec.policy.stats.verified += verified
     source = pa.array(images.source, pa.int64())
     kinds = CHANGE_TYPES.take(pa.array(images.kinds, pa.int8()))
-    meta = _metadata(origins or RowOrigins.of(rows), source, kinds)
+    try:
+        meta = _metadata(origins or RowOrigins.of(rows), source, kinds)
+    except (pa.ArrowException, OverflowError, ValueError) as exc:  # a header out of int64's range
+        raise InternalDecodeError(f"metadata of the batch does not fit its columns: {exc}") from exc
     schema = changelog_schema(codec)
     return TableChanges(codec.schema, pa.Table.from_arrays([*images.rows.columns, *meta], schema=schema))
 

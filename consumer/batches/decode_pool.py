@@ -7,6 +7,9 @@ thread cannot overlap it with fetching, ordering and writing: a process can. A b
 Workers start from a `forkserver`: the consumer process runs librdkafka and JVM threads, and a plain fork
 would copy their locks mid-use. Nothing here can lose a batch: a value that does not decode, or a worker
 that died, makes `result` return None and the caller decodes the batch itself, under its error policy.
+
+A worker ends when the consumer process does, however it ended (even SIGKILL): it holds the forkserver's
+"alive" pipe and the resource tracker's, so a worker outliving the consumer would keep both running too.
 """
 
 from __future__ import annotations
@@ -14,6 +17,11 @@ from __future__ import annotations
 import gc
 import logging
 import multiprocessing
+import os
+import select
+import signal
+import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
@@ -24,7 +32,7 @@ import pyarrow as pa
 from cachetools import LRUCache
 
 from consumer.batches.changes import TableChanges, table_changes
-from consumer.errors import RecordLocation, RejectedRowsError, ValueDecodeError
+from consumer.errors import ConsumerError, RecordLocation
 from consumer.protocol.model import RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import DecodeStats, ValuePolicy
@@ -77,7 +85,7 @@ class DecodePool:
             workers,
             mp_context=context,
             initializer=_start_worker,
-            initargs=(policy, registry),  # a registry travels as its settings: a worker has its own client
+            initargs=(policy, registry, os.getpid()),  # a registry travels as its settings
         )
         self._broken = False
         self._start_all(workers)
@@ -114,6 +122,11 @@ class DecodePool:
         except BrokenProcessPool as exc:
             self._give_up(exc)
             return None
+        except Exception as exc:  # a worker's unexpected failure: the loop decodes the batch itself
+            log.warning(
+                "a decode worker failed (%s: %s): decoding the batch in the loop", type(exc).__name__, exc
+            )
+            return None
         decoded = [piece for piece in pieces if piece is not None]
         if len(decoded) < len(pieces):
             return None
@@ -136,11 +149,40 @@ _registry: SchemaRegistry | None = None
 _codecs: LRUCache[bytes, TableCodec] = LRUCache(_CODECS_PER_WORKER)
 
 
-def _start_worker(policy: ValuePolicy, registry: SchemaRegistry | None) -> None:
+def _start_worker(policy: ValuePolicy, registry: SchemaRegistry | None, consumer: int) -> None:
+    """A worker ignores Ctrl-C (a terminal sends it to the whole process group): the consumer decides when
+    its workers stop, and ends them itself. A registry arrives as its settings: each worker has a client."""
     global _policy, _registry
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.set_threshold(*DECODE_GC_THRESHOLDS)
     _policy = replace(policy, stats=DecodeStats())  # counts since start; `_decode` reports the increase
     _registry = registry
+    threading.Thread(target=_exit_with, args=(consumer,), name="exit-with-consumer", daemon=True).start()
+
+
+def _exit_with(pid: int) -> None:
+    """Wait for process `pid` to end (a pidfd becomes readable then; polling where pidfds are missing),
+    then end this worker."""
+    try:
+        watched = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(0)  # gone already
+    except (AttributeError, OSError):
+        while _alive(pid):
+            time.sleep(1.0)
+    else:
+        select.select([watched], [], [])
+    os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, under another user
+        pass
+    return True
 
 
 def _started() -> None:
@@ -150,10 +192,13 @@ def _started() -> None:
 def _decode(schema: bytes, rows: bytes) -> _Decoded:
     codec = _codecs.get(schema)
     if codec is None:
-        codec = _codecs[schema] = TableCodec(_SCHEMA.decode(schema), _policy, registry=_registry)
+        try:
+            codec = _codecs[schema] = TableCodec(_SCHEMA.decode(schema), _policy, registry=_registry)
+        except ConsumerError:
+            return None
     nulled, verified = _policy.stats.unrepresentable, _policy.stats.verified
     try:
         changes = table_changes(codec, _ROWS.decode(rows))
-    except (ValueDecodeError, RejectedRowsError):
+    except ConsumerError:  # the loop decodes the batch again, to apply the error policy to the bad row
         return None
     return changes.changelog, _policy.stats.unrepresentable - nulled, _policy.stats.verified - verified

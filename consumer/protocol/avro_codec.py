@@ -15,6 +15,8 @@ import fastavro
 import msgspec
 
 from consumer.errors import MalformedMessageError
+from consumer.protocol.checks import MessageChecks
+from consumer.protocol.limits import MAX_TSO
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -66,13 +68,18 @@ DML_PREFIX = bytes((MESSAGE_BRANCH, 0x06, 0x06))  # Message branch, MessageType.
 
 
 # -- decoding ---------------------------------------------------------------------------------------
-def decode(payload: bytes) -> DecodedMessage:
+_DEFAULT_CHECKS = MessageChecks()
+
+
+def decode(payload: bytes, checks: MessageChecks = _DEFAULT_CHECKS) -> DecodedMessage:
+    """Decode one uncompressed Avro value; DML values stay undecoded in a `RawDML`. The message passes
+    `checks` (its commitTs, its schemas)."""
     if len(payload) < 3 or payload[0] != MESSAGE_BRANCH:
         first = f"0x{payload[0]:02x}" if payload else "nothing"
         raise MalformedMessageError(f"not a Simple Avro message: starts with {first}, expected 0x16")
     if payload[1] == _DML_KIND:
-        return _dml_header(payload)
-    return _schema_or_watermark(read_datum(payload))
+        return _dml_header(payload, checks)
+    return checks.message(_schema_or_watermark(read_datum(payload)))
 
 
 def read_datum(payload: bytes) -> dict[str, Any]:
@@ -102,7 +109,7 @@ def _read_exactly(stream: io.BytesIO, schema: Any, size: int) -> Any:
     return datum
 
 
-def _dml_header(payload: bytes) -> RawDML | KeyOnlyDML:
+def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML | KeyOnlyDML:
     """Read only the DML's routing fields (and whether it carries only its handle key); values are decoded
     later, once the schema is known."""
     reader = _HeaderReader(payload, 2)
@@ -113,14 +120,19 @@ def _dml_header(payload: bytes) -> RawDML | KeyOnlyDML:
     kind = reader.long()
     if not 0 <= kind < len(_DML_TYPES):
         raise MalformedMessageError(f"unknown DMLType index {kind}")
+    commit_ts, build_ts, schema_version = reader.long(), reader.long(), reader.long()
+    if not 0 < commit_ts <= checks.ceiling:
+        checks.commit_ts(commit_ts, "DML")
+    if not 0 <= schema_version <= MAX_TSO:  # a TSO beyond 2^63 reads back negative from an Avro long
+        raise MalformedMessageError(f"DML schemaVersion {schema_version} is no TSO")
     raw = RawDML(
         type=_DML_TYPES[kind],
         database=database,
         table=table,
         table_id=table_id,
-        commit_ts=reader.long(),
-        build_ts=reader.long(),
-        schema_version=reader.long(),
+        commit_ts=commit_ts,
+        build_ts=build_ts,
+        schema_version=schema_version,
         payload=payload,
         encoding="avro",
     )
@@ -149,6 +161,8 @@ class _HeaderReader:
             result |= (byte & 0x7F) << shift
             shift += 7
             if not byte & 0x80:
+                if result >> 64:  # a tenth byte carrying more than the 64th bit: no Avro long
+                    raise MalformedMessageError("Avro long beyond 64 bits in the DML header")
                 return (result >> 1) ^ -(result & 1)
 
     def branch(self) -> int:
@@ -249,11 +263,14 @@ def _data_type(record: dict[str, Any]) -> DataType:
 
 
 def _default_from_avro(raw: bytes | None, data_type: DataType) -> str | int | None:
+    """A binary-charset default holds raw bytes: invalid UTF-8 becomes U+FFFD, as in TiCDC's JSON (Go's
+    encoding/json), so a schema reads the same in both encodings and stays encodable as text everywhere
+    (schema snapshots, Arrow, JSON)."""
     if raw is None:
         return None
     if data_type.mysql_type == "bit":
         return int.from_bytes(raw, "big")
-    return raw.decode("utf-8", "surrogateescape")
+    return raw.decode("utf-8", "replace")
 
 
 # -- encoding ---------------------------------------------------------------------------------------

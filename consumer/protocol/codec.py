@@ -1,12 +1,27 @@
-"""Record value <-> message: compression, then JSON or Avro (spec §1.2), in both directions."""
+"""Record value <-> message: compression, then JSON or Avro (spec §1.2), in both directions.
+
+`MessageDecoder.decode` is the containment boundary for a record's bytes: whatever they hold, it returns a
+message or raises a `ConsumerError`. Schemas are validated there, once, as they arrive, and commitTs values
+checked for plausibility (`checks`); anything the SDK did not anticipate still comes out as
+an `InternalDecodeError`, never as a stray exception that would stop a consumer.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from consumer.errors import CompressionError, DecodeError, EncodeError, MalformedMessageError
+from consumer.errors import (
+    CompressionError,
+    ConsumerError,
+    DecodeError,
+    EncodeError,
+    InternalDecodeError,
+    MalformedMessageError,
+    NestingTooDeepError,
+)
 from consumer.protocol import avro_codec, json_codec
 from consumer.protocol.avro_codec import AvroVariant
+from consumer.protocol.checks import MessageChecks
 from consumer.protocol.compression import (
     PLAIN_FIRST_BYTES,
     Compression,
@@ -22,14 +37,27 @@ EncodingSetting = Literal["auto", "json", "avro"]
 
 
 class MessageDecoder:
-    """Turns a Kafka record value into a message; DML values wait in a RawDML for their schema."""
+    """Turns a Kafka record value into a message; DML values wait in a RawDML for their schema.
+
+    `policy` brings the `DecodeLimits` (decompressed size, nesting depth, commitTs range) and what to do
+    with unknown column types in the schemas that arrive.
+    """
 
     registry = None  # Simple records name no registry schema (see `RecordDecoder`)
 
-    def __init__(self, encoding: EncodingSetting = "auto", compression: CompressionSetting = "auto") -> None:
+    def __init__(
+        self,
+        encoding: EncodingSetting = "auto",
+        compression: CompressionSetting = "auto",
+        *,
+        policy: ValuePolicy | None = None,
+    ) -> None:
         self.encoding = encoding
         self.compression = compression
+        self.policy = policy or ValuePolicy()
+        self.limits = self.policy.limits
         self._plain_json = encoding != "avro" and compression in ("auto", "none")  # `{` may start JSON
+        self._checks = MessageChecks(self.limits, self.policy.unknown_types)
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         """A record as `RecordDecoder` takes it: the Simple protocol puts nothing in the key."""
@@ -40,31 +68,46 @@ class MessageDecoder:
         return None
 
     def decode(self, value: bytes | None) -> DecodedMessage:
+        try:
+            if value and value[0] == _JSON_START and self._plain_json:  # the hottest case, fewest calls
+                try:
+                    return json_codec.decode(value, self._checks)
+                except DecodeError as error:
+                    return self._not_plain_json(value, error)
+            return self._decode(value)
+        except ConsumerError:
+            raise
+        except RecursionError as exc:
+            raise NestingTooDeepError("message nests deeper than Python's recursion limit") from exc
+        except Exception as exc:  # a gap in the checks: still this record's problem alone
+            raise InternalDecodeError(f"unexpected {type(exc).__name__} decoding a message: {exc}") from exc
+
+    def _decode(self, value: bytes | None) -> DecodedMessage:
         if not value:
             raise MalformedMessageError("empty record value")
-        if value[0] == _JSON_START and self._plain_json:  # the hottest case, in the fewest steps
-            try:
-                return json_codec.decode(value)
-            except DecodeError as error:
-                if self.compression == "none":
-                    raise
-                return self._decode_snappy_lookalike(value, error)
         if self.compression == "auto" and value[0] in PLAIN_FIRST_BYTES:
             try:
                 return self._decode_plain(value)
             except DecodeError as error:
                 return self._decode_snappy_lookalike(value, error)
-        return self._decode_plain(decompress(value, self.compression))
+        return self._decode_plain(decompress(value, self.compression, self.limits.max_decompressed_bytes))
+
+    def _not_plain_json(self, value: bytes, error: DecodeError) -> DecodedMessage:
+        if self.compression == "none":
+            raise error
+        return self._decode_snappy_lookalike(value, error)
 
     def _decode_plain(self, payload: bytes) -> DecodedMessage:
         encoding = self.encoding if self.encoding != "auto" else _sniffed(payload[0] if payload else -1)
-        return json_codec.decode(payload) if encoding == "json" else avro_codec.decode(payload)
+        if encoding == "json":
+            return json_codec.decode(payload, self._checks)
+        return avro_codec.decode(payload, self._checks)
 
     def _decode_snappy_lookalike(self, value: bytes, plain_error: DecodeError) -> DecodedMessage:
         """A snappy block starts with its uncompressed length as a varint: 123 bytes look like `{`, 22 like
         Avro's 0x16. When the plain reading fails, the snappy reading gets its chance."""
         try:
-            payload = decompress(value, "snappy")
+            payload = decompress(value, "snappy", self.limits.max_decompressed_bytes)
         except CompressionError:
             raise plain_error from None
         return self._decode_plain(payload)

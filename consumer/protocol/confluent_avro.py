@@ -27,6 +27,7 @@ import fastavro
 import msgspec
 
 from consumer.errors import EncodeError, MalformedMessageError, UnsupportedTypeError
+from consumer.protocol.containment import contained
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -261,6 +262,10 @@ class ConfluentAvroDecoder:
         return found.schema if found is not None else None
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
+        with contained("decoding a TiCDC Avro record"):
+            return self._decode_record(key, value)
+
+    def _decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         if value:
             first = value[0]
             if first == MAGIC:

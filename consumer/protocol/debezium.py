@@ -27,6 +27,7 @@ from msgspec.structs import astuple
 
 from consumer.errors import MalformedMessageError, UnsupportedTypeError, ValueDecodeError
 from consumer.protocol.compression import Compression, CompressionSetting, compress, decompress
+from consumer.protocol.containment import contained
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -134,6 +135,10 @@ class DebeziumDecoder:
         return self._by_version.get(key)
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
+        with contained("decoding a Debezium record"):
+            return self._decode_record(key, value)
+
+    def _decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         if not value:
             raise MalformedMessageError("a Debezium record without a value (TiCDC never writes tombstones)")
         value = self._plain(value)

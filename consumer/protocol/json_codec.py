@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from consumer.errors import MalformedMessageError, UnknownMessageTypeError
+from consumer.protocol.checks import MessageChecks
+from consumer.protocol.limits import MAX_TSO, check_nesting
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -25,6 +27,10 @@ _DDL_TYPES = frozenset(DDLType)
 _DML_TYPES = {kind.value: kind for kind in DMLType}
 
 
+# A schema version is a TSO, stored as int64 `_schema_version`: msgspec checks the range while decoding.
+_SchemaVersion = Annotated[int, msgspec.Meta(ge=0, le=MAX_TSO)]
+
+
 class _Envelope(msgspec.Struct, rename="camel", gc=False):
     """Only the routing fields: decoding skips `data`/`old` without building them."""
 
@@ -35,7 +41,7 @@ class _Envelope(msgspec.Struct, rename="camel", gc=False):
     database: str = ""
     table: str = ""
     table_id: int = msgspec.field(default=0, name="tableID")
-    schema_version: int = 0
+    schema_version: _SchemaVersion = 0
     claim_check_location: str = ""
     handle_key_only: bool = False
 
@@ -77,11 +83,21 @@ _GO_ESCAPES = (
 )
 
 
-def decode(payload: bytes) -> DecodedMessage:
-    """Decode one uncompressed JSON value; DML values stay undecoded in a `RawDML`."""
+_DEFAULT_CHECKS = MessageChecks()
+# msgspec reports invalid UTF-8 inside a string as UnicodeDecodeError, not as one of its own errors.
+_INVALID = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
+
+
+def decode(payload: bytes, checks: MessageChecks = _DEFAULT_CHECKS) -> DecodedMessage:
+    """Decode one uncompressed JSON value; DML values stay undecoded in a `RawDML`. The message passes
+    `checks` (its commitTs, its schemas).
+
+    The envelope skips `data`/`old` without building them; a schema or watermark message is built in full,
+    so its nesting is bounded first.
+    """
     try:
         envelope = _ENVELOPE.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except _INVALID as exc:
         raise MalformedMessageError(f"invalid JSON message: {exc}") from exc
     kind = _DML_TYPES.get(envelope.type)
     if kind is not None:  # inlined: DMLs are nearly every message
@@ -89,12 +105,15 @@ def decode(payload: bytes) -> DecodedMessage:
             raise MalformedMessageError(
                 "DML without `database` (a pre-v8.0 TiCDC message shape, which this SDK does not read)"
             )
+        commit_ts = envelope.commit_ts
+        if not 0 < commit_ts <= checks.ceiling:
+            checks.commit_ts(commit_ts, "DML")
         raw = RawDML(
             type=kind,
             database=envelope.database,
             table=envelope.table,
             table_id=envelope.table_id,
-            commit_ts=envelope.commit_ts,
+            commit_ts=commit_ts,
             build_ts=envelope.build_ts,
             schema_version=envelope.schema_version,
             payload=payload,
@@ -103,13 +122,14 @@ def decode(payload: bytes) -> DecodedMessage:
         if envelope.handle_key_only or envelope.claim_check_location:
             return KeyOnlyDML(raw, envelope.claim_check_location)
         return raw
+    check_nesting(payload, checks.max_nesting_depth, f"{envelope.type[:20]} message")
     try:
         wire = _WIRE.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except _INVALID as exc:
         raise MalformedMessageError(f"invalid {envelope.type} message: {exc}") from exc
     if _ABSENT in (wire.commit_ts, wire.build_ts):
         raise MalformedMessageError(f"{wire.type} message without commitTs/buildTs")
-    return _schema_or_watermark(wire)
+    return checks.message(_schema_or_watermark(wire))
 
 
 def _schema_or_watermark(wire: _Wire) -> Watermark | Bootstrap | DDL:

@@ -50,7 +50,7 @@ class ProtocolSettingsError(ConsumerError):
 
 def record_decoder(settings: DecoderSettings) -> RecordDecoder:
     if settings.protocol == "simple":
-        return MessageDecoder(settings.encoding, settings.compression)
+        return MessageDecoder(settings.encoding, settings.compression, policy=settings.policy)
     if settings.protocol == "avro":
         from consumer.protocol.confluent_avro import ConfluentAvroDecoder
         from consumer.protocol.registry import SchemaRegistry

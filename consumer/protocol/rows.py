@@ -13,16 +13,25 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 from msgspec.structs import astuple
 
-from consumer.errors import MalformedMessageError, ValueDecodeError
+from consumer.errors import (
+    DocumentTooDeepError,
+    MalformedMessageError,
+    ValueDecodeError,
+    ValueTooLargeError,
+)
 from consumer.protocol import avro_codec
+from consumer.protocol.containment import contained
 from consumer.protocol.model import DML, Checksum, DMLType, RawDML, TableSchema
 from consumer.protocol.types import ColumnType, ValuePolicy, column_type
+from consumer.protocol.validation import validate_schema
 
 if TYPE_CHECKING:  # the registry client loads an HTTP stack: only TiCDC Avro needs it
     from consumer.protocol.registry import SchemaRegistry
@@ -73,7 +82,12 @@ _Decoded = TypeVar("_Decoded", RowImages, ChangeImages)
 
 
 class TableCodec:
-    """Decoding and encoding of the rows of one TableSchema version."""
+    """Decoding and encoding of the rows of one TableSchema version.
+
+    The schema is validated first (`SchemaRejectedError`), so no type outside TiDB's limits reaches Arrow.
+    Decoding raises only `ConsumerError`s: a `ValueDecodeError` names the column and the row, and anything
+    unanticipated comes out as an `InternalDecodeError` without a row.
+    """
 
     def __init__(
         self,
@@ -83,8 +97,9 @@ class TableCodec:
         registry: SchemaRegistry | None = None,
     ) -> None:
         """`registry`: where TiCDC Avro rows' writer schemas are (only that protocol needs one)."""
-        self.schema = schema
         self.policy = policy or ValuePolicy()
+        validate_schema(schema, self.policy.unknown_types)
+        self.schema = schema
         self.registry = registry
         self._foreign: Any = None
         self.columns: tuple[ColumnType, ...] = tuple(column_type(c, self.policy) for c in schema.columns)
@@ -103,7 +118,7 @@ class TableCodec:
     # -- fast path: many DMLs -> Arrow ---------------------------------------------------------------
     def decode_batch(self, raws: Sequence[RawDML]) -> RowImages:
         """Typed Arrow images of many DMLs of this table version. Errors carry `.row` = index in raws."""
-        with _collector_paused():
+        with _collector_paused(), contained("decoding rows"):
             chunks = self._chunked(raws, self._decode_chunk)
         if len(chunks) == 1:
             return chunks[0]
@@ -117,10 +132,9 @@ class TableCodec:
     def decode_changes(self, raws: Sequence[RawDML]) -> ChangeImages:
         """The batch's row images in change order (see `ChangeImages`), typed. Errors carry `.row` = the
         index in raws of the DML whose value did not decode."""
-        if raws and raws[0].encoding in FOREIGN_ENCODINGS:
-            with _collector_paused():
+        with _collector_paused(), contained("decoding rows"):
+            if raws and raws[0].encoding in FOREIGN_ENCODINGS:
                 return self._foreign_changes(raws)
-        with _collector_paused():
             chunks = self._chunked(raws, self._changes_chunk)
         if len(chunks) == 1:
             return chunks[0]
@@ -149,25 +163,25 @@ class TableCodec:
         start = 0
         for size in self._chunk_sizes(raws):
             try:
-                chunks.append(decode(raws[start : start + size]))
-            except ValueDecodeError as exc:
-                if exc.row is not None:
-                    exc.row += start
-                raise
+                chunks.append(_decoded_at(raws, start, start + size, decode))
+            except _MixedEncodings:  # a topic that switched from JSON to Avro: each run on its own
+                runs = _encoding_runs(raws[start : start + size])
+                chunks += [_decoded_at(raws, start + a, start + b, decode) for a, b in runs]
             start += size
         return chunks
 
     def _decode_chunk(self, raws: Sequence[RawDML]) -> RowImages:
-        datas, olds, _ = self._wire_images(raws)
+        datas, olds, _, longest = self._wire_images(raws)
+        avro = bool(raws) and raws[0].encoding == "avro"
         return RowImages(
-            data=self._image(datas, raws),
-            old=self._image(olds, raws),
+            data=self._image(datas, avro, longest),
+            old=self._image(olds, avro, longest),
             has_data=[d is not None or r.type in _HAS_DATA for d, r in zip(datas, raws, strict=True)],
             has_old=[o is not None or r.type in _HAS_OLD for o, r in zip(olds, raws, strict=True)],
         )
 
     def _changes_chunk(self, raws: Sequence[RawDML]) -> ChangeImages:
-        datas, olds, checksums = self._wire_images(raws)
+        datas, olds, checksums, longest = self._wire_images(raws)
         images: list[Any] = []
         source: list[int] = []
         kinds: list[int] = []
@@ -185,27 +199,32 @@ class TableCodec:
                 source.append(row)
                 kinds.append(ImageKind.DELETE)
         try:
-            rows = self._image(images, raws)
+            rows = self._image(images, bool(raws) and raws[0].encoding == "avro", longest)
         except ValueDecodeError as exc:
             if exc.row is not None:
                 exc.row = source[exc.row]
             raise
         return ChangeImages(rows, source, kinds, checksums)
 
-    def _wire_images(self, raws: Sequence[RawDML]) -> tuple[list[Any], list[Any], list[Checksum | None]]:
-        """Each DML's wire `data` and `old` images, and its checksums."""
+    def _wire_images(self, raws: Sequence[RawDML]) -> tuple[list[Any], list[Any], list[Checksum | None], int]:
+        """The chunk's `data` and `old` wire images, its checksums, and its longest payload (no value is
+        longer)."""
+        payloads = list(map(_PAYLOAD, raws))
+        longest = max(map(len, payloads), default=0)
         if raws and raws[0].encoding == "json":
-            try:  # the fast path decodes the whole batch at once; the per-row loop only names a bad row
-                decode = self._batch_body.decode
-                bodies = [decode(raw.payload) for raw in raws]
-                return [b.data for b in bodies], [b.old for b in bodies], [b.checksum for b in bodies]
-            except (msgspec.ValidationError, msgspec.DecodeError, AttributeError):
+            try:  # the fast path decodes the whole chunk at once; the per-row loop only names a bad row
+                bodies = list(map(self._batch_body.decode, payloads))
+                checksums = [b.checksum for b in bodies]
+                return [b.data for b in bodies], [b.old for b in bodies], checksums, longest
+            except (*_INVALID_JSON, AttributeError, RecursionError):
                 pass
+        if len(set(map(_ENCODING, raws))) > 1:  # an Avro payload fails the JSON path: settled here
+            raise _MixedEncodings
         bodies = [self._wire_body(raw, row, self._batch_body) for row, raw in enumerate(raws)]
         if raws and raws[0].encoding == "avro":
             checksums = [_avro_checksum(b["checksum"]) for b in bodies]
-            return [b["data"] for b in bodies], [b["old"] for b in bodies], checksums
-        return [b.data for b in bodies], [b.old for b in bodies], [b.checksum for b in bodies]
+            return [b["data"] for b in bodies], [b["old"] for b in bodies], checksums, longest
+        return [b.data for b in bodies], [b.old for b in bodies], [b.checksum for b in bodies], longest
 
     def _wire_body(self, raw: RawDML, row: int, decoder: msgspec.json.Decoder) -> Any:
         if raw.encoding == "avro":
@@ -215,23 +234,28 @@ class TableCodec:
                 raise ValueDecodeError(exc.reason, column="<row>", row=row) from exc
         try:
             return decoder.decode(raw.payload)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        except _INVALID_JSON as exc:
             raise ValueDecodeError(str(exc), column=_column_in(str(exc)), row=row) from exc
+        except RecursionError as exc:  # skipping an unknown field nested that deep
+            message = "message nests deeper than Python's recursion limit"
+            raise DocumentTooDeepError(message, column="<row>", row=row) from exc
 
-    def _image(self, images: list[Any], raws: Sequence[RawDML]) -> pa.RecordBatch:
+    def _image(self, images: list[Any], avro: bool, longest: int) -> pa.RecordBatch:
+        """One image of each row as a typed record batch; `longest`: the longest payload they came from."""
         if not self.columns:
             return pa.RecordBatch.from_pylist([{}] * len(images), schema=self._image_schema)
         if images.count(None) == len(images):  # e.g. the `old` image of a batch of INSERTs
             return pa.RecordBatch.from_arrays(
                 [pa.nulls(len(images), c.arrow_type) for c in self.columns], schema=self._image_schema
             )
-        avro = bool(raws) and raws[0].encoding == "avro"
         wire_columns = (
             self._json_columns(images) if self._fields and not avro else self._mapped_columns(images)
         )
         arrays = []
         for column, values in zip(self.columns, wire_columns, strict=True):
             arrays.append(column.from_avro(values) if avro else column.from_json(values))
+        if longest > self.policy.limits.max_value_bytes:
+            _check_value_sizes(self.columns, arrays, self.policy.limits.max_value_bytes)
         return pa.RecordBatch.from_arrays(arrays, schema=self._image_schema)
 
     def _json_columns(self, images: list[Any]) -> list[Sequence[Any]]:
@@ -247,8 +271,12 @@ class TableCodec:
     # -- typed per-row path --------------------------------------------------------------------------
     def decode(self, raw: RawDML) -> DML:
         """One DML with typed values; columns absent from the wire stay absent from the dicts."""
-        if raw.encoding in FOREIGN_ENCODINGS:
-            return self._foreign_dml(raw)
+        with contained("decoding rows"):
+            if raw.encoding in FOREIGN_ENCODINGS:
+                return self._foreign_dml(raw)
+            return self._decode_one(raw)
+
+    def _decode_one(self, raw: RawDML) -> DML:
         body = self._wire_body(raw, 0, self._row_body)
         if raw.encoding == "avro":
             data, old = body["data"], body["old"]
@@ -373,6 +401,51 @@ def _collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+class _MixedEncodings(Exception):
+    """A chunk holds JSON and Avro rows: it is decoded again, one run of each at a time."""
+
+
+def _decoded_at(
+    raws: Sequence[RawDML], start: int, end: int, decode: Callable[[Sequence[RawDML]], _Decoded]
+) -> _Decoded:
+    """`decode` of raws[start:end]; an error names its row in `raws`."""
+    try:
+        return decode(raws[start:end])
+    except ValueDecodeError as exc:
+        if exc.row is not None:
+            exc.row += start
+        raise
+
+
+def _encoding_runs(raws: Sequence[RawDML]) -> list[tuple[int, int]]:
+    """(start, end) of each run of rows with one encoding."""
+    runs = []
+    start = 0
+    for index in range(1, len(raws)):
+        if raws[index].encoding != raws[start].encoding:
+            runs.append((start, index))
+            start = index
+    return [*runs, (start, len(raws))]
+
+
+def _check_value_sizes(columns: Sequence[ColumnType], arrays: list[pa.Array], limit: int) -> None:
+    for column, array in zip(columns, arrays, strict=True):
+        if pa.types.is_string(array.type) or pa.types.is_binary(array.type):
+            sizes = pc.binary_length(array)
+            if (pc.max(sizes).as_py() or 0) > limit:
+                row = pc.index(pc.greater(sizes, limit), True).as_py()
+                raise ValueTooLargeError(
+                    f"value of {sizes[row].as_py()} bytes, beyond max_value_bytes = {limit}",
+                    column=column.name,
+                    row=row,
+                )
+
+
+_INVALID_JSON = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError)
+_ENCODING = attrgetter("encoding")
+_PAYLOAD = attrgetter("payload")
 
 
 def _column_in(message: str) -> str:

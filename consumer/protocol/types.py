@@ -11,6 +11,7 @@ import binascii
 import datetime as dt
 import json
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Context, Decimal
@@ -24,11 +25,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumer.errors import (
+    DocumentTooDeepError,
     EncodeError,
     UnrepresentableValueError,
     UnsupportedTypeError,
     ValueDecodeError,
 )
+from consumer.protocol.limits import DecodeLimits, nesting_depth
 from consumer.protocol.model import Column, DataType
 
 UNSIGNED_BIGINT = "com.pingcap.simple.avro.UnsignedBigint"
@@ -74,11 +77,16 @@ class ValuePolicy:
     `timestamp_location`: the zone the encoder writes TIMESTAMP values in (TiCDC's `--tz`), and the zone
     TiCDC Avro's TIMESTAMP text is read in (that protocol does not say).
     `verify_checksums`: check the row checksums TiCDC sends (spec §8) when a row carries them.
+    `unknown_types`: a mysqlType this SDK does not know (a newer TiDB) is kept as its wire text ("lossless",
+    default) or makes its table's schema rejected, so its rows go to the error policy ("error").
+    `limits`: the `DecodeLimits` a record must stay within.
     """
 
     unrepresentable: Literal["null", "raise"] = "null"
     timestamp_location: str = "UTC"
     verify_checksums: bool = True
+    unknown_types: Literal["lossless", "error"] = "lossless"
+    limits: DecodeLimits = field(default_factory=DecodeLimits)
     stats: DecodeStats = field(default_factory=DecodeStats, compare=False)
 
 
@@ -153,7 +161,7 @@ class ColumnType:
     def _guarded(self, values: Sequence[Any], convert: Callable[[Sequence[Any]], pa.Array]) -> pa.Array:
         try:
             return convert(values)
-        except (pa.ArrowException, ValueError, TypeError, OverflowError, KeyError, binascii.Error) as exc:
+        except _CONVERSION_ERRORS as exc:
             first_error = exc
         return self._convert_each(values, convert, first_error)
 
@@ -165,7 +173,7 @@ class ColumnType:
         for row, value in enumerate(values):
             try:
                 pieces.append(convert([value]))
-            except (pa.ArrowException, ValueError, TypeError, OverflowError, KeyError, binascii.Error) as exc:
+            except _CONVERSION_ERRORS as exc:
                 pieces.append(self._unconvertible(row, value, exc))
         if not pieces:
             raise ValueDecodeError(str(first_error), column=self.name)
@@ -181,6 +189,8 @@ class ColumnType:
                 )
             self.policy.stats.unrepresentable += 1
             return pa.nulls(1, self.arrow_type)
+        if isinstance(exc, _DocumentTooDeep):
+            raise DocumentTooDeepError(str(exc), column=self.name, row=row) from exc
         raise ValueDecodeError(
             f"value {_short(value)} is not a valid {self.data_type.mysql_type}: {_first_line(exc)}",
             column=self.name,
@@ -256,6 +266,15 @@ def spark_type_of(arrow_type: pa.DataType) -> Any:
     if pa.types.is_list(arrow_type):
         return T.ArrayType(spark_type_of(arrow_type.value_type), containsNull=False)
     raise UnsupportedTypeError(f"no Spark type for Arrow {arrow_type}")
+
+
+# What a wire value of the wrong shape makes a conversion raise (a str where a Timestamp record belongs has no
+# `.value`; Decimal("abc") is an ArithmeticError).
+_CONVERSION_ERRORS = (pa.ArrowException, ValueError, TypeError, LookupError, AttributeError, ArithmeticError)
+
+
+class _DocumentTooDeep(ValueError):
+    """Raised inside a conversion; reported as `DocumentTooDeepError` for the row."""
 
 
 def _holds_text(values: Sequence[Any]) -> bool:
@@ -508,7 +527,12 @@ class BinaryColumn(ColumnType):
 
 
 class JsonColumn(ColumnType):
-    """Arrow/Spark keep the JSON text; the Python value is the parsed document."""
+    """Arrow/Spark keep the JSON text; the Python value is the parsed document.
+
+    A document is accepted only if it is valid JSON nested no deeper than `max_nesting_depth` (TiDB itself
+    stops at 100), so reading it back later cannot fail. Numbers beyond msgspec's range, which TiDB never
+    writes (a 5,000-digit integer, `1e400`), are read back by Python's `json` instead (as a Decimal, inf).
+    """
 
     family = "json"
 
@@ -516,7 +540,11 @@ class JsonColumn(ColumnType):
         return pa.string()
 
     def _json_array(self, values: Sequence[Any]) -> pa.Array:
+        text = pa.array(values, pa.string())
         documents = [v for v in values if v is not None]
+        limit = self.policy.limits.max_nesting_depth
+        if len(text) and (pc.max(pc.binary_length(text)).as_py() or 0) > limit:
+            _check_depth(documents, limit)  # first: deeper than the recursion limit, parsing would fail
         try:  # one parse validates the whole column; only a failure pays for finding the bad value
             parsed = len(_JSON_ARRAY.decode(("[" + ",".join(documents) + "]").encode()))
         except msgspec.DecodeError:
@@ -525,7 +553,7 @@ class JsonColumn(ColumnType):
             for value in documents:
                 msgspec.json.decode(value)
             raise ValueError("a value holds more than one JSON document")
-        return pa.array(values, pa.string())
+        return text
 
     def to_python(self, array: pa.Array) -> list[Any]:
         return [None if v is None else _parse_json_document(v) for v in array.to_pylist()]
@@ -537,9 +565,27 @@ class JsonColumn(ColumnType):
 _JSON_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 
 
+def _check_depth(documents: list[str], limit: int) -> None:
+    """Only a document with more brackets than `limit` can nest deeper: most are settled by counting."""
+    for document in documents:
+        if len(document) > limit and document.count("[") + document.count("{") > limit:
+            depth = nesting_depth(document.encode())
+            if depth > limit:
+                raise _DocumentTooDeep(f"JSON document nests {depth} deep, beyond {limit}")
+
+
 def _parse_json_document(text: str) -> Any:
-    value = json.loads(text)
+    try:
+        value = msgspec.json.decode(text)
+    except msgspec.ValidationError:  # a number beyond msgspec's range: valid JSON all the same
+        value = json.loads(text, parse_int=_integer)
     return JSON_NULL if value is None else value
+
+
+def _integer(text: str) -> int | Decimal:
+    """Python refuses int() of very long digit strings (a denial-of-service guard); Decimal has no limit."""
+    limit = sys.get_int_max_str_digits()
+    return int(text) if not limit or len(text) <= limit else Decimal(text)
 
 
 def json_document_text(value: Any) -> str:
@@ -843,15 +889,22 @@ _TIMESTAMP_DICT = (itemgetter("location"), itemgetter("value"))
 
 
 def _zone_name(location: str) -> str:
-    """`Local` means the producer's zone, which we cannot know: read it as this machine's zone."""
+    """`Local` means the producer's zone, which we cannot know: read it as this machine's zone. A name is
+    looked up only if it has the shape of an IANA zone name (a directory such as `Europe`, or a name too long
+    for a file, makes the lookup itself fail with OSError)."""
     if location == "Local":
         local = dt.datetime.now().astimezone().tzinfo
         return getattr(local, "key", None) or "UTC"
+    if not isinstance(location, str) or not _ZONE_NAME.fullmatch(location):
+        raise ValueError(f"unknown time zone {_short(location)}")
     try:
         ZoneInfo(location)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise ValueError(f"unknown time zone {location!r}") from exc
     return location
+
+
+_ZONE_NAME = re.compile(r"[A-Za-z0-9_+-]{1,64}(?:/[A-Za-z0-9_+-]{1,64}){0,3}")
 
 
 _TIME_PATTERN = r"^(?P<sign>-?)(?P<h>\d{2,3}):(?P<m>\d{2}):(?P<s>\d{2})(?:\.(?P<f>\d{1,6}))?$"
@@ -900,6 +953,39 @@ class TimeColumn(ColumnType):
         return f"{sign}{clock}{_fraction(micro, fsp_of(self.data_type))}"
 
 
+# -- types this SDK does not know -----------------------------------------------------------------
+class UnknownColumn(ColumnType):
+    """A mysqlType a newer TiDB may send: each value is kept as its wire text, so nothing is lost and the
+    column can be re-typed later. TiCDC sends such values as text (JSON string, Avro string); an Avro number
+    keeps its decimal text, and Avro bytes their UTF-8 text (bytes that are not text fail the row)."""
+
+    family = "unknown"
+
+    def _arrow_type(self) -> pa.DataType:
+        return pa.string()
+
+    def _json_array(self, values: Sequence[Any]) -> pa.Array:
+        return pa.array(values, pa.string())
+
+    def _avro_array(self, values: Sequence[Any]) -> pa.Array:
+        return pa.array([None if v is None else _wire_text(v) for v in values], pa.string())
+
+    def _json_value(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise TypeError(f"a value of an unknown type is its wire text, not {type(value).__name__}")
+        return value
+
+
+def _wire_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode()  # strict: raw bytes that are not text have no lossless text form
+    if isinstance(value, dict):  # an Avro record branch (Timestamp, UnsignedBigint)
+        return msgspec.json.encode(value, order="sorted").decode()
+    return str(value)
+
+
 # -- registry -------------------------------------------------------------------------------------
 _FAMILIES: dict[str, type[ColumnType]] = {
     **dict.fromkeys(_INT_WIDTH, IntegerColumn),
@@ -924,10 +1010,15 @@ MYSQL_TYPES: tuple[str, ...] = tuple(_FAMILIES)
 
 
 def column_type(column: Column, policy: ValuePolicy | None = None) -> ColumnType:
+    """The conversions of a column; an unknown mysqlType is kept as text unless `policy.unknown_types`
+    is "error"."""
+    policy = policy or ValuePolicy()
     family = _FAMILIES.get(column.data_type.mysql_type)
     if family is None:
-        raise UnsupportedTypeError(
-            f"column {column.name!r} has mysqlType {column.data_type.mysql_type!r}, "
-            "which this SDK does not know"
-        )
-    return family(column, policy or ValuePolicy())
+        if policy.unknown_types == "error":
+            raise UnsupportedTypeError(
+                f"column {column.name!r} has mysqlType {column.data_type.mysql_type!r}, "
+                "which this SDK does not know"
+            )
+        family = UnknownColumn
+    return family(column, policy)

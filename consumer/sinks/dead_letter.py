@@ -1,4 +1,8 @@
-"""Where records the error policy sets aside go: a JSON-lines file or a Kafka topic. Never dropped."""
+"""Where records the error policy sets aside go: a JSON-lines file or a Kafka topic. Never dropped.
+
+Each letter carries its origin (topic, partition, offset), the reason, and the machine-readable
+`reason_code` (the `code` of the error that set it aside).
+"""
 
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ class _Letter(msgspec.Struct):
     offset: int
     reason: str
     value: str | None  # standard base64 of the raw record value
-    reason_code: str
+    reason_code: str = ""  # letters written before reason codes have none
 
     @classmethod
     def of(cls, letter: DeadLetter) -> _Letter:
@@ -38,19 +42,35 @@ class _Letter(msgspec.Struct):
         return cls(where.topic, where.partition, where.offset, letter.reason, value, letter.reason_code)
 
 
+class _Origin(msgspec.Struct):
+    """The part of a letter that says which record it is."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
 class DeadLetterFile:
-    """Appends one JSON line per letter and fsyncs it."""
+    """Appends one JSON line per letter and fsyncs it. A record already in the file (replayed after a
+    restart, before the commit that covered it) is not written twice: the origins in the file are read
+    once, when it is opened."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._written = _origins(self.path)
         self._file = self.path.open("ab")
         self._encoder = msgspec.json.Encoder()
 
     def write(self, letter: DeadLetter) -> None:
+        where = letter.location
+        origin = (where.topic, where.partition, where.offset)
+        if origin in self._written:
+            return
         self._file.write(self._encoder.encode(_Letter.of(letter)) + b"\n")
         self._file.flush()
         os.fsync(self._file.fileno())
+        self._written.add(origin)
 
     def close(self) -> None:
         self._file.close()
@@ -104,3 +124,19 @@ class DeadLetterTopic:
 
     def close(self) -> None:
         self._producer.flush(30)
+
+
+def _origins(path: Path) -> set[tuple[str, int, int]]:
+    """Origins of the letters a file holds (a torn last line, from a crash mid-write, is skipped)."""
+    if not path.exists():
+        return set()
+    decoder = msgspec.json.Decoder(_Origin)
+    origins = set()
+    with path.open("rb") as file:
+        for line in file:
+            try:
+                letter = decoder.decode(line)
+            except msgspec.DecodeError:
+                continue
+            origins.add((letter.topic, letter.partition, letter.offset))
+    return origins

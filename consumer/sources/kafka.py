@@ -4,12 +4,18 @@ Offsets are never committed or stored behind the caller's back (`enable.auto.com
 `enable.auto.offset.store` are forced off): a record counts as consumed only once the pipeline has made its
 effects durable and calls `commit`. Extra librdkafka settings (TLS, SASL, ...) pass through unchanged, but
 secrets never reach logs or exception messages.
+
+librdkafka retries connections forever and only reports trouble as error events, so a consumer with wrong
+credentials or no reachable broker would otherwise wait in silence: a refused authentication ends the next
+`poll_batch` with `SourceAuthenticationError`, and brokers that stay unreachable (checked with a metadata
+request) with `SourceUnreachableError`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Final, Literal, cast
 
@@ -23,7 +29,7 @@ from confluent_kafka import (
 )
 
 from consumer.sources.base import OnAssign, OnRevoke, Partition
-from consumer.sources.errors import SourceError
+from consumer.sources.errors import SourceAuthenticationError, SourceError, SourceUnreachableError
 from consumer.sources.record import SourceRecord
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,11 @@ _FORCED_CONFIG: dict[str, object] = {
     "enable.auto.offset.store": False,
     "auto.offset.reset": "earliest",
 }
+# Error events that mean the brokers refuse this client: retrying with the same settings cannot help.
+_REFUSED = frozenset((KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED))
+# A consumer that never reached a broker gives up after this long (a lost connection: `unreachable_timeout`).
+STARTUP_UNREACHABLE_SECONDS = 10.0
+_PROBE_SECONDS = 5.0
 # Keys whose values are credentials: passwords, client secrets, JAAS/OAUTHBEARER strings, private keys.
 _SECRET_KEY_MARKERS = ("password", "secret", "jaas", "oauthbearer.config", "key.pem")
 
@@ -62,6 +73,9 @@ class KafkaSource:
 
     Start offsets: those returned by `on_assign`, else the group's committed offsets, else the earliest.
     `on_lost` defaults to `on_revoke`; offsets of lost partitions can no longer be committed.
+
+    `unreachable_timeout`: seconds every broker may stay unreachable, once connected, before `poll_batch`
+    raises `SourceUnreachableError` (before the first connection: `STARTUP_UNREACHABLE_SECONDS`).
     """
 
     def __init__(
@@ -76,6 +90,7 @@ class KafkaSource:
         on_revoke: OnRevoke | None = None,
         on_lost: OnRevoke | None = None,
         metadata_timeout: float = 10.0,
+        unreachable_timeout: float = 60.0,
     ) -> None:
         if isinstance(topics, str) or not topics:
             raise ValueError(f"topics must be a non-empty list of topic names, not {topics!r}")
@@ -83,11 +98,13 @@ class KafkaSource:
         owned = {"bootstrap.servers", "group.id", *_FORCED_CONFIG}.intersection(extra)
         if owned:
             raise ValueError(f"KafkaSource sets {sorted(owned)} itself; remove them from config")
+        self._user_error_cb = cast(Callable[[KafkaError], None] | None, extra.pop("error_cb", None))
         self._config = {
             **extra,
             "bootstrap.servers": bootstrap_servers,
             "group.id": group_id,
             **_FORCED_CONFIG,
+            "error_cb": self._client_error,
         }
         self._secret_values = [
             value
@@ -100,8 +117,17 @@ class KafkaSource:
         self._on_lost = on_lost
         self._cooperative = "cooperative" in str(self._config.get("partition.assignment.strategy", ""))
         self._deferred_error: SourceError | None = None
+        self._unreachable_timeout = unreachable_timeout
+        self._connected = False  # reached a broker at least once (records, an assignment, a commit)
+        self._down_since: float | None = (
+            None  # librdkafka reported every broker down, and no sign of life since
+        )
         self._closed = False
-        log.info("kafka source for %s, config %s", self._topics, self.redacted_config())
+        log.info(
+            "kafka source for %s, config %s",
+            self._topics,
+            {k: v for k, v in self.redacted_config().items() if k != "error_cb"},
+        )
         consumer = _create_consumer(self._config)
         if isinstance(consumer, KafkaError):
             raise self._error("cannot create consumer", consumer)
@@ -138,7 +164,7 @@ class KafkaSource:
         for topic in self._topics:
             info = metadata.topics.get(topic)
             if info is None or info.error is not None:
-                raise SourceError(f"topic {topic!r} does not exist", code="UNKNOWN_TOPIC_OR_PART")
+                raise SourceError(f"topic {topic!r} does not exist", client_code="UNKNOWN_TOPIC_OR_PART")
             chosen.extend((topic, partition) for partition in sorted(info.partitions))
         return chosen
 
@@ -153,6 +179,7 @@ class KafkaSource:
         ]
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._reached()
         positioned = self._positioned(_keys(partitions))
         log.info("assigned %s", [(tp.topic, tp.partition, tp.offset) for tp in positioned])
         if self._cooperative:
@@ -187,6 +214,10 @@ class KafkaSource:
             messages = self._consumer.consume(num_messages=max_records, timeout=timeout)
         except KafkaException as exc:
             raise self._error("consume failed", exc.args[0]) from exc
+        if messages:
+            self._reached()
+        else:
+            self._check_reachable()
         records: list[SourceRecord] = []
         for message in messages:
             error = message.error()
@@ -211,6 +242,7 @@ class KafkaSource:
         for tp in result or []:
             if tp.error is not None:
                 raise self._error(f"commit of {tp.topic}[{tp.partition}]@{tp.offset} failed", tp.error)
+        self._reached()
 
     def committed(
         self, partitions: Iterable[Partition], timeout: float = 10.0
@@ -256,11 +288,52 @@ class KafkaSource:
     ) -> None:
         self.close()
 
-    def _error(self, context: str, error: KafkaError) -> SourceError:
-        message = f"{context}: {error.str()}"
+    # -- connection health -----------------------------------------------------------------------------
+    def _client_error(self, error: KafkaError) -> None:
+        """librdkafka's error events, served inside `consume`: most are transient (it retries by itself)."""
+        if self._user_error_cb is not None:
+            self._user_error_cb(error)
+        if error.fatal() or error.code() in _REFUSED:
+            if self._deferred_error is None or not isinstance(
+                self._deferred_error, SourceAuthenticationError
+            ):
+                self._deferred_error = self._error(
+                    "the brokers refused this client (check security.protocol, SASL and TLS settings)",
+                    error,
+                    SourceAuthenticationError,
+                )
+        elif error.code() == KafkaError._ALL_BROKERS_DOWN and self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning("kafka source: %s", self._scrubbed(error.str()))
+
+    def _reached(self) -> None:
+        self._connected = True
+        self._down_since = None
+
+    def _check_reachable(self) -> None:
+        """After every broker was reported down for long enough, one metadata request decides."""
+        patience = self._unreachable_timeout if self._connected else STARTUP_UNREACHABLE_SECONDS
+        if self._down_since is None or time.monotonic() - self._down_since < patience:
+            return
+        try:
+            self._consumer.list_topics(timeout=_PROBE_SECONDS)
+        except KafkaException as exc:
+            servers = self._config["bootstrap.servers"]
+            raise self._error(
+                f"no broker of {servers} reachable for {time.monotonic() - self._down_since:.0f} s",
+                exc.args[0],
+                SourceUnreachableError,
+            ) from exc
+        self._reached()
+
+    def _scrubbed(self, message: str) -> str:
         for secret in self._secret_values:
             message = message.replace(secret, REDACTED)
-        return SourceError(message, code=error.name(), retriable=error.retriable())
+        return message
+
+    def _error(self, context: str, error: KafkaError, kind: type[SourceError] = SourceError) -> SourceError:
+        message = self._scrubbed(f"{context}: {error.str()}")
+        return kind(message, client_code=error.name(), retriable=error.retriable())
 
 
 def _create_consumer(config: dict[str, object]) -> Consumer | KafkaError:

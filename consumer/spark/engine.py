@@ -352,7 +352,7 @@ class ChangeBatches:
 
     def _carry(self, batch_id: int, pipeline: Pipeline) -> None:
         """Record what the batch leaves unapplied; from then on the batch is complete."""
-        unapplied = pipeline.state.unapplied()
+        unapplied = pipeline.state.unapplied_offsets()
         by_partition: dict[TopicPartition, list[Segment]] = {}
         for segment in self._live:
             by_partition.setdefault(segment.tp, []).append(segment)

@@ -3,7 +3,7 @@
 Pure library code, no I/O: a source feeds `ConsumerState`, a sink applies the units it resolves.
 """
 
-from consumer.state.machine import ConsumerState, ErrorPolicy, Ordering, StateStats
+from consumer.state.machine import ConsumerState, ErrorPolicy, Ordering, StateStats, Unapplied
 from consumer.state.pending import PendingBuffer
 from consumer.state.resolver import Resolver
 from consumer.state.schema_cache import SchemaCache
@@ -23,5 +23,6 @@ __all__ = [
     "SchemaCache",
     "StateStats",
     "TopicPartition",
+    "Unapplied",
     "Unit",
 ]

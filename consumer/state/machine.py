@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
+from cachetools import LRUCache
 
 from consumer.errors import (
     ClaimCheckNotAllowedError,
@@ -38,6 +39,7 @@ from consumer.errors import (
     HandleKeyOnlyError,
     RecordLocation,
     SchemaNotFoundError,
+    SchemaRejectedError,
 )
 from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, KeyOnlyDML, RawDML, TableSchema, Watermark
 from consumer.state.offsets import PartitionOffsets
@@ -62,6 +64,8 @@ from consumer.state.units import (
 from consumer.state.watermarks import PartitionWatermarks
 
 ErrorPolicy = Literal["dead-letter", "fail"]
+# Schema keys whose schema was rejected, remembered so their rows are set aside as they arrive.
+REJECTED_SCHEMAS_REMEMBERED = 10_000
 Ordering = Literal["watermark", "arrival"]
 # The resolve limit in "arrival" ordering: above every TSO, so everything known goes out.
 EVERYTHING = (1 << 64) - 1
@@ -80,6 +84,38 @@ class StateStats:
     cached_schemas: int
     global_watermark: int | None
     paused_partitions: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unapplied:
+    """What one partition still holds unapplied, and why: rows and DDLs waiting for the watermark (the
+    minimum over every owned partition's WATERMARK), rows waiting for a schema."""
+
+    partition: TopicPartition
+    waiting_rows: int  # schema known, waiting for the watermark
+    waiting_ddls: int
+    needed_watermark: int  # the highest commit_ts among them: the global watermark must reach it
+    partition_watermark: int | None  # this partition's last WATERMARK, None: none yet
+    held_rows: int  # waiting for a schema
+    held_for: tuple[SchemaKey, ...]
+
+    def __str__(self) -> str:
+        topic, partition = self.partition
+        reasons = []
+        if self.waiting_rows or self.waiting_ddls:
+            mark = "none yet" if self.partition_watermark is None else str(self.partition_watermark)
+            what = f"{self.waiting_rows} row(s)" + (
+                f" and {self.waiting_ddls} DDL(s)" if self.waiting_ddls else ""
+            )
+            reasons.append(
+                f"{what} wait for a WATERMARK >= {self.needed_watermark} on every partition "
+                f"(this one's: {mark})"
+            )
+        if self.held_rows:
+            keys = ", ".join(f"{d}.{t} version {v}" for d, t, v in self.held_for[:3])
+            more = f" and {len(self.held_for) - 3} more" if len(self.held_for) > 3 else ""
+            reasons.append(f"{self.held_rows} row(s) wait for a schema ({keys}{more})")
+        return f"{topic}[{partition}]: {'; '.join(reasons)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +167,7 @@ class ConsumerState:
         self._watermarks = PartitionWatermarks()
         self._partitions: dict[TopicPartition, _Partition] = {}
         self._failed: list[DeadLetter] = []
+        self._rejected: LRUCache[SchemaKey, str] = LRUCache(REJECTED_SCHEMAS_REMEMBERED)  # key -> reason
         # Units handed out and not confirmed: the offsets each one applies, per partition. Revoking a
         # partition removes its entry, so a late confirm cannot touch a later assignment of it.
         self._claims: dict[Unit, dict[TopicPartition, list[int]]] = {}
@@ -202,7 +239,14 @@ class ConsumerState:
             self.schemas.pin(key)
             schema = self.schemas.lookup(key, message.table_id) or self._self_described(key)
             if schema is None:
-                self._pending.hold(message, location)
+                rejected = self._rejected.get(key) if self._rejected else None
+                if rejected is None:
+                    self._pending.hold(message, location)
+                else:  # its schema will never decode it: set aside now, never held
+                    self.schemas.unpin(key)
+                    self._failed.append(
+                        DeadLetter(location, rejected, message.payload, SchemaRejectedError.code)
+                    )
                 continue
             known[key] = schema
             pins[key] = 0
@@ -243,9 +287,15 @@ class ConsumerState:
             self._learn(schema)
 
     def process_failed(self, location: RecordLocation, error: ConsumerError, value: bytes | None) -> None:
-        """Take a record that failed to decode: a `DeadLetter`, or `error` raised under policy "fail"."""
+        """Take a record that failed to decode: a `DeadLetter`, or `error` raised under policy "fail".
+
+        A `SchemaRejectedError` also marks its schema keys rejected: rows held for them, and rows of them
+        arriving later, are set aside rather than waiting for a schema that cannot decode them.
+        """
         offsets = self._owned(topic_partition(location), location).offsets
         if offsets.admit(location.offset):
+            if isinstance(error, SchemaRejectedError):
+                self._reject(error)
             self._fail(location, offsets, error, value)
 
     def _fail(
@@ -257,6 +307,17 @@ class ConsumerState:
         self._failed.append(
             DeadLetter(location, f"{type(error).__name__}: {error.reason}", value, error.code)
         )
+
+    def _reject(self, error: SchemaRejectedError) -> None:
+        for key in error.keys:
+            if key in self.schemas:  # a valid copy of that version is known: its rows decode with it
+                continue
+            database, table, version = key
+            reason = f"schema ({database}.{table}, version {version}) was rejected: {error.reason}"
+            self._rejected[key] = reason
+            for row in self._pending.take(key):
+                self.schemas.unpin(key)
+                self._failed.append(DeadLetter(row.location, reason, row.dml.payload, error.code))
 
     # -- output --------------------------------------------------------------------------------------
     def resolve(self) -> list[Unit]:
@@ -293,10 +354,18 @@ class ConsumerState:
                 result[tp] = partition.reported = offset
         return result
 
-    def unapplied(self) -> dict[TopicPartition, list[int]]:
+    def unapplied_offsets(self) -> dict[TopicPartition, list[int]]:
         """Per owned partition, the offsets of records taken and not durably applied (rows held or waiting,
         DDL copies, records set aside but not yet written), in order."""
         return {tp: partition.offsets.unapplied() for tp, partition in self._partitions.items()}
+
+    def commit_failed(self, offsets: dict[TopicPartition, int]) -> None:
+        """A commit of `offsets` (from `committable`) did not go through: offer them again next time, so a
+        partition that stays quiet afterwards still gets its offset committed."""
+        for tp, offset in offsets.items():
+            partition = self._partitions.get(tp)
+            if partition is not None and partition.reported == offset:
+                partition.reported = None
 
     def partition_states(self) -> dict[TopicPartition, PartitionState]:
         return {
@@ -326,6 +395,19 @@ class ConsumerState:
             paused |= self._watermarks.ahead()
         return paused
 
+    def unapplied(self) -> list[Unapplied]:
+        """Per owned partition holding any, the records not applied yet and what they wait for."""
+        waiting = self._resolver.waiting_by_partition()
+        held = self._pending.by_partition()
+        report = []
+        for tp in sorted(waiting.keys() | held.keys()):
+            rows, highest, ddls = waiting.get(tp, (0, 0, 0))
+            held_rows, keys = held.get(tp, (0, set()))
+            report.append(
+                Unapplied(tp, rows, ddls, highest, self._watermarks.of(tp), held_rows, tuple(sorted(keys)))
+            )
+        return report
+
     def stats(self) -> StateStats:
         return StateStats(
             held_rows=self._pending.rows,
@@ -351,6 +433,7 @@ class ConsumerState:
     def _learn(self, schema: TableSchema | None) -> None:
         if schema is None or not self.schemas.add(schema):
             return
+        self._rejected.pop(schema.key, None)  # a valid copy after a corrupt one
         for row in self._pending.release(schema):
             self._resolver.add_row(row.dml, row.location, self.schemas.alias(schema, row.dml.schema_key))
 

@@ -98,14 +98,28 @@ class PendingBuffer:
     def release(self, schema: TableSchema) -> list[HeldRow]:
         """Rows `schema` decodes: its exact key, or the same table id and version under another name."""
         keys = {schema.key, *self._by_version_id.get((schema.table_id, schema.version), ())}
-        released: list[HeldRow] = []
-        for key in keys:
-            group = self._groups.get(key)
-            if group is not None:
-                self._drop_group(key)
-                released.extend(group.rows)
-        self._account_removed(released)
-        return released
+        return [row for key in keys for row in self.take(key)]
+
+    def take(self, key: SchemaKey) -> list[HeldRow]:
+        """Remove and return the rows held for exactly `key`, in arrival order."""
+        group = self._groups.get(key)
+        if group is None:
+            return []
+        self._drop_group(key)
+        taken = list(group.rows)
+        self._account_removed(taken)
+        return taken
+
+    def by_partition(self) -> dict[TopicPartition, tuple[int, set[SchemaKey]]]:
+        """Per partition, how many rows are held and for which schema keys."""
+        held: dict[TopicPartition, tuple[int, set[SchemaKey]]] = {}
+        for key, group in self._groups.items():
+            for row in group.rows:
+                tp = topic_partition(row.location)
+                count, keys = held.get(tp, (0, set()))
+                keys.add(key)
+                held[tp] = (count + 1, keys)
+        return held
 
     def overdue(self) -> HeldRow | None:
         """The oldest held row if it has waited past the timeout."""

@@ -190,6 +190,20 @@ class Resolver:
                 del self._pending_ddls[identity]
         return [e[4] for e in dropped]
 
+    def waiting_by_partition(self) -> dict[TopicPartition, tuple[int, int, int]]:
+        """Per partition: rows waiting, the highest commit_ts among them, and DDL copies waiting."""
+        waiting: dict[TopicPartition, tuple[int, int, int]] = {}
+        for table in self._tables.values():
+            for entry in table.entries:
+                rows, highest, ddls = waiting.get((entry[1], entry[2]), (0, 0, 0))
+                waiting[entry[1], entry[2]] = (rows + 1, max(highest, entry[0]), ddls)
+        for pending in self._pending_ddls.values():
+            for location in pending.copies:
+                tp = topic_partition(location)
+                rows, highest, ddls = waiting.get(tp, (0, 0, 0))
+                waiting[tp] = (rows, max(highest, pending.ddl.commit_ts), ddls + 1)
+        return waiting
+
     def resolve(self, watermark: int | None) -> list[Unit]:
         """Every unit that may go out under `watermark`, in order (see the module docstring)."""
         if watermark is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from consumer.errors import ConsumerError, RecordLocation
+from consumer.errors import RecordLocation
 from consumer.protocol.model import DDL, RawDML, TableSchema
 
 TopicPartition = tuple[str, int]
@@ -74,13 +74,13 @@ class DDLUnit:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class DeadLetter:
-    """A record the error policy set aside: undecodable, or a row whose schema never arrived; `reason_code`
-    is the machine-readable reason (the error's `code`)."""
+    """A record the error policy set aside: undecodable, or a row whose schema never arrived or was
+    rejected. `reason_code` is the `code` of the error that set it aside (machine-readable, stable)."""
 
     location: RecordLocation
     reason: str
     value: bytes | None
-    reason_code: str = ConsumerError.code
+    reason_code: str
 
 
 Unit = RowBatch | DDLUnit | DeadLetter

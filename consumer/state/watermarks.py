@@ -30,6 +30,7 @@ class PartitionWatermarks:
             self._marks[tp] = commit_ts
 
     def of(self, tp: TopicPartition) -> int | None:
+        """The partition's watermark; None before its first WATERMARK (or when it is not owned)."""
         return self._marks.get(tp)
 
     def global_watermark(self) -> int | None:

@@ -17,6 +17,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from consumer.protocol.checksum import row_checksum
+from consumer.protocol.limits import tso_of
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -34,14 +35,15 @@ from consumer.protocol.model import (
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import JSON_NULL, fsp_of
 
-TSO = st.integers(min_value=1, max_value=2**63 - 1)
+# TSOs a decoder takes for real: positive and not in the future (`DecodeLimits.max_commit_ts_ahead_s`).
+TSO = st.integers(min_value=1, max_value=tso_of(dt.datetime(2025, 1, 1, tzinfo=dt.UTC).timestamp()))
 BUILD_TS = st.integers(min_value=0, max_value=2**62)
 _INTS = {"tinyint": 8, "smallint": 16, "mediumint": 24, "int": 32, "bigint": 64}
 _TEXT_TYPES = ("char", "varchar", "tinytext", "text", "mediumtext", "longtext")
 _BINARY_TYPES = ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob")
 _NAME = st.text(
     st.characters(codec="utf-8", exclude_characters=",", exclude_categories=("Cc",)), min_size=1, max_size=12
-)
+).filter(lambda name: not name.endswith(" "))  # MySQL refuses identifiers ending in a space
 _TIMESTAMP_MIN = dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=dt.UTC)
 _TIMESTAMP_MAX = dt.datetime(2038, 1, 19, 3, 14, 7, tzinfo=dt.UTC)
 _TIME_MAX = dt.timedelta(hours=838, minutes=59, seconds=59)

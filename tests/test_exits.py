@@ -1,0 +1,275 @@
+"""Honest exits (issue 10): a refused authentication or an unreachable broker ends `run` with exit 4; SIGTERM
+is a clean stop (apply what is resolved, commit, exit 0); and after SIGTERM or SIGKILL, with decode workers
+or `--processes 2`, no process the command started is left."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from deltalake import DeltaTable
+
+from consumer.cli import EXIT_SOURCE_UNAVAILABLE
+from consumer.errors import RecordLocation
+from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.model import DML, DMLType
+from consumer.simulate.output import produce_to_kafka, write_capture_file
+from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sinks.dead_letter import DeadLetterTopic
+from consumer.sinks.delta import table_paths
+from consumer.sources.errors import SourceUnreachableError
+from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
+from consumer.state.units import DeadLetter
+from consumer.stopping import StopRequest
+from consumer.testing.broker import EmbeddedBroker
+from consumer.testing.processes import command_line, descendants, wait_gone
+
+FAST_GROUP = {
+    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": "3000",
+    "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
+}
+FAST_KAFKA = {"session.timeout.ms": "3000", "heartbeat.interval.ms": "300"}
+
+
+def _start(*args: str, env: dict[str, str] | None = None, log: Path) -> subprocess.Popen[str]:
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "consumer", "run", *args],
+            env={**os.environ, **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group, as a command started from a terminal
+        )
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}; log:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+
+
+def _changelog_rows(root: Path) -> int:
+    try:
+        paths = [p for p in table_paths(root, include_ddl_log=False) if p.name == "changelog"]
+        return sum(ds.dataset(DeltaTable(str(p)).file_uris()).count_rows() for p in paths)
+    except Exception:  # tables still being created
+        return 0
+
+
+def _workload(partitions: int = 1) -> Workload:
+    return Workload(WorkloadConfig(rows=600, tables=2, partitions=partitions, seed=5, ddl=False))
+
+
+def _images(partitions: int = 1) -> int:
+    """Changelog rows the workload makes: one per DML, two per UPDATE."""
+    dmls = [r.message for r in _workload(partitions).records() if isinstance(r.message, DML)]
+    return sum(2 if dml.type is DMLType.UPDATE else 1 for dml in dmls)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+# -- the source refuses or cannot be reached -------------------------------------------------------------
+def test_a_broker_refusing_sasl_ends_run_with_exit_4(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """tansu has no SASL: the handshake a SASL client sends is refused, as wrong credentials would be."""
+    topic = kafka_topic(1)
+    env = {
+        "TICDC_CONSUMER_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "TICDC_CONSUMER_KAFKA_SASL_MECHANISM": "PLAIN",
+        "TICDC_CONSUMER_KAFKA_SASL_USERNAME": "reader",
+        "TICDC_CONSUMER_KAFKA_SASL_PASSWORD": "hunter2-secret",
+    }
+    log = tmp_path / "run.log"
+    started = time.monotonic()
+    source = f"kafka://{kafka_broker.bootstrap_servers}/{topic}"
+    process = _start(
+        "--source", source, "--sink", f"delta:{tmp_path / 'lake'}", "--until-idle", "5", env=env, log=log
+    )
+    assert process.wait(120) == EXIT_SOURCE_UNAVAILABLE, log.read_text()[-3000:]
+    output = log.read_text()
+    assert "SourceAuthenticationError" in output and "refused this client" in output
+    assert "hunter2-secret" not in output
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow
+def test_no_broker_listening_ends_run_with_exit_4(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    process = _start(
+        "--source", f"kafka://127.0.0.1:{_free_port()}/t", "--sink", f"delta:{tmp_path / 'lake'}",
+        "--until-idle", "5", log=log,
+    )  # fmt: skip
+    assert process.wait(120) == EXIT_SOURCE_UNAVAILABLE, log.read_text()[-3000:]
+    assert "SourceUnreachableError: no broker of 127.0.0.1:" in log.read_text()
+
+
+@pytest.mark.slow
+def test_brokers_lost_for_longer_than_the_timeout_end_the_source() -> None:
+    """Once connected, an outage is waited out for `unreachable_timeout`; then a metadata request decides."""
+    broker = EmbeddedBroker()
+    try:
+        broker.create_topic("lost", 1)
+        source = KafkaSource(
+            broker.bootstrap_servers, ["lost"], "g", config=FAST_KAFKA, unreachable_timeout=1.0
+        )
+        deadline = time.monotonic() + 30
+        while not source.assignment() and time.monotonic() < deadline:
+            source.poll_batch(10, 0.2)
+        assert source.assignment()
+        broker.stop()
+        started = time.monotonic()
+        with pytest.raises(
+            SourceUnreachableError, match=f"no broker of {broker.bootstrap_servers} reachable"
+        ):
+            while time.monotonic() - started < 60:
+                source.poll_batch(10, 0.2)
+        assert time.monotonic() - started < 30
+        source.close()
+    finally:
+        broker.stop()
+
+
+# -- signals ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["sigterm", "ctrl-c-to-the-process-group"])
+def test_a_stop_signal_applies_commits_and_leaves_no_decode_worker(tmp_path: Path, ctrl_c: bool) -> None:
+    """SIGTERM to the command, or SIGINT to its whole process group as a terminal's Ctrl-C sends it (the
+    decode workers get it too, and must leave stopping to the command)."""
+    workload = _workload()
+    source = tmp_path / "capture.jsonl"
+    write_capture_file(workload, MessageEncoder("json"), "cdc", source)
+    root, log = tmp_path / "lake", tmp_path / "run.log"
+    process = _start("--source", f"file:{source}", "--sink", f"delta:{root}", log=log)  # workers: default 2
+    _wait_for(lambda: len(descendants(process.pid)) >= 4, 60, "decode workers", log)
+    started = descendants(process.pid)
+    _wait_for(lambda: _changelog_rows(root) > 0, 120, "rows in the lake", log)
+    time.sleep(1.0)
+    if ctrl_c:
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        process.send_signal(signal.SIGTERM)
+    assert process.wait(60) == 0, log.read_text()[-3000:]
+    output = log.read_text()
+    assert f"{'SIGINT' if ctrl_c else 'SIGTERM'}: stopping after this cycle" in output
+    assert " dead letters" in output and "decode workers unusable" not in output
+    assert wait_gone(started, 10) == set(), [command_line(pid) for pid in started]
+    assert _changelog_rows(root) == _images()
+
+
+def test_sigkill_leaves_no_decode_worker_forkserver_or_tracker(tmp_path: Path) -> None:
+    source = tmp_path / "capture.jsonl"
+    write_capture_file(_workload(), MessageEncoder("json"), "cdc", source)
+    log = tmp_path / "run.log"
+    process = _start("--source", f"file:{source}", "--sink", f"delta:{tmp_path / 'lake'}", log=log)
+    _wait_for(lambda: len(descendants(process.pid)) >= 4, 60, "decode workers", log)
+    started = descendants(process.pid)
+    assert any("forkserver" in command_line(pid) for pid in started)
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    assert wait_gone(started, 30) == set(), [command_line(pid) for pid in started]
+
+
+def _group_run(broker: EmbeddedBroker, topic: str, root: Path, log: Path) -> subprocess.Popen[str]:
+    source = f"kafka://{broker.bootstrap_servers}/{topic}"
+    group = ("--group", f"{topic}.g", "--processes", "2")
+    return _start("--source", source, *group, "--sink", f"delta:{root}", env=FAST_GROUP, log=log)
+
+
+def _members(process: subprocess.Popen[str]) -> set[int]:
+    return {pid for pid in descendants(process.pid) if "multiprocessing.spawn" in command_line(pid)}
+
+
+def test_sigterm_of_a_two_process_group_commits_everything_and_leaves_no_member(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    topic = kafka_topic(2)
+    workload = _workload(partitions=2)
+    report = produce_to_kafka(workload, MessageEncoder("json"), kafka_broker.bootstrap_servers, topic)
+    root, log = tmp_path / "lake", tmp_path / "run.log"
+    process = _group_run(kafka_broker, topic, root, log)
+    _wait_for(lambda: len(_members(process)) == 1, 60, "the second member", log)
+    started = descendants(process.pid)
+    _wait_for(lambda: _changelog_rows(root) == _images(2), 180, "every row in the lake", log)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(90) == 0, log.read_text()[-3000:]
+    assert wait_gone(started, 30) == set(), [command_line(pid) for pid in started]
+    with KafkaSource(
+        kafka_broker.bootstrap_servers, [topic], f"{topic}.g", partitions=ALL_PARTITIONS
+    ) as source:
+        committed = source.committed([(topic, p) for p in range(2)])
+    assert committed == {(topic, p): report.end_offsets[p] for p in range(2)}, log.read_text()[-6000:]
+
+
+def test_sigkill_of_a_two_process_group_leaves_no_member(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    topic = kafka_topic(2)
+    produce_to_kafka(_workload(partitions=2), MessageEncoder("json"), kafka_broker.bootstrap_servers, topic)
+    log = tmp_path / "run.log"
+    process = _group_run(kafka_broker, topic, tmp_path / "lake", log)
+    # the command's own member holding one of the two partitions: the other member is in its loop
+    _wait_for(
+        lambda: re.search(r" assigned \[\([^)]*\)\]$", log.read_text(), re.MULTILINE) is not None,
+        120,
+        "a split",
+        log,
+    )
+    started = descendants(process.pid)
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    assert wait_gone(started, 120) == set(), [command_line(pid) for pid in started]
+
+
+def test_a_dead_letter_topic_carries_the_reason_code_header(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any
+) -> None:
+    topic = kafka_topic(1)
+    letters = DeadLetterTopic(kafka_broker.bootstrap_servers, topic)
+    letters.write(
+        DeadLetter(RecordLocation("cdc", 2, 41), "CompressionBombError: big", b"\x04\x22", "compression-bomb")
+    )
+    letters.close()
+    consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers, "group.id": "dlq-headers"})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        message = consumer.poll(30)
+        assert message is not None and message.error() is None
+        assert dict(message.headers() or []) == {
+            "ticdc.reason": b"CompressionBombError: big",
+            "ticdc.reason_code": b"compression-bomb",
+            "ticdc.source": b"cdc[2]@41",
+        }
+        assert message.value() == b"\x04\x22"
+    finally:
+        consumer.close()
+
+
+def test_the_first_stop_signal_asks_the_second_interrupts_and_handlers_are_restored() -> None:
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with StopRequest.on_signals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)  # handlers run in the main thread, between bytecodes
+        assert stop.requested and stop.reason == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before

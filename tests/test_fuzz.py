@@ -1,0 +1,170 @@
+"""Fuzzing (issue 10): hostile bytes, hostile values and a seeded mutation corpus through the decoders
+(`MessageDecoder`, `TableCodec.decode` / `decode_batch` / `decode_changes`, the typed rows a sink writes) and
+through the whole pipeline. The only exception allowed is a `ConsumerError`, and never an
+`InternalDecodeError` (the SDK meeting something it did not anticipate).
+
+Cases in the default run: 16,000 seeded mutations + 2,000 hostile byte strings + 1,000 hypothesis-damaged
+records + 1,000 hostile column values + 3 x 350 hostile records inside valid streams through `run`: 21,050
+(and 300 hostile schemas in test_containment.py). The long run is `python benchmarks/fuzz.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from consumer import app
+from consumer.config import load_config
+from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.model import DML, DMLType, RawDML
+from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sources.capture import write_capture
+from consumer.sources.record import SourceRecord
+from consumer.testing.fuzz import FUZZ_LIMITS, Corpus, FuzzHarness, FuzzReport
+from consumer.testing.hostile import Mutator, hostile_bytes, hostile_json_values, hostile_records, mutations
+
+MUTATION_CASES = 16_000
+PIPELINE_HOSTILE_RECORDS = 350
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+
+def _fuzz_settings(examples: int) -> settings:
+    return settings(max_examples=examples, deadline=None, suppress_health_check=_SLOW_OK)
+
+
+@functools.cache
+def corpus() -> Corpus:
+    return Corpus.simulated()
+
+
+@functools.cache
+def harness() -> FuzzHarness:
+    return FuzzHarness(corpus())
+
+
+def _assert_contained(report: FuzzReport) -> None:
+    if report.failures:
+        value, trace = report.failures[0]
+        pytest.fail(
+            f"{len(report.failures)} case(s) raised outside ConsumerError; first {value[:200]!r}:\n{trace}"
+        )
+    assert report.decoded + sum(report.consumer_errors.values()) == report.cases
+
+
+def test_seeded_mutations_of_a_valid_corpus_end_decoded_or_as_consumer_errors() -> None:
+    report = FuzzHarness(corpus()).run_all(mutations(corpus().values, seed=20_261_124, count=MUTATION_CASES))
+    _assert_contained(report)
+    assert report.cases == MUTATION_CASES
+    # The mutations reach every kind of refusal, not just the first parser's.
+    assert {
+        "malformed-message",
+        "value-decode",
+        "compression-invalid",
+        "compression-bomb",
+        "nesting-too-deep",
+        "commit-ts-implausible",
+        "schema-rejected",
+    } <= set(report.consumer_errors)
+    assert report.decoded > 0.02 * report.cases  # and a share still decodes: damage that stays valid
+
+
+@_fuzz_settings(2_000)
+@given(hostile_bytes())
+def test_hostile_bytes(value: bytes) -> None:
+    before = len(harness().report.failures)
+    harness().run(value)
+    assert len(harness().report.failures) == before, harness().report.failures[-1][1]
+
+
+@_fuzz_settings(1_000)
+@given(st.data())
+def test_hypothesis_damaged_records(data: st.DataObject) -> None:
+    value = data.draw(hostile_records(corpus().values))
+    before = len(harness().report.failures)
+    harness().run(value)
+    assert len(harness().report.failures) == before, harness().report.failures[-1][1]
+
+
+@_fuzz_settings(1_000)
+@given(st.data(), hostile_json_values())
+def test_hostile_values_in_every_column_type(data: st.DataObject, hostile: object) -> None:
+    """A valid JSON DML with one column's value replaced by a value of the wrong type, size or depth."""
+    table = data.draw(st.sampled_from(sorted(corpus().rows)))
+    raw = data.draw(st.sampled_from([r for r in corpus().rows[table] if r.encoding == "json"]))
+    document = json.loads(raw.payload)
+    image = document.get("data") or document.get("old")
+    image[data.draw(st.sampled_from(sorted(image)))] = hostile
+    before = len(harness().report.failures)
+    harness().run(json.dumps(document).encode())
+    assert len(harness().report.failures) == before, harness().report.failures[-1][1]
+
+
+# -- the whole pipeline ---------------------------------------------------------------------------------
+def _images(message: DML) -> int:
+    return 2 if message.type is DMLType.UPDATE else 1
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_hostile_records_inside_a_valid_stream_never_stop_the_pipeline(tmp_path: Path, seed: int) -> None:
+    """Each hostile record goes in after the record it was made from (so a damaged copy of a schema never
+    comes first): `run` ends, every original row lands exactly once, and no original is dead-lettered."""
+    encoder = MessageEncoder("json" if seed % 2 else "avro")
+    workload = Workload(WorkloadConfig(rows=150, tables=2, partitions=1, seed=seed, bootstrap_every_rows=50))
+    originals = [(encoder.encode(r.message, r.schema), r.message) for r in workload.records()]
+    rng = random.Random(seed)
+    mutator = Mutator(seed, bomb_bytes=FUZZ_LIMITS.max_decompressed_bytes + 1)
+    after: dict[int, list[bytes]] = {}
+    for _ in range(PIPELINE_HOSTILE_RECORDS):
+        source = rng.randrange(len(originals))
+        after.setdefault(rng.randrange(source, len(originals)), []).append(
+            mutator.mutate(originals[source][0])
+        )
+    records, expected, hostile = [], Counter[int](), set()
+    for index, (value, message) in enumerate(originals):
+        for item, is_original in [(value, True), *((h, False) for h in after.get(index, []))]:
+            offset = len(records)
+            records.append(SourceRecord("fuzz", 0, offset, None, None, item))
+            if not is_original:
+                hostile.add(offset)
+            elif isinstance(message, DML):
+                expected[offset] = _images(message)
+    capture = tmp_path / "capture.jsonl"
+    with capture.open("wb") as file:
+        write_capture(records, file)
+    out = tmp_path / "out"
+    config = load_config(
+        environ={},
+        overrides={
+            "source": {"url": f"file:{capture}"},
+            "sink": {"url": f"jsonl:{out}"},
+            "budget": {"decode_workers": 0, "pending_timeout_s": 0.2},  # held hostile rows expire quickly
+            "decode": {"max_decompressed_bytes": FUZZ_LIMITS.max_decompressed_bytes},
+        },
+    )
+    stats = app.run(config, until_idle=1.0)
+
+    assert stats.records == len(records)
+    landed = Counter(
+        row["_offset"]
+        for path in out.glob("*/*.jsonl")
+        for row in map(json.loads, path.read_bytes().splitlines())
+    )
+    assert {offset: landed[offset] for offset in expected} == dict(expected)
+    dead = [json.loads(line) for line in (out / "_dead_letters.jsonl").read_bytes().splitlines()]
+    assert {letter["offset"] for letter in dead} <= hostile
+    assert all(letter["reason_code"] for letter in dead)
+    assert stats.dead_letters == len(dead) > PIPELINE_HOSTILE_RECORDS // 2
+
+
+def test_every_stage_met_a_dml() -> None:
+    """The corpus holds DMLs of both encodings for every table, so row stages always run."""
+    for rows in corpus().rows.values():
+        assert {raw.encoding for raw in rows} == {"json", "avro"}
+        assert all(isinstance(raw, RawDML) for raw in rows)
