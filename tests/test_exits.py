@@ -15,10 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pyarrow.dataset as ds
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from deltalake import DeltaTable
+from lakehouse_checks import changelog_rows
 
 from consumer.cli import EXIT_SOURCE_UNAVAILABLE
 from consumer.errors import RecordLocation
@@ -27,7 +26,6 @@ from consumer.protocol.model import DML, DMLType
 from consumer.simulate.output import produce_to_kafka, write_capture_file
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.dead_letter import DeadLetterTopic
-from consumer.sinks.delta import table_paths
 from consumer.sources.errors import SourceUnreachableError
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
 from consumer.state.units import DeadLetter
@@ -64,8 +62,7 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str, log: Pat
 
 def _changelog_rows(root: Path) -> int:
     try:
-        paths = [p for p in table_paths(root, include_ddl_log=False) if p.name == "changelog"]
-        return sum(ds.dataset(DeltaTable(str(p)).file_uris()).count_rows() for p in paths)
+        return changelog_rows(root)
     except Exception:  # tables still being created
         return 0
 
