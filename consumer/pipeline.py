@@ -248,6 +248,12 @@ class Pipeline:
         self.stats.unapplied = self.state.unapplied()
         return self.stats
 
+    def finish(self) -> None:
+        """The last flush and commit of records fed by `step_decoded` (`run` does its own): the sinks record
+        their progress, due or not, so the lake says how far it is consistent."""
+        self._flush_and_commit(final=True)
+        self.stats.unapplied = self.state.unapplied()
+
     def close(self) -> None:
         """Release the sinks, the dead-letter destination and the decode workers (after `run` has flushed
         and committed)."""

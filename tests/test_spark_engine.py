@@ -302,7 +302,7 @@ def test_parquet_and_a_user_function_get_typed_per_table_frames(
         "maxOffsetsPerTrigger": "700",
         "stateLocation": str(tmp_path / "checkpoint" / "ticdc"),
     }
-    sinks = [ParquetSink(root, spark), ForeachBatchSink(spark, collect)]
+    sinks = [ParquetSink(root), ForeachBatchSink(spark, collect)]
     handler = ChangeBatches(options, sinks, DeadLetterFile(root / "_dead_letters.jsonl"))
     _stream(spark, options, handler, tmp_path / "checkpoint").trigger(
         availableNow=True

@@ -226,6 +226,8 @@ class ChangeBatches:
         """Apply the batch handed over last, then release the sinks and the dead-letter destination."""
         try:
             self.drain()
+            if self._pipeline is not None:
+                self._pipeline.finish()
         finally:
             self._applier.shutdown()
             if self._pipeline is not None:
