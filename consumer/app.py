@@ -168,8 +168,13 @@ def run(config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = N
     The first Ctrl-C or SIGTERM stops it cleanly (what is resolved is applied and committed); a second
     interrupts at once (KeyboardInterrupt). With `budget.processes` > 1 this process is one member of the
     group and starts the others, each a process with its own loop; the totals are every member's,
-    `on_cycle` sees this process's member, and a member's failure stops them all.
+    `on_cycle` sees this process's member, and a member's failure stops them all. With `engine.kind`
+    "spark" it runs as a Spark streaming query (`consumer.spark.engine.run`), which Ctrl-C stops.
     """
+    if config.engine.kind == "spark":
+        from consumer.spark import engine  # Spark loads only for the Spark engine
+
+        return engine.run(config, until_idle=until_idle, on_cycle=on_cycle)
     with StopRequest.on_signals() as stop:
         if config.budget.processes == 1:
             return _run_member(config, until_idle, on_cycle, stop)

@@ -300,6 +300,15 @@ def capture(brokers: str, topic: str, out: Path, idle_seconds: float, from_group
 @click.option(
     "--processes", type=int, help="group members to run, a process each: several cores (Kafka sources)"
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["loop", "spark"]),
+    help="loop (default): consume in this process; spark: as a Spark streaming query",
+)
+@click.option("--master", help="spark: the Spark master URL (default: spark-submit's, else local[2])")
+@click.option(
+    "--checkpoint", help="spark: the query's checkpoint directory (default <sink root>/_spark/<group>)"
+)
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def run_command(config_path: Path | None, until_idle: float | None, **flags: Any) -> None:
     """Consume a topic (or a capture file) into lakehouse tables."""
@@ -317,6 +326,7 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
         },
         "metrics": {"port": flags["metrics_port"]},
         "budget": {"processes": flags["processes"]},
+        "engine": {"kind": flags["engine"], "master": flags["master"], "checkpoint": flags["checkpoint"]},
     }
     try:
         config = load_config(config_path, overrides=overrides)

@@ -102,6 +102,13 @@ class BudgetConfig(msgspec.Struct, forbid_unknown_fields=True):
         return DEFAULT_DECODE_WORKERS if self.processes == 1 else 0
 
 
+class EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
+    kind: Literal["loop", "spark"] = "loop"
+    master: str = ""  # spark: local[N], spark://HOST:PORT, yarn...; default: spark-submit's, or local[2]
+    checkpoint: str = ""  # spark: the query's checkpoint directory; default <sink root>/_spark/<group>
+    trigger_seconds: float = 0.0  # spark without --until-idle: the processingTime trigger (0: back to back)
+
+
 class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
     port: int = 0  # 0: no Prometheus endpoint
 
@@ -132,6 +139,7 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     sink: SinkConfig = msgspec.field(default_factory=SinkConfig)
     errors: ErrorsConfig = msgspec.field(default_factory=ErrorsConfig)
     budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     large_messages: LargeMessagesConfig = msgspec.field(default_factory=LargeMessagesConfig)
     integrity: IntegrityConfig = msgspec.field(default_factory=IntegrityConfig)
@@ -234,6 +242,19 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError(
             "budget.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"
         )
+    _check_engine(config)
+
+
+def _check_engine(config: RunConfig) -> None:
+    if config.engine.kind != "spark":
+        return
+    if not config.source.url.startswith("kafka:"):
+        raise ConfigError("engine.kind = spark needs a Kafka source: Spark reads partition offset ranges")
+    if config.budget.processes > 1:
+        raise ConfigError("engine.kind = spark runs one query: executors, not budget.processes, scale it")
+    root = config.sink.url.partition(":")[2]
+    if not config.engine.checkpoint and "://" in root and not root.startswith("file://"):
+        raise ConfigError(f"sink {config.sink.url!r} is not a local directory: set engine.checkpoint")
 
 
 def _check_large_messages(config: LargeMessagesConfig) -> None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 from pyspark.sql import SparkSession
 from rich.console import Console
 from rich.table import Table
@@ -22,13 +21,13 @@ from consumer.batches.changes import TSO_PHYSICAL_SHIFT
 from consumer.config import RunConfig, SinkConfig, SourceConfig
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
-from consumer.lakehouse.tables import entry_uri, read_delta, tables
+from consumer.lakehouse.tables import tables
 from consumer.pipeline import PipelineStats
 from consumer.progress import ProgressReporter
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import TableSchema
 from consumer.simulate.output import SimulationReport, produce_to_kafka, write_ground_truth
-from consumer.simulate.truth import delta_mirror_state, differences
+from consumer.simulate.truth import delta_changelogs, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.delta import DeltaSink
 from consumer.sinks.parquet import ParquetSink, manifest_files
@@ -94,7 +93,7 @@ def run_demo(
         late_join=late_join,
         lakehouse=stats,
         consume_seconds=seconds,
-        changelog_rows=_delta_changelog_rows(workdir / "delta"),
+        changelog_rows=sum(rows.num_rows for rows in delta_changelogs(workdir / "delta", ["_offset"])),
         parquet_rows=_parquet_changelog_rows(spark, workdir / "parquet"),
         mirror_differences=differences(delta_mirror_state(workdir / "delta", schemas), truth),
         consistent_ts=consistent_ts(workdir / "delta"),
@@ -205,22 +204,11 @@ def _consume_into_lakehouse(
     return stats, time.monotonic() - started - IDLE_SECONDS
 
 
-def _changelogs(root: Path) -> list[pa.Table]:
-    """Every table's changelog (dropped tables too), found through the lakehouse catalog."""
-    lake = LakeRoot.of(root)
-    opened = (lake.open(entry_uri(lake, entry, "changelog")) for entry in tables(lake))
-    return [read_delta(lake, table, ["_topic", "_partition", "_offset"]) for table in opened if table]
-
-
 def _distinct_offsets(root: Path) -> int:
     seen: set[tuple[str, int, int]] = set()
-    for rows in _changelogs(root):
+    for rows in delta_changelogs(root, ["_topic", "_partition", "_offset"]):
         seen.update(zip(*(rows[c].to_pylist() for c in rows.column_names), strict=True))
     return len(seen)
-
-
-def _delta_changelog_rows(root: Path) -> int:
-    return sum(rows.num_rows for rows in _changelogs(root))
 
 
 def _parquet_changelog_rows(spark: SparkSession, root: Path) -> int:

@@ -10,7 +10,7 @@ import gc
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -46,6 +46,13 @@ from consumer.state.machine import ConsumerState, Unapplied
 from consumer.state.schema_cache import snapshot_schemas
 from consumer.state.units import DDLUnit, DeadLetter, RowBatch, RowOrigins, Unit
 from consumer.stopping import StopRequest
+
+RowDecoder = Callable[[TableCodec, Sequence[tuple[RawDML, RecordLocation]], RowOrigins | None], TableChanges]
+"""Types a resolved batch's rows (`table_changes`, or one that takes rows already decoded elsewhere, like the
+Spark engine's); raises `ValueDecodeError` naming the bad row's index in `rows`."""
+DecodedRecord = tuple[RecordLocation, DecodedMessage | ConsumerError, bytes | None]
+"""A record decoded before it reached the pipeline: its message, or the error decoding it met, and its value
+(kept for the dead-letter destination)."""
 
 log = logging.getLogger(__name__)
 SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the sinks' records this often
@@ -157,6 +164,7 @@ class Pipeline:
         poll_timeout: float = 0.2,
         decode_workers: int = 0,
         large_messages: LargeMessageResolver | None = None,
+        row_decoder: RowDecoder = table_changes,
     ) -> None:
         self.group = group
         self.state = state
@@ -166,6 +174,7 @@ class Pipeline:
         self.policy = policy or ValuePolicy()
         self.large_messages = large_messages or LargeMessageResolver(MessageDecoder(), ClaimCheckStore([]))
         self.large_messages.schemas = self._schema_of
+        self.row_decoder = row_decoder
         self.max_batch_records = max_batch_records
         self.poll_timeout = poll_timeout
         self.stats = PipelineStats()
@@ -239,6 +248,12 @@ class Pipeline:
         self.stats.unapplied = self.state.unapplied()
         return self.stats
 
+    def finish(self) -> None:
+        """The last flush and commit of records fed by `step_decoded` (`run` does its own): the sinks record
+        their progress, due or not, so the lake says how far it is consistent."""
+        self._flush_and_commit(final=True)
+        self.stats.unapplied = self.state.unapplied()
+
     def close(self) -> None:
         """Release the sinks, the dead-letter destination and the decode workers (after `run` has flushed
         and committed)."""
@@ -265,6 +280,34 @@ class Pipeline:
         records wait so), so the workers decode while this loop fetches and orders the next records."""
         self._changed = False
         self._ingest(records)
+        self._settle()
+
+    def step_decoded(self, records: Iterable[DecodedRecord]) -> bool:
+        """One cycle over records decoded elsewhere (the Spark engine's executors), in each partition's
+        offset order; whether a change record (anything but a WATERMARK) was among them."""
+        self._changed = False
+        decoded: list[tuple[RecordLocation, DecodedMessage | _Failed]] = []
+        values: list[bytes | None] = []
+        exceptional = False
+        for location, message, value in records:
+            if isinstance(message, ConsumerError):
+                decoded.append((location, _Failed(message, value)))
+                exceptional = True
+            else:
+                exceptional = exceptional or message.__class__ is KeyOnlyDML
+                decoded.append((location, message))
+            values.append(value)
+        self.stats.records += len(decoded)
+        self._take(decoded, values if exceptional else None)
+        self._settle()
+        return self._changed
+
+    def attach(self, source: Source) -> None:
+        """The source `step`/`step_decoded` commit to and take backpressure from (`run` attaches its own)."""
+        self._source = source
+
+    def _settle(self) -> None:
+        """The end of a cycle: apply what resolved, commit, adjust backpressure."""
         if (
             self.state.stats().held_rows
             and time.monotonic() - self._schemas_refreshed > SCHEMA_REFRESH_SECONDS
@@ -324,15 +367,24 @@ class Pipeline:
                 continue
             exceptional = exceptional or message.__class__ is KeyOnlyDML
             decoded.append((location, message))
-        if exceptional:
-            self._ingest_exceptional(decoded, records)
+        self._take(decoded, [record.value for record in records] if exceptional else None)
+
+    def _take(
+        self,
+        decoded: list[tuple[RecordLocation, DecodedMessage | _Failed]],
+        values: list[bytes | None] | None,
+    ) -> None:
+        """Hand decoded records to the state in one call; `values` (the records' own) when some of them
+        failed or are key-only."""
+        if values is not None:
+            self._ingest_exceptional(decoded, values)
         else:
             self.state.process_many(decoded)  # type: ignore[arg-type]
         if not self._changed:
             self._changed = any(not isinstance(message, Watermark) for _, message in decoded)
 
     def _ingest_exceptional(
-        self, decoded: list[tuple[RecordLocation, DecodedMessage | _Failed]], records: Sequence[SourceRecord]
+        self, decoded: list[tuple[RecordLocation, DecodedMessage | _Failed]], values: list[bytes | None]
     ) -> None:
         """Resolve the poll's key-only DMLs together (their claim-checks are fetched concurrently), then
         feed the state in runs split at the records that go to the error policy."""
@@ -342,7 +394,7 @@ class Pipeline:
             for position, whole in zip(positions, resolved, strict=True):
                 location = decoded[position][0]
                 if isinstance(whole, ConsumerError):
-                    decoded[position] = (location, _Failed(whole, records[position].value))
+                    decoded[position] = (location, _Failed(whole, values[position]))
                 else:
                     decoded[position] = (location, whole)
         run: list[tuple[RecordLocation, DecodedMessage]] = []
@@ -457,7 +509,7 @@ class Pipeline:
         while rows:
             counted = self.policy.stats.unrepresentable
             try:
-                changes = table_changes(codec, rows, origins)
+                changes = self.row_decoder(codec, rows, origins)
             except DecodeError as exc:
                 if self.state.policy == "fail":
                     raise

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import KINDS, entry_uri, read_delta, tables
+from consumer.simulate.truth import delta_changelogs
 
 SESSION_TIMEOUT_S = 3
 FAST_GROUP_ENV = {  # group joins of ~SESSION_TIMEOUT_S / 2 on the embedded broker; many small commits
@@ -41,22 +42,15 @@ def start_run(
 
 def changelog_duplicates(root: str | Path, storage_options: Mapping[str, str] | None = None) -> int:
     """Change images written more than once, recognised by (topic, partition, offset, change type)."""
-    lake = LakeRoot.of(root, storage_options)
     duplicates = 0
-    for entry in tables(lake):
-        table = lake.open(entry_uri(lake, entry, "changelog"))
-        if table is None:
-            continue
-        keys = read_delta(lake, table, ["_topic", "_partition", "_offset", "_change_type"])
+    for keys in delta_changelogs(root, ["_topic", "_partition", "_offset", "_change_type"], storage_options):
         grouped = keys.group_by(keys.column_names).aggregate([([], "count_all")])
         duplicates += pc.sum(pc.subtract(grouped["count_all"], 1)).as_py() or 0
     return duplicates
 
 
 def changelog_rows(root: str | Path, storage_options: Mapping[str, str] | None = None) -> int:
-    lake = LakeRoot.of(root, storage_options)
-    tables_ = (lake.open(entry_uri(lake, entry, "changelog")) for entry in tables(lake))
-    return sum(lake.scan(table).count_rows() for table in tables_ if table is not None)
+    return sum(rows.num_rows for rows in delta_changelogs(root, ["_offset"], storage_options))
 
 
 def ddl_types(root: str | Path, storage_options: Mapping[str, str] | None = None) -> set[str]:

@@ -7,17 +7,19 @@ Both sides use the rendered value forms of `consumer.render`, so a typed value t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from consumer.batches.changes import stored_name
-from consumer.lakehouse.tables import read_mirror
-from consumer.protocol.model import TableSchema
+from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.tables import entry_uri, read_delta, read_mirror, tables
+from consumer.protocol.model import DML, DMLType, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.render import value_object
+from consumer.simulate.workload import Workload, WorkloadConfig
 
 TableRows = dict[Any, dict[str, Any]]
 
@@ -126,3 +128,23 @@ def delta_mirror_state(
         rows = {} if mirror is None else arrow_table_rows(mirror, schema)
         state[f"{schema.database}.{schema.table}"] = rows
     return state
+
+
+def delta_changelogs(
+    root: str | Path, columns: Sequence[str], storage_options: Mapping[str, str] | None = None
+) -> list[pa.Table]:
+    """`columns` of every table's Delta changelog under `root` (dropped tables too), found through the
+    lakehouse catalog."""
+    lake = LakeRoot.of(root, storage_options)
+    opened = (lake.open(entry_uri(lake, entry, "changelog")) for entry in tables(lake))
+    return [read_delta(lake, table, columns) for table in opened if table]
+
+
+def changelog_images(config: WorkloadConfig) -> int:
+    """How many changelog rows a simulated stream's DMLs make (an UPDATE two); the simulator is
+    deterministic for a configuration."""
+    return sum(
+        2 if record.message.type is DMLType.UPDATE else 1
+        for record in Workload(config).records()
+        if isinstance(record.message, DML)
+    )

@@ -354,6 +354,11 @@ class ConsumerState:
                 result[tp] = partition.reported = offset
         return result
 
+    def unapplied_offsets(self) -> dict[TopicPartition, list[int]]:
+        """Per owned partition, the offsets of records taken and not durably applied (rows held or waiting,
+        DDL copies, records set aside but not yet written), in order."""
+        return {tp: partition.offsets.unapplied() for tp, partition in self._partitions.items()}
+
     def commit_failed(self, offsets: dict[TopicPartition, int]) -> None:
         """A commit of `offsets` (from `committable`) did not go through: offer them again next time, so a
         partition that stays quiet afterwards still gets its offset committed."""

@@ -36,6 +36,12 @@ class PartitionOffsets:
         """The records at `offsets` (each held before) are durably applied."""
         self._applied.update(offsets)
 
+    def unapplied(self) -> list[int]:
+        """The held offsets not applied yet, in order: what a consumer restarting from its own record of them
+        (instead of from the committable offset) must see again."""
+        applied = self._applied
+        return [offset for offset in self._unapplied if offset not in applied]
+
     def committable(self) -> int | None:
         """The offset to commit, or None before the first record."""
         unapplied, applied = self._unapplied, self._applied

@@ -45,7 +45,7 @@ def _checked_executable(binary: Path) -> Path:
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on right now."""
+    """A TCP port on 127.0.0.1 nobody listens on (for a server about to start)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]

@@ -1,0 +1,490 @@
+"""The Spark engine: the loop engine's pipeline, fed by a `ticdc` stream's micro-batches.
+
+Executors read Kafka ranges and decode (`consumer.spark.source`); the stream's foreachBatch function,
+`ChangeBatches`, runs in the driver: it feeds each batch's records, in partition offset order, to the same
+`Pipeline` and `ConsumerState` the loop engine uses (schemas from DDLs and BOOTSTRAPs, rows held until their
+schema arrives, ordering by the global watermark, DDL barriers, the pending timeout and the error policy),
+and the pipeline applies the resolved units to the same `Sink` objects. A resolved batch's rows come typed
+from the executors (`_ExecutorRows`); only rows the executors could not type are decoded here. A thread
+applies batch N while the executors read batch N+1.
+
+Exactly once across a driver killed at any point:
+
+- Before a batch is handed to the applying thread, its Kafka ranges are recorded in the state location;
+  after the sinks applied it, what it leaves unapplied (rows waiting, DDL copies), each partition's last
+  WATERMARK and the schema cache are (`consumer.spark.carry`). A restarted driver starts from the latest
+  such record, as a restarted loop engine starts from its committed offsets, and reads again from Kafka a
+  batch Spark had committed whose applying it did not finish.
+- A batch whose record exists is complete: Spark running it again (it had not recorded its commit) skips it.
+- A batch interrupted mid-way runs again from the previous record; the sinks skip the rows they hold (Delta
+  app transactions and the Parquet manifest per partition), DDLs are idempotent.
+- A new checkpoint on the same lake starts a partition where the sinks' recorded offsets say (as a loop
+  engine joining a group does), and the sinks skip anything they hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from consumer.batches.changes import TableChanges, changelog_schema, table_changes
+from consumer.config import RunConfig, kafka_source_parts
+from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
+from consumer.pipeline import DecodedRecord, Pipeline, PipelineStats
+from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.model import RawDML, Watermark
+from consumer.protocol.rows import TableCodec
+from consumer.protocol.types import ValuePolicy
+from consumer.sinks.base import Sink
+from consumer.sinks.dead_letter import DeadLetterSink
+from consumer.sources.record import SourceRecord
+from consumer.spark.carry import Carry, CarryStore
+from consumer.spark.segments import Segment, merged
+from consumer.spark.session import spark_session
+from consumer.spark.source import OffsetRange, TicdcOptions, read_range, register
+from consumer.state.machine import ConsumerState
+from consumer.state.schema_cache import snapshot_schemas
+from consumer.state.units import RowOrigins, SchemaKey, TopicPartition
+
+log = logging.getLogger(__name__)
+
+STATE_DIRECTORY = "ticdc"  # the engine's record, inside the query's checkpoint directory
+IDLE_POLL_SECONDS = 0.5  # with --until-idle: the pause between availableNow runs that found nothing new
+_CHANGE_ORDER = [(name, "ascending") for name in ("_commit_ts", "_topic", "_partition", "_offset")]
+
+
+class SparkQueryError(ConsumerError):
+    """The streaming query failed outside the foreachBatch function (e.g. a task could not read Kafka)."""
+
+
+class _SparkOffsets:
+    """The `Source` the pipeline sees: Spark reads Kafka, so commits are only remembered (the sinks record
+    them as resume points) and pauses go to the planner through the engine's record."""
+
+    def __init__(self) -> None:
+        self.assigned: set[TopicPartition] = set()
+        self.first: dict[TopicPartition, int] = {}  # the first offset fed, per partition
+        self.paused: set[TopicPartition] = set()
+
+    def poll_batch(self, max_records: int, timeout: float) -> list[SourceRecord]:
+        return []
+
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        return None
+
+    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        return {tp: self.first.get(tp) for tp in partitions}
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        self.paused |= set(partitions)
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        self.paused -= set(partitions)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    def close(self) -> None:
+        return None
+
+
+class _ExecutorRows:
+    """The pipeline's row decoder: a resolved batch's rows as the executors typed them, found by partition
+    and offset in the live segments; rows they left untyped (they carry their payload) decoded here."""
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple[TopicPartition, SchemaKey], list[pa.Table]] = {}
+
+    def use(self, segments: Sequence[Segment]) -> None:
+        tables: dict[tuple[TopicPartition, SchemaKey], list[pa.Table]] = {}
+        for segment in segments:
+            for key, table in segment.changes.items():
+                tables.setdefault((segment.tp, key), []).append(table)
+        self._tables = tables
+
+    def __call__(
+        self, codec: TableCodec, rows: Sequence[tuple[RawDML, RecordLocation]], origins: RowOrigins | None
+    ) -> TableChanges:
+        untyped = [index for index, (raw, _) in enumerate(rows) if raw.payload]
+        if not untyped:
+            return TableChanges(codec.schema, self._typed(codec, (origins or RowOrigins.of(rows)).claim()))
+        try:
+            decoded = table_changes(codec, [rows[index] for index in untyped])
+        except ValueDecodeError as exc:
+            if exc.row is not None:
+                exc.row = untyped[exc.row]  # the pipeline's error policy takes it out by its index in `rows`
+            raise
+        if len(untyped) == len(rows):
+            return decoded
+        taken = set(untyped)
+        typed = RowOrigins.of([row for index, row in enumerate(rows) if index not in taken]).claim()
+        both = pa.concat_tables([decoded.changelog, self._typed(codec, typed)])
+        return TableChanges(codec.schema, both.sort_by(_CHANGE_ORDER))
+
+    def _typed(self, codec: TableCodec, claim: dict[TopicPartition, list[int]]) -> pa.Table:
+        key = codec.schema.key
+        pieces = []
+        for tp, offsets in claim.items():
+            wanted = pa.array(offsets, pa.int64())
+            found = [
+                table.filter(pc.is_in(table["_offset"], value_set=wanted))
+                for table in self._tables.get((tp, key), ())
+            ]
+            present = sum(pc.count_distinct(piece["_offset"]).as_py() for piece in found)
+            if present != len(offsets):
+                missing = len(offsets) - present
+                raise RuntimeError(f"{tp}: {missing} typed row(s) of {key} are in no segment")
+            pieces += found
+        changelog = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+        return changelog.sort_by(_CHANGE_ORDER).cast(changelog_schema(codec))
+
+
+class ChangeBatches:
+    """The foreachBatch function of a `ticdc` stream: `segments.writeStream.foreachBatch(ChangeBatches(...))`.
+
+    `options`: the source's options (the same map, or `TicdcOptions`); `stateLocation` is required and
+    belongs to one checkpoint. `sinks` and `dead_letters` as for a `Pipeline` (e.g.
+    `consumer.app.build_sinks`); `on_batch(pipeline)` runs after every batch, on the applying thread
+    (progress display). Call `close` when the query is over: it applies the last batch handed over.
+    """
+
+    def __init__(
+        self,
+        options: Mapping[str, str] | TicdcOptions,
+        sinks: Sequence[Sink],
+        dead_letters: DeadLetterSink,
+        *,
+        on_batch: Callable[[Pipeline], None] | None = None,
+    ) -> None:
+        self.options = options if isinstance(options, TicdcOptions) else TicdcOptions.parse(options)
+        if not self.options.state_location:
+            raise ValueError(
+                "ChangeBatches needs the stateLocation option: held rows outlive the driver there"
+            )
+        self.sinks = list(sinks)
+        self.dead_letters = dead_letters
+        self.on_batch = on_batch
+        self.failure: BaseException | None = None  # what stopped the query, if this function did
+        self.changed_batches = 0  # batches with a change record (anything but WATERMARKs)
+        self.executor_cpu_seconds = 0.0  # the tasks' CPU time on this process's batches
+        self._store = CarryStore(self.options.state_location)
+        self._decoder = MessageDecoder(self.options.encoding, self.options.compression)
+        self._rows = _ExecutorRows()
+        self._stats = PipelineStats()
+        self._pipeline: Pipeline | None = None
+        self._source = _SparkOffsets()
+        self._next_batch: int | None = None  # the batch id the in-memory state expects next
+        self._live: list[Segment] = []  # the records fed and not yet carried: where typed rows are found
+        self._unfed: list[Segment] = []  # a restored carry, fed before the next batch
+        self._watermarks: dict[TopicPartition, int] = {}  # each partition's last WATERMARK offset
+        self._applier = ThreadPoolExecutor(1, thread_name_prefix="ticdc-apply")
+        self._applying: Future[None] | None = None  # the batch handed over last, while it is applied
+
+    @property
+    def stats(self) -> PipelineStats:
+        return self._stats
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        """Collect batch `batch_id` (the executors read and decode it while the previous batch is still
+        being applied here), record its ranges, and hand it to the applying thread."""
+        try:
+            rows = frame.toArrow().to_pylist()  # the one action: each action would read Kafka again
+            self.drain()
+            if self._next_batch != batch_id and self._restore(batch_id):
+                return
+            segments = sorted((Segment.from_row(row) for row in rows), key=lambda s: (s.tp, s.start_offset))
+            ranges = [(s.topic, s.partition, s.start_offset, s.end_offset) for s in segments]
+            self._store.write_intent(batch_id, ranges)
+            self._applying = self._applier.submit(self._apply, batch_id, segments)
+        except BaseException as exc:
+            self._stopped(exc)
+            raise
+
+    def drain(self) -> None:
+        """Wait until the batch handed over last is applied; raise what stopped it."""
+        applying, self._applying = self._applying, None
+        if applying is not None:
+            try:
+                applying.result()
+            except BaseException as exc:
+                self._stopped(exc)
+                raise
+
+    def close(self) -> None:
+        """Apply the batch handed over last, then release the sinks and the dead-letter destination."""
+        try:
+            self.drain()
+            if self._pipeline is not None:
+                self._pipeline.finish()
+        finally:
+            self._applier.shutdown()
+            if self._pipeline is not None:
+                self._pipeline.close()
+            else:
+                for sink in self.sinks:
+                    sink.close()
+                self.dead_letters.close()
+
+    def _stopped(self, exc: BaseException) -> None:
+        """A batch failed: the in-memory state is mid-batch, so the next call starts from the last record."""
+        with contextlib.suppress(BaseException):
+            if self._applying is not None:
+                self._applying.result()
+        self._applying = None
+        self._next_batch = None
+        if self.failure is None:
+            self.failure = exc
+
+    # -- batches ---------------------------------------------------------------------------------------
+    def _restore(self, batch_id: int) -> bool:
+        """Start over from the record of the latest batch before `batch_id` (applying again, from Kafka, a
+        batch Spark committed whose applying a dead driver did not finish); True when `batch_id` itself was
+        recorded (complete: Spark runs it again only because it had not recorded its commit)."""
+        latest = self._store.latest()
+        if latest is not None and latest > batch_id:
+            raise ConsumerError(
+                f"{self._store.location} records batch {latest}, ahead of the query's batch {batch_id}: "
+                "a state location belongs to one checkpoint"
+            )
+        self._start(self._store.read(latest) if latest is not None else None)
+        if latest == batch_id:
+            self._next_batch = batch_id + 1
+            return True
+        for missed in range(0 if latest is None else latest + 1, batch_id):
+            self._apply(missed, self._read_again(missed))
+        return False
+
+    def _read_again(self, batch_id: int) -> list[Segment]:
+        ranges = self._store.intent(batch_id)
+        if ranges is None:
+            raise ConsumerError(
+                f"{self._store.location} has no record of batch {batch_id}: a state location belongs to "
+                "one checkpoint, and rows carried past that batch would be lost"
+            )
+        log.info("applying batch %d again from Kafka: %s", batch_id, ranges)
+        segments = []
+        for topic, partition, start, end in ranges:
+            for row in read_range(self.options, OffsetRange(topic, partition, start, end)):
+                segments.append(Segment.from_row(row.to_pylist()[0]))
+        return segments
+
+    def _start(self, carry: Carry | None) -> None:
+        """A fresh pipeline and state machine (keeping the totals), to be fed the carry first."""
+        options = self.options
+        policy = ValuePolicy(unrepresentable=options.unrepresentable)
+        state = ConsumerState(
+            policy=options.error_policy,
+            budget_bytes=options.pending_bytes,
+            pending_timeout=options.pending_timeout_seconds,
+        )
+        pipeline = Pipeline(
+            group=options.group,
+            state=state,
+            sinks=self.sinks,
+            dead_letters=self.dead_letters,
+            decoder=self._decoder,
+            policy=policy,
+            row_decoder=self._rows,
+        )
+        pipeline.stats = self._stats
+        self._source = _SparkOffsets()
+        pipeline.attach(self._source)
+        if carry is not None and carry.schemas:
+            state.learn_schemas(snapshot_schemas(carry.schemas))
+        self._pipeline = pipeline
+        self._live = self._unfed = carry.segments if carry is not None else []
+        self._watermarks = {}
+
+    def _apply(self, batch_id: int, segments: list[Segment]) -> None:
+        """The applying thread's job (or the restoring call's): feed, resolve, write, record."""
+        if self._pipeline is None:
+            self._start(None)
+        assert self._pipeline is not None
+        collecting = gc.isenabled()
+        gc.disable()  # as `Pipeline.run`: a batch's rows are many short-lived objects without cycles
+        try:
+            segments = self._assign(self._pipeline, segments)
+            feed = [*self._unfed, *segments]
+            self._unfed = []
+            self._live = [*self._live, *segments]
+            self._rows.use(self._live)
+            self.executor_cpu_seconds += sum(segment.cpu_seconds for segment in segments)
+            if self._pipeline.step_decoded(self._records(feed)):
+                self.changed_batches += 1
+            self._carry(batch_id, self._pipeline)
+        finally:
+            if collecting:
+                gc.enable()
+        if self.on_batch:
+            self.on_batch(self._pipeline)
+
+    def _assign(self, pipeline: Pipeline, segments: list[Segment]) -> list[Segment]:
+        """Partitions seen for the first time are assigned to the state machine; where the sinks recorded a
+        later resume offset (a new checkpoint on an existing lake), the records before it are left out."""
+        fresh: dict[TopicPartition, int] = {}
+        for segment in [*self._unfed, *segments]:
+            if segment.tp not in self._source.assigned:
+                fresh[segment.tp] = min(fresh.get(segment.tp, segment.start_offset), segment.start_offset)
+        if not fresh:
+            return segments
+        self._source.first.update(fresh)
+        self._source.assigned |= set(fresh)
+        starts = pipeline.on_assign(sorted(fresh)) or {}
+        return [segment.from_offset(starts.get(segment.tp, segment.start_offset)) for segment in segments]
+
+    def _records(self, segments: Sequence[Segment]) -> Iterator[DecodedRecord]:
+        watermarks = self._watermarks
+        for segment in segments:
+            for record in segment.decoded(self._decoder):
+                if isinstance(record[1], Watermark):
+                    watermarks[segment.tp] = record[0].offset
+                yield record
+
+    def _carry(self, batch_id: int, pipeline: Pipeline) -> None:
+        """Record what the batch leaves unapplied; from then on the batch is complete."""
+        unapplied = pipeline.state.unapplied_offsets()
+        by_partition: dict[TopicPartition, list[Segment]] = {}
+        for segment in self._live:
+            by_partition.setdefault(segment.tp, []).append(segment)
+        carried = []
+        for tp, segments in by_partition.items():
+            offsets = unapplied.get(tp, [])
+            kept = merged([segment.kept([*offsets, *self._marks(tp)]) for segment in segments])
+            missing = set(offsets).difference(kept.records["offset"].to_pylist())
+            if missing:
+                raise RuntimeError(f"{tp}: unapplied records {sorted(missing)[:5]} are in no segment")
+            if kept.records.num_rows:
+                carried.append(kept)
+        snapshot = pipeline.state.schemas.snapshot()
+        self._store.write(batch_id, Carry(carried, snapshot, set(self._source.paused)))
+        self._live = carried
+        self._rows.use(carried)
+        self._next_batch = batch_id + 1
+
+    def _marks(self, tp: TopicPartition) -> list[int]:
+        mark = self._watermarks.get(tp)
+        return [] if mark is None else [mark]
+
+
+# -- `ticdc-consumer run --engine spark` -----------------------------------------------------------------
+def checkpoint_location(config: RunConfig) -> str:
+    """The configured checkpoint, else `<sink root>/_spark/<group>` (the configuration checks the root is
+    local then)."""
+    if config.engine.checkpoint:
+        return config.engine.checkpoint
+    root = config.sink.url.partition(":")[2].removeprefix("file://")
+    return str(Path(root).absolute() / "_spark" / config.source.group)
+
+
+def stream_options(config: RunConfig) -> TicdcOptions:
+    """The `ticdc` source's options for a run configuration (the loop engine's settings, one for one)."""
+    servers, topics = kafka_source_parts(config.source.url)
+    return TicdcOptions(
+        bootstrap_servers=servers,
+        topics=tuple(topics),
+        kafka=dict(config.source.kafka),
+        max_offsets_per_trigger=config.budget.max_batch_records,
+        encoding=config.decode.encoding,
+        compression=config.decode.compression,
+        unrepresentable=config.decode.unrepresentable,
+        group=config.source.group,
+        state_location=f"{checkpoint_location(config)}/{STATE_DIRECTORY}",
+        error_policy=config.errors.policy,
+        pending_timeout_seconds=config.budget.pending_timeout_s,
+        pending_bytes=config.budget.pending_bytes,
+    )
+
+
+def run(
+    config: RunConfig,
+    *,
+    until_idle: float | None = None,
+    on_cycle: Callable[[Pipeline], None] | None = None,
+    spark: SparkSession | None = None,
+) -> PipelineStats:
+    """Run the configured consumer as a Spark streaming query; returns its totals once stopped.
+
+    `until_idle`: availableNow runs, one after another, until one found no change record and that many
+    seconds passed since the last that did; else a processingTime query until Ctrl-C. `spark`: a session to
+    use (kept open), else one for `[engine] master` (stopped at the end).
+    """
+    from consumer.app import build_dead_letters, build_sinks  # app dispatches here: imported late
+
+    session = spark or spark_session(master=config.engine.master or None)
+    try:
+        register(session)
+        options = stream_options(config)
+        handler = ChangeBatches(
+            options, build_sinks(config, session), build_dead_letters(config), on_batch=on_cycle
+        )
+        try:
+            start = _query_starter(session, options, handler, checkpoint_location(config))
+            if until_idle is None:
+                _run_continuously(start, config.engine.trigger_seconds, handler)
+            else:
+                _run_until_idle(start, until_idle, handler)
+        finally:
+            handler.close()
+        return handler.stats
+    finally:
+        if spark is None:
+            session.stop()
+
+
+QueryStarter = Callable[[dict[str, Any]], StreamingQuery]
+
+
+def _query_starter(
+    spark: SparkSession, options: TicdcOptions, handler: ChangeBatches, checkpoint: str
+) -> QueryStarter:
+    def start(trigger: dict[str, Any]) -> StreamingQuery:
+        segments = spark.readStream.format("ticdc").options(**options.to_spark()).load()
+        writer = segments.writeStream.foreachBatch(handler).option("checkpointLocation", checkpoint)
+        return writer.trigger(**trigger).start()
+
+    return start
+
+
+def _run_until_idle(start: QueryStarter, until_idle: float, handler: ChangeBatches) -> None:
+    idle_since = time.monotonic()
+    while True:
+        changed = handler.changed_batches
+        _await(start({"availableNow": True}), handler)
+        now = time.monotonic()
+        if handler.changed_batches != changed:
+            idle_since = now
+        elif now - idle_since >= until_idle:
+            return
+        else:
+            time.sleep(min(IDLE_POLL_SECONDS, until_idle - (now - idle_since)))
+
+
+def _run_continuously(start: QueryStarter, trigger_seconds: float, handler: ChangeBatches) -> None:
+    query = start({"processingTime": f"{trigger_seconds} seconds"})
+    try:
+        _await(query, handler)
+    except KeyboardInterrupt:
+        query.stop()  # between batches or mid-batch: either way the record and the sinks stay exact
+
+
+def _await(query: StreamingQuery, handler: ChangeBatches) -> None:
+    """Until the query ends and its last batch is applied."""
+    try:
+        query.awaitTermination()
+    except StreamingQueryException as exc:
+        if handler.failure is not None:
+            raise handler.failure from None
+        raise SparkQueryError(f"the streaming query failed: {str(exc).splitlines()[0]}") from exc
+    handler.drain()

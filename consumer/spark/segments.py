@@ -1,0 +1,294 @@
+"""What the `ticdc` source's tasks hand the driver: a segment per Kafka partition range, decoded as far as a
+task can decode it alone.
+
+A stream has one schema, while every table version has its own typed columns, so a segment row carries
+Arrow IPC streams as binary: `records`, one row per Kafka record in offset order, and `changes`, one typed
+changelog table (`consumer.batches.changes`) per schema version whose rows the task could decode. A task
+knows the schemas the engine recorded before the batch (`consumer.spark.carry`) and those announced in its
+own range; a DML of any other version, a record that does not decode, and every WATERMARK, BOOTSTRAP and DDL
+keep their Kafka value for the driver, whose state machine orders them all (`consumer.spark.engine`).
+Decoding a row twice is deterministic, so which side decodes it never changes the result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from consumer.batches.changes import table_changes
+from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
+from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, DMLType, RawDML
+from consumer.protocol.rows import TableCodec
+from consumer.protocol.types import ValuePolicy
+from consumer.sources.record import SourceRecord
+from consumer.state.schema_cache import SchemaCache
+from consumer.state.units import SchemaKey, TopicPartition
+
+if TYPE_CHECKING:  # tasks import this module: not the pipeline and its sinks
+    from consumer.pipeline import DecodedRecord
+
+SPARK_SCHEMA = (
+    "topic string, partition int, start_offset bigint, end_offset bigint, "
+    "records binary, changes array<binary>"
+)
+"""The rows of a `ticdc` DataFrame (batch or stream); `start_offset`/`end_offset`: the range read (end
+exclusive)."""
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("start_offset", pa.int64()),
+        pa.field("end_offset", pa.int64()),
+        pa.field("records", pa.binary()),
+        pa.field("changes", pa.list_(pa.binary())),
+    ]
+)
+RECORDS_SCHEMA = pa.schema(
+    [
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("value", pa.binary()),  # null: a DML the task decoded (its images are in `changes`)
+        pa.field("type", pa.string()),  # the DML header of a decoded DML, null otherwise
+        pa.field("database", pa.string()),
+        pa.field("table", pa.string()),
+        pa.field("table_id", pa.int64()),
+        pa.field("commit_ts", pa.int64()),
+        pa.field("build_ts", pa.int64()),
+        pa.field("schema_version", pa.int64()),
+        pa.field("encoding", pa.string()),
+    ]
+)
+_SCHEMA_KEY = b"ticdc.schema_key"  # IPC schema metadata of a changes table: its (database, table, version)
+_CPU_NS = b"ticdc.cpu_ns"  # IPC schema metadata of `records`: the task's CPU time on this segment
+_DML_TYPES = {kind.value: kind for kind in DMLType}
+_KEY = msgspec.msgpack.Decoder(tuple[str, str, int])
+
+
+@dataclass
+class Segment:
+    """One partition's records of a range, and the changelog tables of the rows already typed."""
+
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    records: pa.Table
+    changes: dict[SchemaKey, pa.Table] = field(default_factory=dict)
+    cpu_seconds: float = 0.0
+
+    @property
+    def tp(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+    @classmethod
+    def from_row(cls, row: dict[str, object]) -> Segment:
+        records = _read_ipc(row["records"])  # type: ignore[arg-type]
+        changes = {}
+        for data in row["changes"] or ():  # type: ignore[attr-defined]
+            table = _read_ipc(data)
+            changes[_KEY.decode(table.schema.metadata[_SCHEMA_KEY])] = table.replace_schema_metadata()
+        metadata = records.schema.metadata or {}
+        return cls(
+            str(row["topic"]),
+            int(row["partition"]),  # type: ignore[call-overload]
+            int(row["start_offset"]),  # type: ignore[call-overload]
+            int(row["end_offset"]),  # type: ignore[call-overload]
+            records.replace_schema_metadata(),
+            changes,
+            int(metadata.get(_CPU_NS, 0)) / 1e9,
+        )
+
+    def to_row(self) -> dict[str, object]:
+        changes = []
+        for key, table in self.changes.items():
+            keyed = table.replace_schema_metadata({_SCHEMA_KEY: msgspec.msgpack.encode(key)})
+            changes.append(_ipc(keyed))
+        cpu = {_CPU_NS: str(round(self.cpu_seconds * 1e9)).encode()}
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "start_offset": self.start_offset,
+            "end_offset": self.end_offset,
+            "records": _ipc(self.records.replace_schema_metadata(cpu)),
+            "changes": changes,
+        }
+
+    def from_offset(self, start: int) -> Segment:
+        """The records at `start` and after (the sinks already hold the others)."""
+        if start <= self.start_offset:
+            return self
+        return self._where(lambda offsets: pc.greater_equal(offsets, start), max(start, self.start_offset))
+
+    def kept(self, offsets: Iterable[int]) -> Segment:
+        """Only the records at `offsets` (what the engine carries to the next batch), from the first."""
+        wanted = pa.array(sorted(set(offsets)), pa.int64())
+        kept = self._where(lambda column: pc.is_in(column, value_set=wanted), self.start_offset)
+        if kept.records.num_rows:
+            kept.start_offset = kept.records["offset"][0].as_py()
+        return kept
+
+    def _where(self, keep: Callable[[pa.ChunkedArray], pa.ChunkedArray], start: int) -> Segment:
+        records = self.records.filter(keep(self.records["offset"]))
+        changes = {}
+        for key, table in self.changes.items():
+            kept = table.filter(keep(table["_offset"]))
+            if kept.num_rows:
+                changes[key] = kept
+        return Segment(self.topic, self.partition, start, self.end_offset, records, changes, self.cpu_seconds)
+
+    def decoded(self, decoder: MessageDecoder) -> Iterator[DecodedRecord]:
+        """The records for the state machine, in offset order: typed DMLs by their header (their values are in
+        `changes`), every other record decoded from its value here."""
+        columns = [self.records[name].to_pylist() for name in RECORDS_SCHEMA.names]
+        topic, partition = self.topic, self.partition
+        for offset, value, kind, database, table, table_id, commit_ts, build_ts, version, encoding in zip(
+            *columns, strict=True
+        ):
+            location = RecordLocation(topic, partition, offset)
+            if kind is not None:
+                raw = RawDML(
+                    type=_DML_TYPES[kind],
+                    database=database,
+                    table=table,
+                    table_id=table_id,
+                    commit_ts=commit_ts,
+                    build_ts=build_ts,
+                    schema_version=version,
+                    payload=b"",
+                    encoding=encoding,
+                )
+                yield location, raw, None
+                continue
+            try:
+                yield location, decoder.decode(value), value
+            except ConsumerError as exc:
+                yield location, exc, value
+
+
+def merged(segments: Sequence[Segment]) -> Segment:
+    """Segments of one partition, in offset order, as one."""
+    first, last = segments[0], segments[-1]
+    if len(segments) == 1:
+        return first
+    keys = dict.fromkeys(key for segment in segments for key in segment.changes)
+    changes = {key: pa.concat_tables([s.changes[key] for s in segments if key in s.changes]) for key in keys}
+    records = pa.concat_tables([segment.records for segment in segments])
+    cpu = sum(segment.cpu_seconds for segment in segments)
+    return Segment(first.topic, first.partition, first.start_offset, last.end_offset, records, changes, cpu)
+
+
+def encode_range(
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    records: Sequence[SourceRecord],
+    schemas: SchemaCache,
+    decoder: MessageDecoder,
+    policy: ValuePolicy,
+    cpu_seconds: float = 0.0,
+) -> Segment:
+    """A task's segment of the records it read from [start, end): every DML whose schema `schemas` knows or
+    the range announces is typed; `schemas` learns the range's schemas (for the task's next range).
+    `cpu_seconds`: what reading the records cost (the segment reports it with the decoding's)."""
+    started = time.process_time()
+    messages: list[DecodedMessage | None] = []
+    for record in records:
+        try:
+            message: DecodedMessage | None = decoder.decode(record.value)
+        except ConsumerError:
+            message = None  # the driver decodes it again and meets the error under its policy
+        messages.append(message)
+        if isinstance(message, Bootstrap):
+            schemas.add(message.table_schema)
+        elif isinstance(message, DDL):
+            for schema in (message.table_schema, message.pre_table_schema):
+                if schema is not None:
+                    schemas.add(schema)
+    changes, typed = _typed_changes(topic, partition, records, messages, schemas, policy)
+    table = _records_table(records, messages, typed)
+    cpu = cpu_seconds + time.process_time() - started
+    return Segment(topic, partition, start, end, table, changes, cpu)
+
+
+def _typed_changes(
+    topic: str,
+    partition: int,
+    records: Sequence[SourceRecord],
+    messages: Sequence[DecodedMessage | None],
+    schemas: SchemaCache,
+    policy: ValuePolicy,
+) -> tuple[dict[SchemaKey, pa.Table], set[int]]:
+    """Changelog tables per schema version the task knows, and the indexes of the records they type. A row
+    whose value does not decode is left to the driver (it applies the error policy)."""
+    runs: dict[SchemaKey, list[int]] = {}
+    for index, message in enumerate(messages):
+        if isinstance(message, RawDML):
+            runs.setdefault(message.schema_key, []).append(index)
+    changes: dict[SchemaKey, pa.Table] = {}
+    typed: set[int] = set()
+    for key, indexes in runs.items():
+        first = messages[indexes[0]]
+        assert isinstance(first, RawDML)
+        schema = schemas.lookup(key, first.table_id)
+        if schema is None:
+            continue
+        codec = TableCodec(schema, policy)
+        rows = [(messages[i], RecordLocation(topic, partition, records[i].offset)) for i in indexes]
+        while rows:
+            try:
+                changes[key] = table_changes(codec, rows).changelog  # type: ignore[arg-type]
+            except ValueDecodeError as exc:
+                if exc.row is None:
+                    break
+                del rows[exc.row], indexes[exc.row]
+                continue
+            typed.update(indexes)
+            break
+    return changes, typed
+
+
+def _records_table(
+    records: Sequence[SourceRecord], messages: Sequence[DecodedMessage | None], typed: set[int]
+) -> pa.Table:
+    columns: list[list[object]] = [[] for _ in RECORDS_SCHEMA]
+    offset, value, kind, database, table, table_id, commit_ts, build_ts, version, encoding = columns
+    for index, (record, message) in enumerate(zip(records, messages, strict=True)):
+        offset.append(record.offset)
+        if index in typed:
+            assert isinstance(message, RawDML)
+            value.append(None)
+            kind.append(message.type.value)
+            database.append(message.database)
+            table.append(message.table)
+            table_id.append(message.table_id)
+            commit_ts.append(message.commit_ts)
+            build_ts.append(message.build_ts)
+            version.append(message.schema_version)
+            encoding.append(message.encoding)
+        else:
+            value.append(record.value)
+            for column in columns[2:]:
+                column.append(None)
+    return pa.Table.from_arrays(
+        [pa.array(column, f.type) for column, f in zip(columns, RECORDS_SCHEMA, strict=True)],
+        schema=RECORDS_SCHEMA,
+    )
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
+
+
+def _read_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(data).read_all()

@@ -1,0 +1,482 @@
+"""`ticdc`: TiCDC topics as a Spark data source, batch (`spark.read`) and streaming (`spark.readStream`).
+
+    from consumer.spark.source import register
+
+    register(spark)
+    segments = (
+        spark.readStream.format("ticdc")
+        .option("kafka.bootstrap.servers", "broker:9092")
+        .option("subscribe", "tidb-orders")
+        .option("stateLocation", "/checkpoints/orders/ticdc")
+        .load()
+    )
+
+Spark's Kafka source is a JVM jar; this one reads Kafka with confluent-kafka in Python. A micro-batch's input
+partitions are Kafka partition offset ranges, read by tasks on the executors, which also decode: envelopes,
+and the typed values of every row whose schema they know (`consumer.spark.segments`). Spark's checkpoint
+owns the offsets. Rows are segments: `consumer.spark.engine.ChangeBatches`, the stream's foreachBatch
+function, orders them with the loop engine's state machine and hands typed per-table batches to the sinks.
+
+Options (Spark lower-cases their names; `TicdcOptions` lists them): like Spark's Kafka source where they mean
+the same (`kafka.bootstrap.servers`, `subscribe`, `startingOffsets`, `endingOffsets`,
+`maxOffsetsPerTrigger`, `kafkaConsumer.pollTimeoutMs`, any `kafka.*` passed to the client), and the SDK's own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import msgspec
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import TopicPartition as KafkaPartition
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from consumer.protocol.codec import EncodingSetting, MessageDecoder
+from consumer.protocol.compression import CompressionSetting
+from consumer.protocol.types import ValuePolicy
+from consumer.sources.errors import SourceError
+from consumer.sources.kafka import KafkaSource
+from consumer.sources.record import SourceRecord
+from consumer.spark.carry import CarryStore
+from consumer.spark.segments import ARROW_SCHEMA, SPARK_SCHEMA, encode_range
+from consumer.state.machine import ErrorPolicy
+from consumer.state.pending import DEFAULT_BUDGET_BYTES, DEFAULT_TIMEOUT_S
+from consumer.state.schema_cache import SchemaCache
+from consumer.state.units import TopicPartition
+
+NAME = "ticdc"
+SEGMENT_RECORDS = 50_000  # a task emits a segment row per this many records: bounds a task's memory
+EARLIEST, LATEST = -2, -1  # in `startingOffsets`/`endingOffsets` JSON, as Spark's Kafka source writes them
+_METADATA_TIMEOUT_S = 30.0
+_POLL_S = 0.5
+Offsets = dict[str, dict[str, int]]  # {"topic": {"0": 42}}: Spark's Kafka source's JSON form
+
+
+class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The source's options, and the foreachBatch function's (`ChangeBatches` reads the same map).
+
+    Kafka: `kafka.bootstrap.servers` and `subscribe` (topics, comma-separated) are required; any other
+    `kafka.*` goes to the client (`kafka.group.id` names the group the tasks' clients use, default
+    `<group>.spark`: they only assign, never commit). `startingOffsets`: earliest (default; Spark's Kafka
+    source starts a stream at latest, which would miss a table's history), latest, or JSON
+    `{"topic": {"0": 23, "1": -2}}` (-2 earliest, -1 latest); `endingOffsets` (batch reads): latest or JSON.
+    `maxOffsetsPerTrigger`: records per micro-batch, shared by partitions in proportion to their backlog.
+    `minPartitions`: at least this many tasks per batch (ranges split), for more cores than partitions.
+    `kafkaConsumer.pollTimeoutMs`: how long a task waits for a record its range should hold.
+
+    The SDK's: `encoding` / `compression` (auto | json | avro, auto | none | snappy | lz4), `unrepresentable`
+    (null | raise), `group` (the name the sinks record progress under), `stateLocation` (the engine's
+    per-batch record, `consumer.spark.carry`: tasks take schemas from it; required by `ChangeBatches`),
+    `errorPolicy` (dead-letter | fail), `pendingTimeoutSeconds`, `pendingBytes` (as the loop engine's
+    `[budget]`).
+    """
+
+    bootstrap_servers: str
+    topics: tuple[str, ...]
+    kafka: dict[str, str] = {}
+    kafka_group: str = ""
+    starting_offsets: str = "earliest"
+    ending_offsets: str = "latest"
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
+    poll_timeout_ms: int = 120_000
+    encoding: EncodingSetting = "auto"
+    compression: CompressionSetting = "auto"
+    unrepresentable: Literal["null", "raise"] = "null"
+    group: str = "ticdc-consumer"
+    state_location: str = ""
+    error_policy: ErrorPolicy = "dead-letter"
+    pending_timeout_seconds: float = DEFAULT_TIMEOUT_S
+    pending_bytes: int = DEFAULT_BUDGET_BYTES
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> TicdcOptions:
+        """From Spark's option map (any case); an unknown option is an error, not a silent no-op."""
+        fields: dict[str, Any] = {"kafka": {}}
+        for name, value in options.items():
+            key = name.lower()
+            if key == "kafka.bootstrap.servers":
+                fields["bootstrap_servers"] = value
+            elif key == "kafka.group.id":
+                fields["kafka_group"] = value
+            elif key.startswith("kafka."):
+                fields["kafka"][key.removeprefix("kafka.")] = value
+            elif key == "subscribe":
+                fields["topics"] = tuple(topic.strip() for topic in value.split(",") if topic.strip())
+            elif key in _OPTION_FIELDS:
+                fields[_OPTION_FIELDS[key]] = value
+            else:
+                raise ValueError(f"unknown option {name!r} of the {NAME} source")
+        for required, option in (("bootstrap_servers", "kafka.bootstrap.servers"), ("topics", "subscribe")):
+            if not fields.get(required):
+                raise ValueError(f"the {NAME} source needs the option {option!r}")
+        try:
+            return msgspec.convert(fields, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"invalid {NAME} source option: {exc}") from exc
+
+    def to_spark(self) -> dict[str, str]:
+        """As options for `spark.readStream.format("ticdc").options(...)`."""
+        options = {
+            "kafka.bootstrap.servers": self.bootstrap_servers,
+            "subscribe": ",".join(self.topics),
+            **{f"kafka.{key}": value for key, value in self.kafka.items()},
+        }
+        if self.kafka_group:
+            options["kafka.group.id"] = self.kafka_group
+        defaults = TicdcOptions(bootstrap_servers="", topics=())
+        for option, name in _OPTION_FIELDS.items():
+            value = getattr(self, name)
+            if value != getattr(defaults, name):
+                options[_SPARK_NAMES[option]] = str(value)
+        return options
+
+    @property
+    def client_group(self) -> str:
+        return self.kafka_group or f"{self.group}.spark"
+
+
+_SPARK_NAMES = {
+    name.lower(): name
+    for name in (
+        "startingOffsets",
+        "endingOffsets",
+        "maxOffsetsPerTrigger",
+        "minPartitions",
+        "kafkaConsumer.pollTimeoutMs",
+        "encoding",
+        "compression",
+        "unrepresentable",
+        "group",
+        "stateLocation",
+        "errorPolicy",
+        "pendingTimeoutSeconds",
+        "pendingBytes",
+    )
+}
+_OPTION_FIELDS = {
+    "startingoffsets": "starting_offsets",
+    "endingoffsets": "ending_offsets",
+    "maxoffsetspertrigger": "max_offsets_per_trigger",
+    "minpartitions": "min_partitions",
+    "kafkaconsumer.polltimeoutms": "poll_timeout_ms",
+    "encoding": "encoding",
+    "compression": "compression",
+    "unrepresentable": "unrepresentable",
+    "group": "group",
+    "statelocation": "state_location",
+    "errorpolicy": "error_policy",
+    "pendingtimeoutseconds": "pending_timeout_seconds",
+    "pendingbytes": "pending_bytes",
+}
+
+
+def register(spark: SparkSession) -> None:
+    """Make `format("ticdc")` available to `spark.read` and `spark.readStream`."""
+    spark.dataSource.register(TicdcDataSource)
+
+
+class TicdcDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return SPARK_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return TicdcBatchReader(TicdcOptions.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return TicdcStreamReader(TicdcOptions.parse(self.options))
+
+
+class OffsetRange(InputPartition):
+    """One task's work: records [start, end) of one Kafka partition."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+class TicdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches in the driver's planner process; `read` runs in executor tasks, on a copy."""
+
+    def __init__(self, options: TicdcOptions) -> None:
+        self.options = options
+        self._target: dict[TopicPartition, int] | None = None  # availableNow: the ends fixed at its start
+        self._kafka: _KafkaOffsets | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "_target": None, "_kafka": None}  # tasks need only the options
+
+    def initialOffset(self) -> Offsets:
+        return _offsets_json(_resolve(self.options.starting_offsets, self._client().bounds()))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_offsets_per_trigger
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {tp: high for tp, (_, high) in self._client().bounds().items()}
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        """The ends of the next batch: the partitions' latest offsets (or the availableNow target), within
+        `limit`; a partition the engine asked to pause stays where it is, a new one starts at its earliest."""
+        begin = _from_json(start)
+        bounds = self._client().bounds()
+        paused = self._paused()
+        ends: dict[TopicPartition, int] = {}
+        for tp, (low, high) in bounds.items():
+            if tp not in begin:
+                ends[tp] = low
+            elif tp in paused:
+                ends[tp] = begin[tp]
+            else:
+                target = high if self._target is None else min(high, self._target.get(tp, begin[tp]))
+                ends[tp] = max(begin[tp], target)
+        if isinstance(limit, ReadMaxRows):
+            ends = _limited(begin, ends, limit.max_rows)
+        return _offsets_json({**begin, **ends})
+
+    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
+        return _ranges(_from_json(start), _from_json(end), self.options.min_partitions)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, OffsetRange)
+        return read_range(self.options, partition)
+
+    def commit(self, end: Offsets) -> None:
+        """Nothing to do: Spark's checkpoint holds the offsets, and the engine's record prunes itself."""
+
+    def stop(self) -> None:
+        if self._kafka is not None:
+            self._kafka.close()
+            self._kafka = None
+
+    def _client(self) -> _KafkaOffsets:
+        if self._kafka is None:
+            self._kafka = _KafkaOffsets(self.options)
+        return self._kafka
+
+    def _paused(self) -> set[TopicPartition]:
+        if not self.options.state_location:
+            return set()
+        latest = CarryStore(self.options.state_location).latest_metadata()
+        return latest[2] if latest else set()
+
+
+class TicdcBatchReader(DataSourceReader):
+    """`spark.read.format("ticdc")`: the segments between `startingOffsets` and `endingOffsets`."""
+
+    def __init__(self, options: TicdcOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        kafka = _KafkaOffsets(self.options)
+        try:
+            bounds = kafka.bounds()
+        finally:
+            kafka.close()
+        options = self.options
+        starts, ends = _resolve(options.starting_offsets, bounds), _resolve(options.ending_offsets, bounds)
+        return _ranges(starts, ends, options.min_partitions)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, OffsetRange)
+        return read_range(self.options, partition)
+
+
+# -- tasks ------------------------------------------------------------------------------------------------
+_task_schemas: dict[str, tuple[int, SchemaCache]] = {}  # per state location, in a (reused) Python worker
+
+
+def read_range(options: TicdcOptions, part: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """A task: read the range with confluent-kafka, a segment row per `SEGMENT_RECORDS` records."""
+    schemas = _schemas_for(options.state_location)
+    decoder = MessageDecoder(options.encoding, options.compression)
+    policy = ValuePolicy(unrepresentable=options.unrepresentable)
+    source = KafkaSource(
+        options.bootstrap_servers,
+        [part.topic],
+        options.client_group,
+        partitions=[(part.topic, part.partition)],
+        config=options.kafka,
+        on_assign=lambda _: {(part.topic, part.partition): part.start},
+    )
+    try:
+        position = part.start
+        while position < part.end:
+            started = time.process_time()  # the process's: librdkafka's threads fetch for this task
+            records = _fetch(source, part, position, options.poll_timeout_ms / 1000)
+            end = records[-1].offset + 1
+            fetched = time.process_time() - started
+            segment = encode_range(
+                part.topic, part.partition, position, end, records, schemas, decoder, policy, fetched
+            )
+            yield pa.RecordBatch.from_pylist([segment.to_row()], schema=ARROW_SCHEMA)
+            position = end
+    finally:
+        source.close()
+
+
+def _fetch(source: KafkaSource, part: OffsetRange, position: int, timeout: float) -> list[SourceRecord]:
+    """Up to `SEGMENT_RECORDS` records of the range from `position`; a range Kafka no longer (or not yet)
+    holds is an error, never a silent gap."""
+    wanted = min(SEGMENT_RECORDS, part.end - position)
+    records: list[SourceRecord] = []
+    waited_since = time.monotonic()
+    expected = position
+    while len(records) < wanted:
+        polled = source.poll_batch(wanted - len(records), _POLL_S)
+        fresh = [r for r in polled if expected <= r.offset < part.end]
+        if fresh:
+            if fresh[0].offset != expected or fresh[-1].offset - expected + 1 != len(fresh):
+                raise SourceError(  # e.g. deleted by retention before this batch read them
+                    f"{part.topic}[{part.partition}]: records missing between offsets {expected} and "
+                    f"{fresh[-1].offset}: they are no longer in Kafka"
+                )
+            records += fresh
+            expected = fresh[-1].offset + 1
+            waited_since = time.monotonic()
+            if expected >= part.end:
+                break
+        elif time.monotonic() - waited_since > timeout:
+            raise SourceError(
+                f"{part.topic}[{part.partition}]: offsets {expected}..{part.end - 1} did not arrive within "
+                f"{timeout:.0f} s (kafkaConsumer.pollTimeoutMs)"
+            )
+    return records
+
+
+def _schemas_for(location: str) -> SchemaCache:
+    """The schemas the engine recorded with its newest batch, kept per worker while that is the newest."""
+    if not location:
+        return SchemaCache()
+    latest = CarryStore(location).latest_metadata()
+    cached = _task_schemas.get(location)
+    if latest is None:
+        return cached[1] if cached else SchemaCache()
+    batch_id, snapshot, _ = latest
+    if cached is None or cached[0] != batch_id:
+        cached = _task_schemas[location] = (
+            batch_id,
+            SchemaCache.restore(snapshot) if snapshot else SchemaCache(),
+        )
+    return cached[1]
+
+
+# -- planning -------------------------------------------------------------------------------------------
+class _KafkaOffsets:
+    """The subscribed topics' partitions and their earliest and latest offsets (the planner's client)."""
+
+    def __init__(self, options: TicdcOptions) -> None:
+        self._topics = options.topics
+        config = {
+            **options.kafka,
+            "bootstrap.servers": options.bootstrap_servers,
+            "group.id": options.client_group,
+        }
+        self._consumer = Consumer({**config, "enable.auto.commit": False})
+
+    def bounds(self) -> dict[TopicPartition, tuple[int, int]]:
+        try:
+            metadata = self._consumer.list_topics(timeout=_METADATA_TIMEOUT_S)
+            bounds = {}
+            for topic in self._topics:
+                info = metadata.topics.get(topic)
+                if info is None or info.error is not None:
+                    raise SourceError(f"topic {topic!r} does not exist", code="UNKNOWN_TOPIC_OR_PART")
+                for partition in sorted(info.partitions):
+                    low, high = self._consumer.get_watermark_offsets(
+                        KafkaPartition(topic, partition), timeout=_METADATA_TIMEOUT_S, cached=False
+                    )
+                    bounds[(topic, partition)] = (low, high)
+            return bounds
+        except KafkaException as exc:
+            raise SourceError(f"cannot read offsets of {list(self._topics)}: {exc.args[0].str()}") from None
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def _resolve(setting: str, bounds: Mapping[TopicPartition, tuple[int, int]]) -> dict[TopicPartition, int]:
+    """`earliest`, `latest` or Spark's JSON form (-2 earliest, -1 latest; unnamed partitions earliest)."""
+    if setting in ("earliest", "latest"):
+        return {tp: bound[0 if setting == "earliest" else 1] for tp, bound in bounds.items()}
+    try:
+        named = _from_json(json.loads(setting))
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise ValueError(
+            f'offsets {setting!r}: expected earliest, latest or {{"topic": {{"0": 42}}}}'
+        ) from exc
+    offsets = {}
+    for tp, (low, high) in bounds.items():
+        offset = named.get(tp, EARLIEST)
+        offsets[tp] = low if offset == EARLIEST else high if offset == LATEST else min(max(offset, low), high)
+    return offsets
+
+
+def _limited(
+    begin: Mapping[TopicPartition, int], ends: dict[TopicPartition, int], limit: int
+) -> dict[TopicPartition, int]:
+    """At most `limit` records in all, each partition's share in proportion to its backlog (Spark's Kafka
+    source does the same), the rounding remainder to the largest backlogs."""
+    backlog = {tp: end - begin.get(tp, end) for tp, end in ends.items()}
+    total = sum(backlog.values())
+    if total <= limit:
+        return ends
+    shares = {tp: limit * size // total for tp, size in backlog.items()}
+    spare = limit - sum(shares.values())
+    for tp in sorted(backlog, key=lambda tp: backlog[tp] - shares[tp], reverse=True)[:spare]:
+        shares[tp] += 1
+    return {tp: begin.get(tp, end) + min(shares[tp], backlog[tp]) for tp, end in ends.items()}
+
+
+def _ranges(
+    start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int], min_partitions: int | None
+) -> list[OffsetRange]:
+    """A task per partition's range; with `min_partitions`, the largest ranges split in halves until there
+    are that many (a task learns the schemas its own range announces: rows of a later half that only the
+    first half's BOOTSTRAP describes are typed by the driver instead)."""
+    ranges = [
+        (topic, partition, start.get((topic, partition), stop), stop)
+        for (topic, partition), stop in end.items()
+        if stop > start.get((topic, partition), stop)
+    ]
+    while ranges and len(ranges) < (min_partitions or 0):
+        largest = max(ranges, key=lambda r: r[3] - r[2])
+        topic, partition, low, high = largest
+        if high - low < 2:
+            break
+        middle = (low + high) // 2
+        ranges.remove(largest)
+        ranges += [(topic, partition, low, middle), (topic, partition, middle, high)]
+    return [OffsetRange(*r) for r in sorted(ranges)]
+
+
+def _offsets_json(offsets: Mapping[TopicPartition, int]) -> Offsets:
+    result: Offsets = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        result.setdefault(topic, {})[str(partition)] = offset
+    return result
+
+
+def _from_json(offsets: Mapping[str, Mapping[str, int]]) -> dict[TopicPartition, int]:
+    return {
+        (topic, int(partition)): int(offset)
+        for topic, parts in offsets.items()
+        for partition, offset in parts.items()
+    }

@@ -1,0 +1,214 @@
+"""`ticdc-consumer run --engine spark` as a command: driver processes killed with SIGKILL at several points
+of a micro-batch and restarted from the checkpoint, a new checkpoint on the same lake, and the query on a
+standalone cluster (a master and two workers started from the pip-installed pyspark)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lakehouse_checks import changelog_duplicates, changelog_rows
+from pyspark.sql import SparkSession
+
+from consumer.config import RunConfig, load_config
+from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.model import DDL
+from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
+from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
+from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.spark import engine
+from consumer.testing.broker import EmbeddedBroker
+from consumer.testing.spark_cluster import SparkStandaloneCluster
+
+pytestmark = [pytest.mark.spark, pytest.mark.e2e, pytest.mark.slow]
+BATCH_RECORDS = 1000  # several micro-batches per run
+
+
+def _produce(broker: EmbeddedBroker, topic: str, encoding: str, compression: str, rows: int) -> Workload:
+    workload = Workload(WorkloadConfig(rows=rows, tables=3, partitions=3, dispatch="primary-key"))
+    produce_to_kafka(workload, MessageEncoder(encoding, compression), broker.bootstrap_servers, topic)  # type: ignore[arg-type]
+    return workload
+
+
+def _start(
+    broker: EmbeddedBroker,
+    topic: str,
+    root: Path,
+    checkpoint: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """A `run --engine spark` command in its own process group (a kill takes its JVM and workers too)."""
+    command = [
+        sys.executable,
+        "-m",
+        "consumer",
+        "run",
+        "--engine",
+        "spark",
+        "--source",
+        f"kafka://{broker.bootstrap_servers}/{topic}",
+        "--group",
+        f"{topic}.g",
+        "--sink",
+        f"delta:{root}",
+        "--checkpoint",
+        str(checkpoint),
+        "--until-idle",
+        "2",
+        *extra,
+    ]
+    log = root.parent / f"run-{time.monotonic_ns()}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command,
+            env={**os.environ, "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": str(BATCH_RECORDS), **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return process, log
+
+
+def _finish(process: subprocess.Popen[bytes], log: Path) -> str:
+    assert process.wait(600) == 0, log.read_text()[-4000:]
+    return log.read_text()
+
+
+def _delta_commits(root: Path) -> int:
+    return sum(1 for _ in root.glob("**/_delta_log/*.json"))
+
+
+def _batches(checkpoint: Path) -> set[str]:
+    return {path.name for path in (checkpoint / "ticdc").glob("batch-*.arrow")}
+
+
+def _planned(checkpoint: Path) -> set[str]:
+    return {path.name for path in (checkpoint / "offsets").glob("[0-9]*")}
+
+
+def _committed_not_applied(checkpoint: Path) -> bool:
+    committed = {int(path.name) for path in (checkpoint / "commits").glob("[0-9]*")}
+    applied = {int(name.split("-")[1].split(".")[0]) for name in _batches(checkpoint)}
+    return bool(committed) and max(committed) > max(applied, default=-1)
+
+
+def _kill_when(process: subprocess.Popen[bytes], log: Path, reached: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 300
+    while not reached():
+        assert process.poll() is None, f"the run ended before the kill point: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "the kill point never came"
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def test_sigkill_around_a_batch_then_restart_is_exact_and_a_new_checkpoint_adds_nothing(
+    spark: SparkSession,
+    kafka_broker: EmbeddedBroker,
+    kafka_topic: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Commands killed at four points of a batch, then the query restarted from the checkpoint (in this
+    process: a fresh handler, like a fresh driver), then a new checkpoint on the same lake."""
+    topic = kafka_topic(3)
+    workload = _produce(kafka_broker, topic, "json", "none", rows=4000)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    root, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
+
+    # before: a batch planned (its offsets logged), nothing of it committed
+    process, log = _start(kafka_broker, topic, root, checkpoint)
+    _kill_when(process, log, lambda: bool(_planned(checkpoint)))
+    assert _delta_commits(root) == 0 and not _batches(checkpoint)
+
+    # during: some of a batch's tables committed, its record not yet written
+    process, log = _start(kafka_broker, topic, root, checkpoint)
+    recorded, commits = _batches(checkpoint), _delta_commits(root)
+    _kill_when(process, log, lambda: _delta_commits(root) > commits + 1 and _batches(checkpoint) == recorded)
+
+    # after: the first batch of this run recorded (Spark may or may not have logged its commit)
+    process, log = _start(kafka_broker, topic, root, checkpoint)
+    recorded = _batches(checkpoint)
+    _kill_when(process, log, lambda: bool(_batches(checkpoint) - recorded))
+
+    # between: Spark logged a batch's commit while the driver was still applying it
+    process, log = _start(kafka_broker, topic, root, checkpoint)
+    _kill_when(process, log, lambda: _committed_not_applied(checkpoint))
+
+    with caplog.at_level(logging.INFO, logger="consumer.spark.engine"):
+        engine.run(_config(kafka_broker, topic, root, checkpoint), until_idle=1.0, spark=spark)
+    assert "again from Kafka" in caplog.text  # the committed batch was read again and applied
+    schemas = [table.schema for table in workload.tables]
+    assert differences(delta_mirror_state(root, schemas), truth) == []
+    assert changelog_duplicates(root) == 0
+    images = changelog_images(workload.config)
+    assert changelog_rows(root) == images
+
+    # a new checkpoint on the same lake starts where the sinks' records say, and the sinks skip the rows
+    # they hold: nothing applied twice (TiCDC's periodic WATERMARK resolves what follows the resume point)
+    with WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic):
+        engine.run(_config(kafka_broker, topic, root, tmp_path / "another"), until_idle=1.0, spark=spark)
+    assert changelog_duplicates(root) == 0
+    assert changelog_rows(root) == images
+    assert differences(delta_mirror_state(root, schemas), truth) == []
+
+
+def _config(broker: EmbeddedBroker, topic: str, root: Path, checkpoint: Path) -> RunConfig:
+    """What `_start`'s command runs, for a run in this process."""
+    return load_config(
+        environ={},
+        overrides={
+            "source": {"url": f"kafka://{broker.bootstrap_servers}/{topic}", "group": f"{topic}.g"},
+            "sink": {"url": f"delta:{root}"},
+            "engine": {"kind": "spark", "checkpoint": str(checkpoint)},
+            "budget": {"max_batch_records": BATCH_RECORDS},
+        },
+    )
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Any:
+    """A standalone master and two one-core workers for the test run; every process it starts ends with it."""
+    with SparkStandaloneCluster(workers=2, cores=1, memory="1g") as cluster:
+        yield cluster
+    assert cluster.running() == []
+
+
+def test_the_stream_runs_on_a_standalone_cluster(
+    spark_cluster: SparkStandaloneCluster, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    topic = kafka_topic(3)
+    workload = _produce(kafka_broker, topic, "avro", "snappy", rows=4000)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    root = tmp_path / "lake"
+    output = _finish(
+        *_start(
+            kafka_broker,
+            topic,
+            root,
+            tmp_path / "checkpoint",
+            "--master",
+            spark_cluster.master_url,
+            env=spark_cluster.driver_environment,
+        )
+    )
+    assert differences(delta_mirror_state(root, [t.schema for t in workload.tables]), truth) == []
+    assert changelog_duplicates(root) == 0
+    assert changelog_rows(root) == changelog_images(workload.config)
+    ddls = len(
+        {r.message.commit_ts for r in Workload(workload.config).records() if isinstance(r.message, DDL)}
+    )
+    summary = rf"^\d+ records, \d+ changelog rows, {ddls} DDLs, 0 dead letters"
+    assert re.search(summary, output, flags=re.MULTILINE), output[-2000:]
+    applications = spark_cluster.executors()
+    assert list(applications.values())[-1:] == [2], applications  # both workers ran the query's tasks

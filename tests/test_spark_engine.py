@@ -1,0 +1,326 @@
+"""The Spark engine end to end on the embedded broker and the session's local Spark: the `ticdc` source read
+and decoded by tasks, `ChangeBatches` applying micro-batches to the same sinks as the loop engine, checked
+with the same ground truth (mirror), completeness and duplicate checks."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from lakehouse_checks import changelog_duplicates, changelog_rows, ddl_types
+from pyspark.sql import DataFrame, SparkSession
+
+from consumer.config import RunConfig, load_config
+from consumer.lakehouse.progress import consistent_ts
+from consumer.lakehouse.tables import table_uri
+from consumer.pipeline import Pipeline
+from consumer.protocol.codec import MessageDecoder, MessageEncoder
+from consumer.protocol.model import DML, DMLType, RawDML, Watermark
+from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
+from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
+from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sinks.dead_letter import DeadLetterFile
+from consumer.sinks.foreach_batch import BatchInfo, ForeachBatchSink, TableName
+from consumer.sinks.jsonl import JsonLinesSink
+from consumer.sinks.parquet import ParquetSink
+from consumer.sources.capture import capture_topic, read_capture
+from consumer.sources.errors import SourceError
+from consumer.spark import engine
+from consumer.spark.engine import ChangeBatches
+from consumer.spark.readers import read_changelog
+from consumer.spark.source import OffsetRange, TicdcOptions, read_range, register
+from consumer.testing.broker import EmbeddedBroker
+
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
+Offsets = set[tuple[str, int, int]]
+
+
+def _produce(
+    broker: EmbeddedBroker, topic: str, encoding: str = "json", compression: str = "none", **options: Any
+) -> Workload:
+    config = WorkloadConfig(
+        **{"rows": 4000, "tables": 3, "partitions": 3, "dispatch": "primary-key", **options}
+    )
+    workload = Workload(config)
+    produce_to_kafka(workload, MessageEncoder(encoding, compression), broker.bootstrap_servers, topic)  # type: ignore[arg-type]
+    return workload
+
+
+def _config(broker: EmbeddedBroker, topic: str, root: Path, **budget: Any) -> RunConfig:
+    return load_config(
+        environ={},
+        overrides={
+            "source": {"url": f"kafka://{broker.bootstrap_servers}/{topic}", "group": f"{topic}.spark"},
+            "sink": {"url": f"delta:{root}"},
+            "engine": {"kind": "spark"},
+            "budget": {"max_batch_records": 1000, **budget},
+        },
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("encoding", "compression"), [("json", "none"), ("avro", "lz4")])
+def test_mirror_equals_ground_truth_through_every_ddl_type(
+    spark: SparkSession,
+    kafka_broker: EmbeddedBroker,
+    kafka_topic: Any,
+    tmp_path: Path,
+    encoding: str,
+    compression: str,
+) -> None:
+    topic = kafka_topic(3)
+    workload = _produce(kafka_broker, topic, encoding, compression)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    root = tmp_path / "lake"
+    stats = engine.run(_config(kafka_broker, topic, root), until_idle=1.0, spark=spark)
+    assert differences(delta_mirror_state(root, (t.schema for t in workload.tables)), truth) == []
+    assert changelog_duplicates(root) == 0
+    assert changelog_rows(root) == stats.rows == changelog_images(workload.config)
+    assert ddl_types(root) == {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
+    assert consistent_ts(root) == workload.last_watermark
+    assert stats.dead_letters == 0
+    batches = sorted((root / "_spark" / f"{topic}.spark" / "ticdc").glob("batch-*.arrow"))
+    assert len(batches) == 3  # the newest kept, of several micro-batches (1000 records each)
+    assert int(batches[-1].stem.rpartition("-")[2]) >= 3
+
+
+def _delivered(root: Path) -> dict[str, list[dict[str, Any]]]:
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(root.glob("*/*.jsonl")):
+        rows[f"{path.parent.name}.{path.stem}"] = [json.loads(line) for line in path.read_text().splitlines()]
+    return rows
+
+
+def _offsets_of(rows: dict[str, list[dict[str, Any]]]) -> list[tuple[str, int, int]]:
+    return [
+        (r["_topic"], r["_partition"], r["_offset"])
+        for images in rows.values()
+        for r in images
+        if r["_change_type"] != "update_preimage"
+    ]
+
+
+def _dml_offsets(records: Iterable[Any], starts: dict[tuple[str, int], int]) -> Offsets:
+    decoder = MessageDecoder()
+    return {
+        (r.topic, r.partition, r.offset)
+        for r in records
+        if r.offset >= starts[(r.topic, r.partition)] and isinstance(decoder.decode(r.value), RawDML)
+    }
+
+
+def _stream(spark: SparkSession, options: dict[str, str], handler: ChangeBatches, checkpoint: Path) -> Any:
+    register(spark)
+    frames = spark.readStream.format("ticdc").options(**options).load()
+    return frames.writeStream.foreachBatch(handler).option("checkpointLocation", str(checkpoint))
+
+
+@pytest.mark.slow
+def test_mid_stream_start_holds_rows_until_a_bootstrap_on_partition_0(
+    spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """Started half-way through each partition with BOOTSTRAPs on partition 0 only (a processingTime
+    query): rows of every partition wait, across micro-batches, for the next one there, then all come out
+    exactly once and in order."""
+    topic = kafka_topic(3)
+    _produce(kafka_broker, topic, ddl=False, bootstrap_every_rows=600, bootstrap_to_all_partitions=False)
+    capture = tmp_path / "all.jsonl"
+    capture_topic(kafka_broker.bootstrap_servers, topic, capture, idle_seconds=2.0)
+    records = list(read_capture(capture))
+    ends = {(r.topic, r.partition): r.offset + 1 for r in records}
+    starts = {tp: end // 2 for tp, end in ends.items()}
+    expected = _dml_offsets(records, starts)
+    out = tmp_path / "out"
+    options = {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+        "subscribe": topic,
+        "startingOffsets": json.dumps({topic: {str(p): offset for (_, p), offset in starts.items()}}),
+        "maxOffsetsPerTrigger": "300",
+        "group": f"{topic}.mid",
+        "stateLocation": str(tmp_path / "checkpoint" / "ticdc"),
+    }
+    held: list[int] = []
+
+    def observe(pipeline: Pipeline) -> None:
+        held.append(pipeline.state.stats().held_rows)
+
+    handler = ChangeBatches(
+        options, [JsonLinesSink(out)], DeadLetterFile(out / "_dead_letters.jsonl"), on_batch=observe
+    )
+    query = (
+        _stream(spark, options, handler, tmp_path / "checkpoint")
+        .trigger(processingTime="0.2 seconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while len(_offsets_of(_delivered(out))) < len(expected) and time.monotonic() < deadline:
+            assert query.isActive, query.exception()
+            time.sleep(0.5)
+    finally:
+        query.stop()
+        handler.close()
+    delivered = _offsets_of(_delivered(out))
+    assert len(delivered) == len(set(delivered))  # nothing twice
+    assert set(delivered) == expected  # nothing lost
+    assert max(held) > 0 and held[-1] == 0  # rows waited across batches, and were all released
+    assert not (out / "_dead_letters.jsonl").read_text()
+    for images in _delivered(out).values():
+        commit_ts = [image["_commit_ts"] for image in images]
+        assert commit_ts == sorted(commit_ts)
+
+
+def test_batch_read_applies_the_rows_its_ranges_resolve(
+    spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """`spark.read.format("ticdc")` between offsets: applied as one batch, exactly the rows its ranges
+    complete (partition 1 ends at a WATERMARK half-way, so later rows of partition 0 must wait)."""
+    topic = kafka_topic(2)
+    _produce(kafka_broker, topic, rows=600, partitions=2, ddl=False)
+    capture = tmp_path / "all.jsonl"
+    capture_topic(kafka_broker.bootstrap_servers, topic, capture, idle_seconds=1.0)
+    records = list(read_capture(capture))
+    decoder = MessageDecoder()
+    messages = [(r, decoder.decode(r.value)) for r in records]
+    marks = [(r.offset, m.commit_ts) for r, m in messages if r.partition == 1 and isinstance(m, Watermark)]
+    cut, watermark = marks[len(marks) // 2]
+    options = {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+        "subscribe": topic,
+        "endingOffsets": json.dumps({topic: {"0": -1, "1": cut + 1}}),
+        "stateLocation": str(tmp_path / "state"),
+    }
+    register(spark)
+    frame = spark.read.format("ticdc").options(**options).load()
+    ranges = {(r.partition, r.start_offset, r.end_offset) for r in frame.drop("records", "changes").collect()}
+    end = max(r.offset for r in records if r.partition == 0) + 1
+    assert ranges == {(0, 0, end), (1, 0, cut + 1)}
+    out = tmp_path / "out"
+    handler = ChangeBatches(options, [JsonLinesSink(out)], DeadLetterFile(out / "_dead_letters.jsonl"))
+    handler(frame, 0)
+    handler.close()
+    expected = {
+        (r.topic, r.partition, r.offset)
+        for r, m in messages
+        if isinstance(m, RawDML) and m.commit_ts <= watermark and (r.partition == 0 or r.offset < cut)
+    }
+    delivered = _offsets_of(_delivered(out))
+    assert sorted(delivered) == sorted(expected)
+    assert handler.stats.records == end + cut + 1
+
+
+@pytest.mark.slow
+def test_bad_records_and_a_schema_that_never_arrives_go_to_dead_letters(
+    spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """Bytes that are no message, and a row of a schema version nobody announces: both go to the error
+    policy (the row once the pending timeout passed, while WATERMARKs keep batches coming), the rest is
+    exact."""
+    topic = kafka_topic(3)
+    workload = _produce(kafka_broker, topic, rows=1500)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    schema = workload.tables[0].schema
+    orphan = DML(
+        type=DMLType.INSERT,
+        database="elsewhere",
+        table="unknown",
+        table_id=999_999,
+        commit_ts=workload.last_watermark - 1,
+        build_ts=0,
+        schema_version=1,
+        data={column.name: None for column in schema.columns},
+    )
+    unknown = msgspec.structs.replace(
+        schema, database="elsewhere", table="unknown", table_id=999_999, version=1
+    )
+    stray = MessageEncoder().encode(orphan, unknown)
+    kafka_broker.produce(topic, [(1, None, b"\x00not a message"), (2, b"", stray)])
+    root = tmp_path / "lake"
+    config = _config(kafka_broker, topic, root, pending_timeout_s=2.0)
+    with WatermarkHeartbeat(workload, MessageEncoder(), kafka_broker.bootstrap_servers, topic, interval=0.3):
+        stats = engine.run(config, until_idle=4.0, spark=spark)
+    letters = [json.loads(line) for line in (root / "_dead_letters.jsonl").read_text().splitlines()]
+    assert sorted((letter["partition"], letter["reason"].split(":")[0]) for letter in letters) == [
+        (1, "CompressionError"),  # compression "auto": neither JSON, Avro, LZ4 nor snappy
+        (2, "schema (elsewhere.unknown, version 1) never arrived"),
+    ]
+    assert stats.dead_letters == 2
+    assert differences(delta_mirror_state(root, (t.schema for t in workload.tables)), truth) == []
+    assert changelog_duplicates(root) == 0
+
+
+def test_unknown_options_are_refused(spark: SparkSession) -> None:
+    register(spark)
+    with pytest.raises(Exception, match="unknown option 'startingoffset'"):
+        spark.read.format("ticdc").option("kafka.bootstrap.servers", "x:1").option("subscribe", "t").option(
+            "startingOffset", "earliest"
+        ).load().collect()
+
+
+def test_a_task_fails_on_a_range_kafka_does_not_deliver(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any
+) -> None:
+    """Offsets a batch planned that never arrive (gone, or a broker behind) fail the task: never a gap."""
+    topic = kafka_topic(1)
+    kafka_broker.produce(topic, [(0, None, b"{}") for _ in range(5)])
+    options = TicdcOptions.parse(
+        {
+            "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+            "subscribe": topic,
+            "kafkaConsumer.pollTimeoutMs": "500",
+        }
+    )
+    with pytest.raises(SourceError, match=r"offsets 5\.\.7 did not arrive within"):
+        list(read_range(options, OffsetRange(topic, 0, 0, 8)))
+
+
+@pytest.mark.slow
+def test_parquet_and_a_user_function_get_typed_per_table_frames(
+    spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """The Parquet sink (Spark writes inside foreachBatch) and a user function, in one availableNow query:
+    every changelog image once, in frames typed by the mysqlType table."""
+    topic = kafka_topic(2)
+    workload = _produce(kafka_broker, topic, rows=800, partitions=2, tables=2, ddl=False)
+    seen: dict[str, int] = {}
+    types: dict[str, dict[str, str]] = {}
+
+    def collect(table: TableName, frame: DataFrame, info: BatchInfo) -> None:
+        name = f"{table.database}.{table.table}"
+        seen[name] = seen.get(name, 0) + frame.count()
+        types[name] = dict(frame.dtypes)
+
+    root = tmp_path / "lake"
+    options = {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+        "subscribe": topic,
+        "maxOffsetsPerTrigger": "700",
+        "stateLocation": str(tmp_path / "checkpoint" / "ticdc"),
+    }
+    sinks = [ParquetSink(root), ForeachBatchSink(spark, collect)]
+    handler = ChangeBatches(options, sinks, DeadLetterFile(root / "_dead_letters.jsonl"))
+    _stream(spark, options, handler, tmp_path / "checkpoint").trigger(
+        availableNow=True
+    ).start().awaitTermination()
+    handler.close()
+    images = changelog_images(workload.config)
+    assert sum(seen.values()) == handler.stats.rows == images
+    stored = 0
+    for table in workload.tables:
+        name = f"{table.schema.database}.{table.schema.table}"
+        if table_uri(root, table.schema.database, table.schema.table) is None:  # dropped
+            continue
+        frame = read_changelog(spark, root, table.schema.database, table.schema.table, format="parquet")
+        keys = frame.select("_topic", "_partition", "_offset", "_change_type")
+        assert keys.count() == keys.distinct().count()
+        stored += keys.count()
+        assert {c: t for c, t in dict(frame.dtypes).items() if c in types.get(name, {})} == {
+            c: t for c, t in types.get(name, {}).items() if c in dict(frame.dtypes)
+        }
+    assert stored == images
+    assert types["shop.t0"]["_commit_time"] == "timestamp" and types["shop.t0"]["_offset"] == "bigint"
