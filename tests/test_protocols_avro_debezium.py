@@ -25,6 +25,7 @@ from consumer.protocol.rows import TableCodec
 from consumer.testing.registry import LocalSchemaRegistry
 from consumer.testing.strategies import rows, table_schemas
 
+COMMIT_TS = 449_811_223_446_634_498  # a TSO of 2024
 PROPERTY = settings(
     max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -38,7 +39,7 @@ def _plain_names(schema: TableSchema) -> TableSchema:
     return msgspec.structs.replace(schema, database="db", table="t", columns=columns)
 
 
-def _dml(schema: TableSchema, kind: DMLType, data: Any = None, old: Any = None, ts: int = 1 << 60) -> DML:
+def _dml(schema: TableSchema, kind: DMLType, data: Any = None, old: Any = None, ts: int = COMMIT_TS) -> DML:
     return DML(
         type=kind, database=schema.database, table=schema.table, table_id=schema.table_id, commit_ts=ts,
         build_ts=0, schema_version=schema.version, data=data, old=old,
@@ -121,7 +122,7 @@ def test_avro_round_trip_every_type(
         assert decoded[2].old == {"id": old["id"]}  # a tombstone: the key only
     if options.tidb_extension:
         assert [d.type for d in decoded] == [DMLType.INSERT, DMLType.UPDATE, DMLType.DELETE]
-        assert decoded[0].commit_ts == 1 << 60
+        assert decoded[0].commit_ts == COMMIT_TS
     changes = codec.decode_changes(raws)  # type: ignore[arg-type]
     assert changes.rows.num_rows == (4 if options.include_before else 3)
 

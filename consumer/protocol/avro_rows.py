@@ -113,7 +113,17 @@ class _Reader:
                 raise ValueDecodeError(
                     f"{left} bytes of garbage after the Avro datum", column="<row>", row=index
                 )
-        return pa.RecordBatch.from_pylist(rows, schema=_arrow_schema(self.reader_json))
+        schema = _arrow_schema(self.reader_json)
+        try:
+            return pa.RecordBatch.from_pylist(rows, schema=schema)
+        except _CONVERSION_ERRORS as exc:
+            first: BaseException = exc
+        for index, row in enumerate(rows):  # fastavro does not check an int's range: name the row
+            try:
+                pa.RecordBatch.from_pylist([row], schema=schema)
+            except _CONVERSION_ERRORS as exc:
+                raise ValueDecodeError(f"invalid Avro datum: {exc}", column="<row>", row=index) from exc
+        raise ValueDecodeError(f"invalid Avro datums: {first}", column="<row>") from first
 
 
 def _native_block(container: bytes, count: int) -> pa.RecordBatch:
