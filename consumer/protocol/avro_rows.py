@@ -40,7 +40,7 @@ from consumer.protocol.model import DMLType, RawDML, TableSchema
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import ImageKind
 from consumer.protocol.self_described import enum_labels, set_labels
-from consumer.protocol.types import ColumnType, ValuePolicy
+from consumer.protocol.types import ColumnType, ValuePolicy, in_python_range
 
 _SYNC = b"ticdc-consumer.."  # 16 bytes: the container's sync marker
 _SENTINEL = os.urandom(8)
@@ -310,16 +310,18 @@ def _timestamps(column: ColumnType, values: pa.Array, policy: ValuePolicy) -> pa
     """Wall-clock text in the producer's zone (configured: the wire does not say) -> UTC."""
     try:
         naive = pc.cast(values, pa.timestamp("us"))
-    except pa.ArrowInvalid:  # zero dates and the like: the per-value path applies the policy
+        if policy.timestamp_location == "UTC":
+            return in_python_range(naive.cast(column.arrow_type))
+        local = pc.assume_timezone(
+            naive, policy.timestamp_location, ambiguous="earliest", nonexistent="earliest"
+        )
+        return in_python_range(local.cast(column.arrow_type))
+    except (pa.ArrowInvalid, ValueError):  # zero dates and the like: the per-value path applies the policy
         wired = [
             None if v is None else {"location": policy.timestamp_location, "value": v}
             for v in values.to_pylist()
         ]
         return column.from_json(wired)
-    if policy.timestamp_location == "UTC":
-        return naive.cast(column.arrow_type)
-    local = pc.assume_timezone(naive, policy.timestamp_location, ambiguous="earliest", nonexistent="earliest")
-    return local.cast(column.arrow_type)
 
 
 # -- a batch of rows of one table version --------------------------------------------------------------

@@ -321,7 +321,7 @@ def _avro_column(field: dict[str, Any]) -> AvroColumn:
     tidb_type, avro = str(params.get("tidb_type")), wire.get("type")
     if tidb_type not in _AVRO_OF_TIDB:
         raise UnsupportedTypeError(f"column {name!r}: tidb_type {tidb_type!r} ({avro}) is not TiCDC Avro")
-    if avro not in _AVRO_OF_TIDB[tidb_type]:
+    if not isinstance(avro, str) or avro not in _AVRO_OF_TIDB[tidb_type]:
         raise MalformedMessageError(
             f"column {name!r}: tidb_type {tidb_type} is never carried as Avro {avro!r}"
         )

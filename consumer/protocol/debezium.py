@@ -56,6 +56,7 @@ from consumer.protocol.types import (
     column_type,
     float32_text,
     fsp_of,
+    in_python_range,
     json_document_text,
 )
 from consumer.protocol.validation import validate_schema
@@ -493,10 +494,12 @@ class DebeziumRows:
                 fields,
                 rename={f"c{i}": c.name for i, c in enumerate(self.columns)},
             )
-        except ValueError:  # names msgspec cannot hold: rows decode as dicts
+        except ValueError:  # names msgspec cannot rename to (`\\`, `"`, control characters)
             row = None
         self._row = row
-        image = row if row is not None else dict[str, Any]
+        # Without a Struct, rows decode as dicts of raw JSON, each column's values then as its wire kind.
+        self._values = [msgspec.json.Decoder(_wire_kind(c) | None) for c in self.columns]
+        image = row if row is not None else dict[str, msgspec.Raw]
         payload = msgspec.defstruct(
             "Payload", [("before", image | None, None), ("after", image | None, None)]
         )
@@ -543,6 +546,10 @@ class DebeziumRows:
             values = list(zip(*map(astuple, images), strict=True)) if images else [()] * len(self.columns)
         else:
             values = [[image.get(c.name) for image in images] for c in self.columns]
+            if not self._untyped:
+                values = [
+                    _wire_values(c, d, v) for c, d, v in zip(self.columns, self._values, values, strict=True)
+                ]
         arrays = [
             self._typed(column, list(column_values))
             for column, column_values in zip(self.columns, values, strict=True)
@@ -571,6 +578,17 @@ class DebeziumRows:
             raise ValueDecodeError(str(exc), column=column.name) from exc
 
 
+def _wire_values(column: ColumnType, decoder: msgspec.json.Decoder[Any], raws: list[Any]) -> list[Any]:
+    """Raw JSON values of a column decoded as its Struct field would decode them."""
+    out = []
+    for row, raw in enumerate(raws):
+        try:
+            out.append(None if raw is None else decoder.decode(raw))
+        except _INVALID as exc:
+            raise ValueDecodeError(str(exc), column=column.name, row=row) from exc
+    return out
+
+
 def _json_texts(values: list[Any], name: str) -> list[str | None]:
     """Raw JSON values of an untyped column as text (msgspec does not check a Raw span's UTF-8)."""
     out: list[str | None] = []
@@ -594,12 +612,12 @@ def _typed_values(column: ColumnType, values: list[Any]) -> pa.Array:
     if kind in ("float", "double"):
         return pa.array(values, pa.float64()).cast(column.arrow_type, safe=False)
     if kind == "date":
-        return pa.array(values, pa.int32()).cast(pa.date32())
+        return in_python_range(pa.array(values, pa.int32()).cast(pa.date32()))
     if kind == "datetime":
         unit = "ms" if data_type.decimal <= 3 else "us"
-        return pa.array(values, pa.int64()).cast(pa.timestamp(unit)).cast(pa.timestamp("us"))
+        return in_python_range(pa.array(values, pa.int64()).cast(pa.timestamp(unit)).cast(pa.timestamp("us")))
     if kind == "timestamp":
-        return pa.array(values, pa.timestamp("us", tz="UTC"))
+        return in_python_range(pa.array(values, pa.timestamp("us", tz="UTC")))
     if kind == "time":
         micros = pa.array(values, pa.int64())
         if len(micros) and pc.any(pc.greater(pc.abs(micros), _MAX_TIME_US)).as_py():
