@@ -404,13 +404,18 @@ class AvroRows:
 
     def _check_extension(self, datums: pa.RecordBatch, raws: Sequence[RawDML], rows: list[int]) -> None:
         """Routing read `_tidb_op` and `_tidb_commit_ts` backwards: the decoded fields must agree."""
-        if not self.layout.extension:
+        if not (self.layout.extension or self.layout.before):
             return
         ops = datums.column(datums.schema.get_field_index(OP)).to_pylist()
-        stamps = datums.column(datums.schema.get_field_index(COMMIT_TS)).to_pylist()
+        stamps = (
+            datums.column(datums.schema.get_field_index(COMMIT_TS)).to_pylist()
+            if self.layout.extension
+            else None
+        )
         for position, index in enumerate(rows):
             raw = raws[index]
-            if ops[position] != _OPS[raw.type] or stamps[position] != raw.commit_ts:
+            stamped = stamps is None or stamps[position] == raw.commit_ts
+            if ops[position] != _OPS[raw.type] or not stamped:
                 raise ValueDecodeError(
                     "the TiDB extension fields are not where the datum ends", column=OP, row=index
                 )

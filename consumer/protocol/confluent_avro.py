@@ -425,6 +425,8 @@ class ConfluentAvroDecoder:
         if found.extension:
             kind, commit_ts = _tail(value, found.checksum)
             self._commit_ts(commit_ts)
+        elif found.before:
+            kind = _last_op(value)
         return _raw(found, kind, commit_ts, value)
 
     def _commit_ts(self, commit_ts: int) -> int:
@@ -493,6 +495,15 @@ def _tail(value: bytes, checksum: bool) -> tuple[DMLType, int]:
     except (ValueError, KeyError, IndexError) as exc:
         raise MalformedMessageError(f"the TiDB extension fields do not end the datum ({exc})") from exc
     return kind, commit_ts
+
+
+def _last_op(value: bytes) -> DMLType:
+    """`_tidb_op` ends the datum when only `avro-include-before-value` appends it (spec §4.3): a string of
+    one character."""
+    kind = _OPS.get(chr(value[-1])) if len(value) > 6 and value[-2] == 2 else None
+    if kind is None:
+        raise MalformedMessageError("the datum does not end with _tidb_op")
+    return kind
 
 
 def _varint_start(buffer: bytes, end: int) -> int:

@@ -27,7 +27,7 @@ from msgspec.structs import astuple
 
 from consumer.errors import MalformedMessageError, UnsupportedTypeError, ValueDecodeError
 from consumer.protocol.checks import MessageChecks
-from consumer.protocol.compression import Compression, CompressionSetting, compress, decompress
+from consumer.protocol.compression import LZ4_MAGIC, Compression, CompressionSetting, compress, decompress
 from consumer.protocol.containment import contained
 from consumer.protocol.model import (
     DDL,
@@ -226,9 +226,13 @@ class DebeziumDecoder:
         raise MalformedMessageError(f"unknown Debezium op {payload.op!r}")
 
     def _plain(self, value: bytes) -> bytes:
-        if value[:1] == b"{" and self.compression in ("auto", "none"):
-            return value
-        return decompress(value, self.compression, self.policy.limits.max_decompressed_bytes)
+        """Keys and values are JSON: `auto` takes `{` for plain, LZ4's magic for LZ4, anything else for
+        snappy (whose first byte, a length, may be any byte)."""
+        compression = self.compression
+        if compression == "auto":
+            plain = value[:1] == b"{"
+            compression = "none" if plain else "lz4" if value.startswith(LZ4_MAGIC) else "snappy"
+        return decompress(value, compression, self.policy.limits.max_decompressed_bytes)
 
     def _described(
         self, source: _Source, schema_raw: msgspec.Raw, key: bytes | None, body: bytes
@@ -679,7 +683,7 @@ class DebeziumEncoder:
         }
         keys = set(schema.handle_key())
         image = dml.old if dml.type is DMLType.DELETE else dml.data
-        key_payload = {t.name: _wire(t, (image or {}).get(t.name)) for t in types if t.name in keys}
+        key_payload = {t.name: wire_value(t, (image or {}).get(t.name)) for t in types if t.name in keys}
         prefix = f"{self.options.cluster_id}.{schema.database}.{schema.table}"
         columns = [self._column_schema(t) for t in types]
         key_schema = {
@@ -766,7 +770,7 @@ class DebeziumEncoder:
         return found
 
     def _row(self, types: Sequence[ColumnType], image: dict[str, Any]) -> dict[str, Any]:
-        return {t.name: _wire(t, image.get(t.name)) for t in types if t.name in image}
+        return {t.name: wire_value(t, image.get(t.name)) for t in types if t.name in image}
 
     def _source(self, database: str, table: str, commit_ts: int) -> dict[str, Any]:
         cluster = self.options.cluster_id
@@ -923,7 +927,7 @@ def _ddl_column_out(column: Column, position: int) -> dict[str, Any]:
     }
 
 
-def _wire(column: ColumnType, value: Any) -> Any:
+def wire_value(column: ColumnType, value: Any) -> Any:
     """A typed value as TiCDC's Debezium JSON writes it (spec §6.1-§6.2)."""
     if value is None:
         return None
