@@ -23,6 +23,7 @@ from consumer.protocol.compression import Compression
 from consumer.protocol.confluent_avro import (
     AvroOptions,
     ConfluentAvroDecoder,
+    ConfluentAvroEncoder,
     sanitized,
 )
 from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions
@@ -334,3 +335,43 @@ def test_debezium_hostile_shapes_are_typed_errors() -> None:
     with pytest.raises(ValueDecodeError) as caught:
         TableCodec(untyped.described_schema(raw.schema_key)).decode(bad)  # type: ignore[arg-type, union-attr]
     assert caught.value.column == "a"
+
+
+@pytest.mark.parametrize("protocol", ["avro", "debezium"])
+def test_an_enum_element_ending_in_a_backslash_before_another_is_not_on_the_wire(
+    schema_registry: LocalSchemaRegistry, protocol: str
+) -> None:
+    """ENUM (and Avro SET) elements travel joined by `,`, a comma inside one escaped as `\\,`, a backslash
+    not escaped (both specs): ('x\\', 'y') is sent as `x\\,y`, exactly as ('x,y') is. The decoder reads the
+    latter, so such a column's values are refused (value-decode, naming the column), never mislabelled. A
+    last element ending in `\\`, and Debezium's unescaped SET, are carried."""
+    registry = SchemaRegistry(schema_registry.url)
+    schema = _schema(
+        Column("e", DataType("enum", elements=("x\\", "y")), nullable=True),
+        Column("last", DataType("enum", elements=("y", "x\\")), nullable=True),
+    )
+    if protocol == "debezium":
+        schema = _schema(
+            *schema.columns[1:], Column("s", DataType("set", elements=("x\\", "y")), nullable=True)
+        )
+    decoder: Any = ConfluentAvroDecoder(registry) if protocol == "avro" else DebeziumDecoder()
+
+    def decoded(row: dict[str, Any]) -> dict[str, Any] | None:
+        names = {c.name for c in schema.columns}
+        dml = _dml(schema, DMLType.INSERT, {"id": 1, **{k: v for k, v in row.items() if k in names}})
+        pair = (
+            ConfluentAvroEncoder(registry, AvroOptions()).encode_dml(dml, schema, "tidb_db_t")
+            if protocol == "avro"
+            else DebeziumEncoder(DebeziumOptions(tidb_extension=True)).encode_dml(dml, schema)
+        )
+        raw = decoder.decode_record(*pair)
+        derived = decoder.described_schema(raw.schema_key)
+        assert dict((c.name, c.data_type.elements) for c in derived.columns)["e"] == ("x,y",)
+        return TableCodec(derived, registry=registry).decode(raw).data
+
+    carried = {"id": 1, "e": None, "last": "x\\", "s": "x\\,y"}
+    assert decoded(carried) == {k: v for k, v in carried.items() if protocol == "debezium" or k != "s"}
+    for label in ("x\\", "y"):
+        with pytest.raises(ValueDecodeError) as caught:
+            decoded({"e": label, "last": "y", "s": ""})
+        assert caught.value.column == "e"
