@@ -31,6 +31,7 @@ from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDM
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
+from consumer.state.resolver import TableScope
 from consumer.testing.registry import LocalSchemaRegistry
 from consumer.testing.strategies import (
     ChangeView,
@@ -83,6 +84,12 @@ def test_avro_golden_record_shapes(schema_registry: LocalSchemaRegistry) -> None
         None, b'\x01{"query":"TRUNCATE TABLE `t`","type":11,"schema":"db","table":"t","commitTs":7}'
     )
     assert (ddl.type.value, ddl.commit_ts, ddl.table_schema.table) == ("TRUNCATE", 7, "t")  # type: ignore[union-attr]
+    alter = decoder.decode_record(
+        None, b'\x01{"query":"ALTER TABLE `t` ADD `c` int","type":5,"schema":"db","table":"t","commitTs":7}'
+    )
+    assert alter.type.value == "ALTER" and alter.table_schema.columns == ()  # type: ignore[union-attr]
+    scope = TableScope.of(alter)  # type: ignore[arg-type]
+    assert scope.covers(("db", "t"), set()) and not scope.covers(("db", "other"), set())  # its table only
     for bad in (b"\x07abc", b"\x00\x00", b"\x02short"):
         with pytest.raises(MalformedMessageError):
             decoder.decode_record(None, bad)

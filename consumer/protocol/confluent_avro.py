@@ -549,14 +549,14 @@ _DDL_RECORD = msgspec.json.Decoder(_DDLRecord)
 
 def _ddl(value: bytes) -> DDL:
     """A watermark-mode DDL. It names its table but not the columns (the next row's writer schema has them):
-    its schema carries the names only, and a column change is an ALTER only in name (logged; rows bring
-    their columns)."""
+    its schema carries the names only, so it is a barrier for its own table alone, and a column change is an
+    ALTER only in name (sinks alter nothing for a schema without columns: rows bring their columns)."""
     try:
         record = _DDL_RECORD.decode(value[1:])
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise MalformedMessageError(f"invalid watermark-mode DDL record: {exc}") from exc
     kind = _ACTIONS.get(record.type, DDLType.QUERY) if record.table else DDLType.QUERY
-    named = record.table and kind is not DDLType.ALTER
+    named = bool(record.table)
     return DDL(
         type=kind,
         sql=record.query,
