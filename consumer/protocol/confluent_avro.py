@@ -283,9 +283,8 @@ def _parsable(schema: Any) -> None:
     named types defined once."""
     try:
         fastavro.parse_schema(schema, _write_hint=False)
-    except (
-        Exception
-    ) as exc:  # fastavro raises SchemaParseException, UnknownType, ValueError... on bad schemas
+    # fastavro raises SchemaParseException, UnknownType, ValueError... on bad schemas
+    except Exception as exc:
         raise MalformedMessageError(f"writer schema is not valid Avro: {type(exc).__name__}: {exc}") from exc
 
 
