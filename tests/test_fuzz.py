@@ -4,8 +4,9 @@ through the whole pipeline. The only exception allowed is a `ConsumerError`, and
 `InternalDecodeError` (the SDK meeting something it did not anticipate).
 
 Cases in the default run: 16,000 seeded mutations + 2,000 hostile byte strings + 1,000 hypothesis-damaged
-records + 1,000 hostile column values + 3 x 350 hostile records inside valid streams through `run`: 21,050
-(and 300 hostile schemas in test_containment.py). The long run is `python benchmarks/fuzz.py`.
+records + 1,000 hostile column values + 3 x 350 hostile records inside valid streams through `run` + 3,000
+hostile TiCDC Avro and 3,000 hostile Debezium records: 27,050 (and 300 hostile schemas in
+test_containment.py). The long runs are `python benchmarks/fuzz.py [--protocol avro|debezium]`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,17 @@ from consumer.sources.capture import write_capture
 from consumer.sources.record import SourceRecord
 from consumer.testing.fuzz import FUZZ_LIMITS, Corpus, FuzzHarness, FuzzReport
 from consumer.testing.hostile import Mutator, hostile_bytes, hostile_json_values, hostile_records, mutations
+from consumer.testing.protocol_fuzz import (
+    FOREIGN_PROTOCOLS,
+    ForeignProtocol,
+    ProtocolCorpus,
+    ProtocolFuzzHarness,
+    record_mutations,
+)
+from consumer.testing.registry import LocalSchemaRegistry
 
 MUTATION_CASES = 16_000
+PROTOCOL_CASES = 3_000
 PIPELINE_HOSTILE_RECORDS = 350
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
@@ -104,6 +114,45 @@ def test_hostile_values_in_every_column_type(data: st.DataObject, hostile: objec
     before = len(harness().report.failures)
     harness().run(json.dumps(document).encode())
     assert len(harness().report.failures) == before, harness().report.failures[-1][1]
+
+
+# The refusals each protocol's mutations must reach: proof they get past the first parser.
+_PROTOCOL_REFUSALS: dict[str, set[str]] = {
+    "avro": {
+        "malformed-message",
+        "value-decode",
+        "schema-id-unknown",
+        "commit-ts-implausible",
+        "schema-rejected",
+    },
+    "debezium": {
+        "malformed-message",
+        "value-decode",
+        "compression-invalid",
+        "compression-bomb",
+        "unsupported-type",
+        "schema-rejected",
+        "commit-ts-implausible",
+    },
+}
+
+
+@pytest.mark.parametrize("protocol", FOREIGN_PROTOCOLS)
+def test_seeded_mutations_of_avro_and_debezium_records_end_decoded_or_as_consumer_errors(
+    protocol: ForeignProtocol, schema_registry: LocalSchemaRegistry
+) -> None:
+    """Hostile keys and values (Avro datums framed with hostile writer schemas from the registry, Debezium
+    Connect schemas and DDL structures edited) through `decode_record` and the row decode, which for Avro
+    is polars-avro's native reader."""
+    corpus = ProtocolCorpus.simulated(protocol, schema_registry.url)
+    assert corpus.hostile_ids or protocol == "debezium"
+    report = ProtocolFuzzHarness(corpus).run_all(
+        record_mutations(corpus, seed=20_261_124, count=PROTOCOL_CASES)
+    )
+    _assert_contained(report)
+    assert report.cases == PROTOCOL_CASES
+    assert _PROTOCOL_REFUSALS[protocol] <= set(report.consumer_errors)
+    assert report.decoded > 0.02 * report.cases
 
 
 # -- the whole pipeline ---------------------------------------------------------------------------------

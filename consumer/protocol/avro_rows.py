@@ -40,7 +40,7 @@ from consumer.protocol.model import DMLType, RawDML, TableSchema
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import ImageKind
 from consumer.protocol.self_described import enum_labels, set_labels
-from consumer.protocol.types import ColumnType, ValuePolicy
+from consumer.protocol.types import ColumnType, ValuePolicy, in_python_range
 
 _SYNC = b"ticdc-consumer.."  # 16 bytes: the container's sync marker
 _SENTINEL = os.urandom(8)
@@ -113,7 +113,17 @@ class _Reader:
                 raise ValueDecodeError(
                     f"{left} bytes of garbage after the Avro datum", column="<row>", row=index
                 )
-        return pa.RecordBatch.from_pylist(rows, schema=_arrow_schema(self.reader_json))
+        schema = _arrow_schema(self.reader_json)
+        try:
+            return pa.RecordBatch.from_pylist(rows, schema=schema)
+        except _CONVERSION_ERRORS as exc:
+            first: BaseException = exc
+        for index, row in enumerate(rows):  # fastavro does not check an int's range: name the row
+            try:
+                pa.RecordBatch.from_pylist([row], schema=schema)
+            except _CONVERSION_ERRORS as exc:
+                raise ValueDecodeError(f"invalid Avro datum: {exc}", column="<row>", row=index) from exc
+        raise ValueDecodeError(f"invalid Avro datums: {first}", column="<row>") from first
 
 
 def _native_block(container: bytes, count: int) -> pa.RecordBatch:
@@ -300,16 +310,18 @@ def _timestamps(column: ColumnType, values: pa.Array, policy: ValuePolicy) -> pa
     """Wall-clock text in the producer's zone (configured: the wire does not say) -> UTC."""
     try:
         naive = pc.cast(values, pa.timestamp("us"))
-    except pa.ArrowInvalid:  # zero dates and the like: the per-value path applies the policy
+        if policy.timestamp_location == "UTC":
+            return in_python_range(naive.cast(column.arrow_type))
+        local = pc.assume_timezone(
+            naive, policy.timestamp_location, ambiguous="earliest", nonexistent="earliest"
+        )
+        return in_python_range(local.cast(column.arrow_type))
+    except (pa.ArrowInvalid, ValueError):  # zero dates and the like: the per-value path applies the policy
         wired = [
             None if v is None else {"location": policy.timestamp_location, "value": v}
             for v in values.to_pylist()
         ]
         return column.from_json(wired)
-    if policy.timestamp_location == "UTC":
-        return naive.cast(column.arrow_type)
-    local = pc.assume_timezone(naive, policy.timestamp_location, ambiguous="earliest", nonexistent="earliest")
-    return local.cast(column.arrow_type)
 
 
 # -- a batch of rows of one table version --------------------------------------------------------------
@@ -392,13 +404,18 @@ class AvroRows:
 
     def _check_extension(self, datums: pa.RecordBatch, raws: Sequence[RawDML], rows: list[int]) -> None:
         """Routing read `_tidb_op` and `_tidb_commit_ts` backwards: the decoded fields must agree."""
-        if not self.layout.extension:
+        if not (self.layout.extension or self.layout.before):
             return
         ops = datums.column(datums.schema.get_field_index(OP)).to_pylist()
-        stamps = datums.column(datums.schema.get_field_index(COMMIT_TS)).to_pylist()
+        stamps = (
+            datums.column(datums.schema.get_field_index(COMMIT_TS)).to_pylist()
+            if self.layout.extension
+            else None
+        )
         for position, index in enumerate(rows):
             raw = raws[index]
-            if ops[position] != _OPS[raw.type] or stamps[position] != raw.commit_ts:
+            stamped = stamps is None or stamps[position] == raw.commit_ts
+            if ops[position] != _OPS[raw.type] or not stamped:
                 raise ValueDecodeError(
                     "the TiDB extension fields are not where the datum ends", column=OP, row=index
                 )

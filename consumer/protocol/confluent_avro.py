@@ -27,6 +27,7 @@ import fastavro
 import msgspec
 
 from consumer.errors import EncodeError, MalformedMessageError, UnsupportedTypeError
+from consumer.protocol.checks import MessageChecks
 from consumer.protocol.containment import contained
 from consumer.protocol.model import (
     DDL,
@@ -51,6 +52,7 @@ from consumer.protocol.types import (
     fsp_of,
     json_document_text,
 )
+from consumer.protocol.validation import validate_schema
 
 ENCODING = "avro-confluent"
 MAGIC, DDL_MARK, CHECKPOINT_MARK, DELETE_MARK = 0, 1, 2, 3
@@ -172,16 +174,21 @@ WIDEST_DECIMAL = (65, 30)  # string-mode DECIMAL: precision and scale are not on
 
 def layout(key_json: Any, value_json: Any, key_id: int, value_id: int) -> AvroLayout:
     """Derive the table version from writer schemas (either may be None: a keyless table, a key-only
-    DELETE of a table whose value schema this consumer has not seen)."""
+    DELETE of a table whose value schema this consumer has not seen).
+
+    Only the shape TiCDC writes passes (spec §4): records of column fields of the primitive each
+    `tidb_type` has, then TiCDC's extension fields in their order. The columnar reader is native code
+    and is never handed anything else (arrays, maps, recursion, unknown logical types...)."""
     main = value_json if value_json is not None else key_json
-    if not isinstance(main, dict) or main.get("type") != "record" or not isinstance(main.get("fields"), list):
-        raise MalformedMessageError("writer schema is not an Avro record")
-    fields = [f for f in main["fields"] if isinstance(f, dict)]
-    names = [f.get("name") for f in fields]
-    columns = tuple(_avro_column(f) for f in fields if f.get("name") not in EXTENSION_FIELDS)
-    key_columns = tuple(_avro_column(f) for f in key_json["fields"]) if isinstance(key_json, dict) else ()
+    fields = _record_fields(main, "writer schema")
+    column_fields, extension = _extension(fields)
+    columns = tuple(_avro_column(f) for f in column_fields)
+    key_columns = tuple(_avro_column(f) for f in _record_fields(key_json, "key schema")) if key_json else ()
+    for schema in (key_json, value_json):
+        if schema is not None:
+            _parsable(schema)
     database = str(main.get("namespace") or "").partition(".")[2]
-    table = str(main.get("name") or "")
+    table = str(main["name"])
     key_names = tuple(c.name for c in key_columns)
     schema = TableSchema(
         database=database,
@@ -199,44 +206,158 @@ def layout(key_json: Any, value_json: Any, key_id: int, value_id: int) -> AvroLa
         key_columns=key_columns,
         value_json=value_json,
         key_json=key_json,
-        extension=value_json is not None and COMMIT_TS in names,
-        checksum=value_json is not None and CHECKSUM in names,
-        before=value_json is not None and BEFORE_FIELD in names,
+        extension=value_json is not None and COMMIT_TS in extension,
+        checksum=value_json is not None and CHECKSUM in extension,
+        before=value_json is not None and BEFORE_FIELD in extension,
     )
 
 
+_EXTENSION_TYPES = {
+    OP: "string",
+    COMMIT_TS: "long",
+    PHYSICAL_TIME: "long",
+    CHECKSUM: "string",
+    CORRUPTED: "boolean",
+    CHECKSUM_VERSION: "int",
+}
+_TIDB_EXTENSION = (OP, COMMIT_TS, PHYSICAL_TIME)
+_CHECKSUMMED = (*_TIDB_EXTENSION, CHECKSUM, CORRUPTED, CHECKSUM_VERSION)
+_EXTENSION_ORDERS = frozenset(
+    (
+        (),
+        _TIDB_EXTENSION,
+        _CHECKSUMMED,
+        (BEFORE_FIELD, OP),
+        (BEFORE_FIELD, *_TIDB_EXTENSION),
+        (BEFORE_FIELD, *_CHECKSUMMED),
+    )
+)
+_AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _record_fields(schema: Any, what: str) -> list[dict[str, Any]]:
+    """The fields of a record schema whose field names are valid and unique Avro names."""
+    fields = schema.get("fields") if isinstance(schema, dict) else None
+    if (
+        not isinstance(schema, dict)
+        or schema.get("type") != "record"
+        or not isinstance(schema.get("name"), str)
+        or not isinstance(fields, list)
+        or not all(isinstance(f, dict) for f in fields)
+    ):
+        raise MalformedMessageError(f"{what} is not an Avro record")
+    names = [f.get("name") for f in fields]
+    bad = next((n for n in names if not isinstance(n, str) or not _AVRO_NAME.fullmatch(n)), None)
+    if bad is not None or len(set(names)) != len(names):
+        shown = repr(bad) if bad is not None else "a duplicate"
+        raise MalformedMessageError(f"{what} has {shown} as a field name")
+    return fields
+
+
+def _extension(fields: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """(column fields, extension field names): the extension fields end the record, in TiCDC's order, each
+    of its type; `_ticdc_before` a nullable record of column fields."""
+    start = len(fields)
+    while start and fields[start - 1]["name"] in EXTENSION_FIELDS:
+        start -= 1
+    names = tuple(f["name"] for f in fields[start:])
+    if names not in _EXTENSION_ORDERS or any(f["name"] in EXTENSION_FIELDS for f in fields[:start]):
+        raise MalformedMessageError(f"extension fields {list(names)} are not in TiCDC's order")
+    for field in fields[start:]:
+        if field["name"] == BEFORE_FIELD:
+            branches = field.get("type")
+            records = [b for b in branches if b != "null"] if isinstance(branches, list) else []
+            if len(records) != 1 or len(branches) != 2:
+                raise MalformedMessageError(f"{BEFORE_FIELD} is not a nullable record")
+            for column in _record_fields(records[0], BEFORE_FIELD):
+                _avro_column(column)
+        elif field.get("type") != _EXTENSION_TYPES[field["name"]]:
+            raise MalformedMessageError(
+                f"extension field {field['name']} is not a {_EXTENSION_TYPES[field['name']]}"
+            )
+    return fields[:start], names
+
+
+def _parsable(schema: Any) -> None:
+    """fastavro (the reader behind the native one) must take the schema: defaults of their field's type,
+    named types defined once."""
+    try:
+        fastavro.parse_schema(schema, _write_hint=False)
+    # fastavro raises SchemaParseException, UnknownType, ValueError... on bad schemas
+    except Exception as exc:
+        raise MalformedMessageError(f"writer schema is not valid Avro: {type(exc).__name__}: {exc}") from exc
+
+
+# Each tidb_type's Avro primitives (spec §5.1; integer types accept either width).
+_AVRO_OF_TIDB: dict[str, frozenset[str]] = {
+    **dict.fromkeys(("INT", "INT UNSIGNED", "YEAR"), frozenset(("int", "long"))),
+    "BIGINT": frozenset(("long",)),
+    "BIGINT UNSIGNED": frozenset(("long", "string")),
+    "FLOAT": frozenset(("float", "double")),
+    "DOUBLE": frozenset(("double",)),
+    "DECIMAL": frozenset(("bytes", "string")),
+    "BLOB": frozenset(("bytes",)),
+    "BIT": frozenset(("bytes",)),
+    **dict.fromkeys(
+        ("TEXT", "DATE", "DATETIME", "TIMESTAMP", "TIME", "JSON", "ENUM", "SET", "TiDBVECTORFloat32"),
+        frozenset(("string",)),
+    ),
+}
+_MAX_DECIMAL = (65, 30)  # TiDB's widest DECIMAL: precision, scale
+
+
 def _avro_column(field: dict[str, Any]) -> AvroColumn:
-    name = field.get("name")
+    name = field["name"]
     branches = field.get("type")
     branches = branches if isinstance(branches, list) else [branches]
     typed = [b for b in branches if b != "null"]
-    if not isinstance(name, str) or len(typed) != 1 or not isinstance(typed[0], dict):
+    if len(typed) != 1 or len(branches) > 2 or not isinstance(typed[0], dict):
         raise MalformedMessageError(f"column field {name!r} is not a TiCDC column shape")
     wire = typed[0]
-    params = wire.get("connect.parameters") or {}
-    tidb_type = params.get("tidb_type")
-    avro = wire.get("type")
-    precise = None
-    if wire.get("logicalType") == "decimal":
-        precise = (int(wire.get("precision", 10)), int(wire.get("scale", 0)))
-    data_type = _data_type(str(tidb_type), avro, params, precise, name)
+    params = wire.get("connect.parameters")
+    if not isinstance(params, dict) or not all(isinstance(v, str) for v in params.values()):
+        raise MalformedMessageError(f"column field {name!r} has no text connect.parameters")
+    tidb_type, avro = str(params.get("tidb_type")), wire.get("type")
+    if tidb_type not in _AVRO_OF_TIDB:
+        raise UnsupportedTypeError(f"column {name!r}: tidb_type {tidb_type!r} ({avro}) is not TiCDC Avro")
+    if not isinstance(avro, str) or avro not in _AVRO_OF_TIDB[tidb_type]:
+        raise MalformedMessageError(
+            f"column {name!r}: tidb_type {tidb_type} is never carried as Avro {avro!r}"
+        )
+    precise = _decimal(wire, name) if "logicalType" in wire else None
+    if tidb_type == "DECIMAL" and avro == "bytes" and precise is None:
+        raise MalformedMessageError(f"column {name!r}: a bytes DECIMAL without its logicalType")
+    data_type = _data_type(tidb_type, params, precise, name)
     return AvroColumn(name, str(avro), len(branches) > 1, data_type, precise)
 
 
+def _decimal(wire: dict[str, Any], name: str) -> tuple[int, int]:
+    precision, scale = wire.get("precision", 10), wire.get("scale", 0)
+    if (
+        wire.get("logicalType") != "decimal"
+        or wire.get("type") != "bytes"
+        or not isinstance(precision, int)
+        or not isinstance(scale, int)
+        or not (0 < precision <= _MAX_DECIMAL[0] and 0 <= scale <= min(precision, _MAX_DECIMAL[1]))
+    ):
+        raise MalformedMessageError(f"column {name!r}: not a DECIMAL TiDB can hold: {wire}")
+    return precision, scale
+
+
 def _data_type(
-    tidb_type: str, avro: Any, params: dict[str, str], precise: tuple[int, int] | None, name: str
+    tidb_type: str, params: dict[str, str], precise: tuple[int, int] | None, name: str
 ) -> DataType:
     if tidb_type == "DECIMAL":
         length, scale = precise or WIDEST_DECIMAL
         return DataType("decimal", length=length, decimal=scale)
     if tidb_type == "BIT":
-        return DataType("bit", length=int(params.get("length") or 1), unsigned=True)
+        length = params.get("length") or "1"
+        if not length.isdigit() or not 0 < int(length) <= 64:
+            raise MalformedMessageError(f"column {name!r}: BIT length {length[:20]!r} is not 1-64")
+        return DataType("bit", length=int(length), unsigned=True)
     if tidb_type in ("ENUM", "SET"):
         return DataType(tidb_type.lower(), **_TEXT, elements=split_allowed(params.get("allowed", "")))
-    known = _TIDB_TYPES.get(tidb_type)
-    if known is None:
-        raise UnsupportedTypeError(f"column {name!r}: tidb_type {tidb_type!r} ({avro}) is not TiCDC Avro")
-    mysql_type, unsigned = known
+    mysql_type, unsigned = _TIDB_TYPES[tidb_type]
     if mysql_type == "text":
         return DataType("text", **_TEXT)
     if mysql_type in ("datetime", "timestamp", "time"):
@@ -252,6 +373,7 @@ class ConfluentAvroDecoder:
     def __init__(self, registry: SchemaRegistry, policy: ValuePolicy | None = None) -> None:
         self.registry = registry
         self.policy = policy or ValuePolicy()
+        self._checks = MessageChecks(self.policy.limits, self.policy.unknown_types)
         self._layouts: dict[tuple[int, int], AvroLayout] = {}
         self._by_version: dict[tuple[str, str, int], AvroLayout] = {}
         self._value_of_key: dict[int, int] = {}  # key schema id -> the newest value schema id seen with it
@@ -271,11 +393,11 @@ class ConfluentAvroDecoder:
             if first == MAGIC:
                 return self._row(key, value)
             if first == DDL_MARK and key is None:
-                return _ddl(value)
+                return self._checks.message(_ddl(value))
             if first == CHECKPOINT_MARK and key is None:
-                return Watermark(commit_ts=_tso(value), build_ts=0)
+                return self._checks.message(Watermark(commit_ts=_tso(value), build_ts=0))
             if first == DELETE_MARK and key:
-                return self._key_only_delete(key, _tso(value))
+                return self._key_only_delete(key, self._commit_ts(_tso(value)))
             raise MalformedMessageError(f"not a TiCDC Avro record: value starts with 0x{first:02x}")
         if key:
             return self._key_only_delete(key, 0)
@@ -286,7 +408,9 @@ class ConfluentAvroDecoder:
         if found is None:
             key_json = self.registry.schema(key_id) if key_id else None
             value_json = self.registry.schema(value_id) if value_id else None
-            found = self._layouts[(key_id, value_id)] = layout(key_json, value_json, key_id, value_id)
+            found = layout(key_json, value_json, key_id, value_id)
+            validate_schema(found.schema, self.policy.unknown_types)
+            self._layouts[(key_id, value_id)] = found
             self._by_version[found.schema.key] = found
         return found
 
@@ -299,7 +423,14 @@ class ConfluentAvroDecoder:
         kind, commit_ts = DMLType.INSERT, 0
         if found.extension:
             kind, commit_ts = _tail(value, found.checksum)
+            self._commit_ts(commit_ts)
+        elif found.before:
+            kind = _last_op(value)
         return _raw(found, kind, commit_ts, value)
+
+    def _commit_ts(self, commit_ts: int) -> int:
+        self._checks.commit_ts(commit_ts, "DML")
+        return commit_ts
 
     def _key_only_delete(self, key: bytes, commit_ts: int) -> RawDML:
         """A tombstone (or the 0x03 marker): only the key. It joins the table version of the newest value
@@ -365,6 +496,15 @@ def _tail(value: bytes, checksum: bool) -> tuple[DMLType, int]:
     return kind, commit_ts
 
 
+def _last_op(value: bytes) -> DMLType:
+    """`_tidb_op` ends the datum when only `avro-include-before-value` appends it (spec §4.3): a string of
+    one character."""
+    kind = _OPS.get(chr(value[-1])) if len(value) > 6 and value[-2] == 2 else None
+    if kind is None:
+        raise MalformedMessageError("the datum does not end with _tidb_op")
+    return kind
+
+
 def _varint_start(buffer: bytes, end: int) -> int:
     """Where the varint ending just before `end` starts (its last byte is the only one below 0x80)."""
     position = end - 1
@@ -408,14 +548,14 @@ _DDL_RECORD = msgspec.json.Decoder(_DDLRecord)
 
 def _ddl(value: bytes) -> DDL:
     """A watermark-mode DDL. It names its table but not the columns (the next row's writer schema has them):
-    its schema carries the names only, and a column change is an ALTER only in name (logged; rows bring
-    their columns)."""
+    its schema carries the names only, so it is a barrier for its own table alone, and a column change is an
+    ALTER only in name (sinks alter nothing for a schema without columns: rows bring their columns)."""
     try:
         record = _DDL_RECORD.decode(value[1:])
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise MalformedMessageError(f"invalid watermark-mode DDL record: {exc}") from exc
     kind = _ACTIONS.get(record.type, DDLType.QUERY) if record.table else DDLType.QUERY
-    named = record.table and kind is not DDLType.ALTER
+    named = bool(record.table)
     return DDL(
         type=kind,
         sql=record.query,

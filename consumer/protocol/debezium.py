@@ -26,7 +26,8 @@ import pyarrow.compute as pc
 from msgspec.structs import astuple
 
 from consumer.errors import MalformedMessageError, UnsupportedTypeError, ValueDecodeError
-from consumer.protocol.compression import Compression, CompressionSetting, compress, decompress
+from consumer.protocol.checks import MessageChecks
+from consumer.protocol.compression import LZ4_MAGIC, Compression, CompressionSetting, compress, decompress
 from consumer.protocol.containment import contained
 from consumer.protocol.model import (
     DDL,
@@ -55,8 +56,10 @@ from consumer.protocol.types import (
     column_type,
     float32_text,
     fsp_of,
+    in_python_range,
     json_document_text,
 )
+from consumer.protocol.validation import validate_schema
 
 ENCODING = "debezium"
 _OPS = {"c": DMLType.INSERT, "u": DMLType.UPDATE, "d": DMLType.DELETE}
@@ -77,14 +80,56 @@ class _Source(msgspec.Struct, gc=False):
     name: str = ""
 
 
+class _DDLColumn(msgspec.Struct, gc=False):
+    """A column of a DDL event's `tableChanges[].table` (spec §8)."""
+
+    name: str
+    typeName: str | None = None
+    length: int | None = None
+    optional: bool = False
+    enumValues: list[str] | None = None
+
+
+class _TableStructure(msgspec.Struct, gc=False):
+    primaryKeyColumnNames: list[str] | None = None
+    columns: list[_DDLColumn] | None = None
+
+
+class _TableChange(msgspec.Struct, gc=False):
+    id: str = ""
+    table: _TableStructure | None = None
+
+
 class _Payload(msgspec.Struct, gc=False):
-    """Routing fields only: `before`/`after` are skipped, not built."""
+    """Routing fields and a DDL's structure: `before`/`after` are skipped, not built."""
 
     op: str = ""
     source: _Source | None = None
     ddl: str | None = None
     databaseName: str | None = None
-    tableChanges: list[Any] | None = None
+    tableChanges: list[_TableChange] | None = None
+
+
+class _ConnectField(msgspec.Struct, gc=False):
+    """A column's Connect schema in `before`/`after` (spec §5)."""
+
+    field: str
+    type: str = ""
+    optional: bool = False
+    name: str | None = None
+    parameters: dict[str, str] | None = None
+    tidb_type: str | None = None
+
+
+class _SchemaPart(msgspec.Struct, gc=False):
+    """One field of the value schema: only `before`/`after`'s column lists are read (typed)."""
+
+    field: Any = None
+    fields: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _ValueSchema(msgspec.Struct, gc=False):
+    fields: list[_SchemaPart] = []
 
 
 class _Envelope(msgspec.Struct, gc=False):
@@ -108,7 +153,11 @@ _ENVELOPE = msgspec.json.Decoder(_Envelope)
 _PAYLOAD = msgspec.json.Decoder(_Payload)
 _KEY = msgspec.json.Decoder(_KeyEnvelope)
 _IMAGES = msgspec.json.Decoder(_Images)
+_VALUE_SCHEMA = msgspec.json.Decoder(_ValueSchema)
+_CONNECT_FIELDS = msgspec.json.Decoder(list[_ConnectField])
 _NULL = b"null"
+# msgspec reports invalid UTF-8 inside a string as UnicodeDecodeError, not as one of its own errors.
+_INVALID = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
 @dataclass(frozen=True)
@@ -126,8 +175,10 @@ class DebeziumDecoder:
 
     registry = None  # values are self-contained JSON (see `RecordDecoder`)
 
-    def __init__(self, compression: CompressionSetting = "auto") -> None:
+    def __init__(self, compression: CompressionSetting = "auto", policy: ValuePolicy | None = None) -> None:
         self.compression = compression
+        self.policy = policy or ValuePolicy()
+        self._checks = MessageChecks(self.policy.limits, self.policy.unknown_types)
         self._latest: dict[tuple[str, str], _Described] = {}
         self._by_version: dict[tuple[str, str, int], TableSchema] = {}
 
@@ -146,13 +197,14 @@ class DebeziumDecoder:
             envelope = _ENVELOPE.decode(value)
             body = bytes(envelope.payload)
             payload = _PAYLOAD.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except _INVALID as exc:
             raise MalformedMessageError(f"invalid Debezium JSON: {exc}") from exc
         source = payload.source
         kind = _OPS.get(payload.op)
         if kind is not None:
-            if source is None or source.commit_ts <= 0 or not source.table:
-                raise MalformedMessageError("a Debezium DML without source.db/table/commit_ts")
+            if source is None or not source.table:
+                raise MalformedMessageError("a Debezium DML without source.db/table")
+            self._checks.commit_ts(source.commit_ts, "DML")
             schema = self._described(source, envelope.schema, key, body)
             return RawDML(
                 type=kind,
@@ -166,17 +218,21 @@ class DebeziumDecoder:
                 encoding=ENCODING,
             )
         if payload.op == "m":
-            if source is None or source.commit_ts <= 0:
+            if source is None:
                 raise MalformedMessageError("a WATERMARK without source.commit_ts")
-            return Watermark(commit_ts=source.commit_ts, build_ts=0)
+            return self._checks.message(Watermark(commit_ts=source.commit_ts, build_ts=0))
         if not payload.op and payload.ddl is not None and source is not None:
-            return _ddl(payload, source, typed=bytes(envelope.schema) != _NULL)
+            return self._checks.message(_ddl(payload, source, typed=bytes(envelope.schema) != _NULL))
         raise MalformedMessageError(f"unknown Debezium op {payload.op!r}")
 
     def _plain(self, value: bytes) -> bytes:
-        if value[:1] == b"{" and self.compression in ("auto", "none"):
-            return value
-        return decompress(value, self.compression)
+        """Keys and values are JSON: `auto` takes `{` for plain, LZ4's magic for LZ4, anything else for
+        snappy (whose first byte, a length, may be any byte)."""
+        compression = self.compression
+        if compression == "auto":
+            plain = value[:1] == b"{"
+            compression = "none" if plain else "lz4" if value.startswith(LZ4_MAGIC) else "snappy"
+        return decompress(value, compression, self.policy.limits.max_decompressed_bytes)
 
     def _described(
         self, source: _Source, schema_raw: msgspec.Raw, key: bytes | None, body: bytes
@@ -184,9 +240,12 @@ class DebeziumDecoder:
         """The record's table version: derived once per distinct (value schema, key) of a table."""
         name = (source.db, source.table)
         schema_bytes = bytes(schema_raw)
-        key_identity = self._key_identity(key)
+        key_identity, keys = self._key(key)
         if schema_bytes == _NULL:  # schema disabled: the identity is the column names
-            images = _IMAGES.decode(body)
+            try:
+                images = _IMAGES.decode(body)
+            except _INVALID as exc:
+                raise MalformedMessageError(f"invalid Debezium row images: {exc}") from exc
             schema_bytes = "\0".join(images.after or images.before or {}).encode()
             typed = False
         else:
@@ -194,27 +253,32 @@ class DebeziumDecoder:
         found = self._latest.get(name)
         if found is not None and found.value_schema == schema_bytes and found.key_identity == key_identity:
             return found.schema
-        keys = key_identity if isinstance(key_identity, tuple) else _key_names(key)
         derive = _typed_schema if typed else _untyped_schema
         table = derive(source.db, source.table, schema_bytes, keys)
+        validate_schema(table, self.policy.unknown_types)
         self._latest[name] = _Described(schema_bytes, key_identity, table)
         self._by_version[table.key] = table
         return table
 
-    def _key_identity(self, key: bytes | None) -> Any:
-        """The key schema's bytes (they name the key columns), or the key columns' names when disabled."""
+    def _key(self, key: bytes | None) -> tuple[Any, tuple[str, ...]]:
+        """(identity, key column names): the identity is the key schema's bytes, or the names when the
+        schema is disabled. The key is compressed as the value is (spec §2)."""
         if not key:
-            return ()
+            return (), ()
         try:
             parsed = _KEY.decode(self._plain(key))
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except _INVALID as exc:
             raise MalformedMessageError(f"invalid Debezium key: {exc}") from exc
+        names = tuple(parsed.payload)
         schema = bytes(parsed.schema)
-        return schema if schema != _NULL else tuple(parsed.payload)
+        return (schema if schema != _NULL else names), names
 
 
-def _key_names(key: bytes | None) -> tuple[str, ...]:
-    return tuple(_KEY.decode(key).payload) if key else ()
+def _length(text: str, name: str) -> int:
+    """A length parameter (Connect parameters are text)."""
+    if not text.isdigit() or len(text) > 10:
+        raise MalformedMessageError(f"column {name!r}: length parameter {text[:20]!r} is not a length")
+    return int(text)
 
 
 def _version(*parts: bytes | str) -> int:
@@ -226,11 +290,13 @@ def _version(*parts: bytes | str) -> int:
 
 
 def _typed_schema(database: str, table: str, schema_bytes: bytes, keys: tuple[str, ...]) -> TableSchema:
-    envelope = msgspec.json.decode(schema_bytes)
-    fields = next(
-        (f.get("fields") for f in envelope.get("fields", []) if f.get("field") in ("after", "before")), None
-    )
-    if not isinstance(fields, list):
+    try:
+        parts = _VALUE_SCHEMA.decode(schema_bytes).fields
+        image = next((p.fields for p in parts if p.field in ("after", "before")), None)
+        fields = _CONNECT_FIELDS.decode(image) if image is not None and bytes(image) != _NULL else None
+    except _INVALID as exc:
+        raise MalformedMessageError(f"invalid Debezium schema: {exc}") from exc
+    if fields is None:
         raise MalformedMessageError("the Debezium schema has no before/after fields")
     columns = tuple(_column(f) for f in fields)
     return _table(database, table, columns, keys, _version(database, table, schema_bytes, *keys))
@@ -272,31 +338,27 @@ _SEMANTIC = {
 _CONNECT = {"int16": "smallint", "int32": "int", "int64": "bigint", "float": "float", "double": "double"}
 
 
-def _column(field: dict[str, Any]) -> Column:
-    name = field.get("field")
-    if not isinstance(name, str):
-        raise MalformedMessageError("a Debezium column schema without `field`")
-    return Column(name, _data_type(field, name), nullable=bool(field.get("optional")))
+def _column(field: _ConnectField) -> Column:
+    return Column(field.field, _data_type(field, field.field), nullable=field.optional)
 
 
-def _data_type(field: dict[str, Any], name: str) -> DataType:
-    semantic = field.get("name")
-    params = field.get("parameters") or {}
+def _data_type(field: _ConnectField, name: str) -> DataType:
+    semantic = field.name
+    params = field.parameters or {}
     if semantic in _SEMANTIC:
         return _SEMANTIC[semantic]
     if semantic == "io.debezium.data.Bits":
-        return DataType("bit", length=int(params.get("length") or 1), unsigned=True)
+        return DataType("bit", length=_length(params.get("length") or "1", name), unsigned=True)
     if semantic == "io.debezium.data.Enum":
         return DataType("enum", **_TEXT, elements=split_allowed(params.get("allowed", "")))
     if semantic == "io.debezium.data.EnumSet":
         allowed = params.get("allowed", "")
         return DataType("set", **_TEXT, elements=tuple(allowed.split(",")) if allowed else ())
-    connect = field.get("type")
+    connect = field.type
     if connect == "boolean":
         return DataType("bit", length=1, unsigned=True)
-    tidb_type = field.get("tidb_type")
-    if isinstance(tidb_type, str):
-        return _tidb_data_type(tidb_type, name)
+    if field.tidb_type is not None:
+        return _tidb_data_type(field.tidb_type, name)
     if connect in _CONNECT:
         return DataType(_CONNECT[connect])
     if connect == "string":
@@ -346,16 +408,15 @@ def _ddl(payload: _Payload, source: _Source, *, typed: bool) -> DDL:
         if found
         else DDLType.QUERY
     )
-    change = payload.tableChanges[0] if payload.tableChanges else None
+    change = payload.tableChanges[0] if payload.tableChanges else _TableChange()
     if kind is DDLType.ALTER and re.search(r"\bADD\s+(UNIQUE\s+)?(INDEX|KEY)\b", sql, re.IGNORECASE):
         kind = DDLType.CINDEX
     table = source.table
     schema = pre = None
     if table and kind is not DDLType.QUERY:
-        structure = change.get("table") if isinstance(change, dict) else None
-        schema = _ddl_schema(source.db, table, structure, typed)
-        if kind is DDLType.RENAME and isinstance(change, dict):
-            old = _QUOTED_ID.findall(str(change.get("id", "")))
+        schema = _ddl_schema(source.db, table, change.table, typed)
+        if kind is DDLType.RENAME:
+            old = _QUOTED_ID.findall(change.id)
             if old:
                 pre = msgspec.structs.replace(schema, database=old[0][0], table=old[0][1])
     return DDL(
@@ -363,31 +424,30 @@ def _ddl(payload: _Payload, source: _Source, *, typed: bool) -> DDL:
     )
 
 
-def _ddl_schema(database: str, table: str, structure: Any, typed: bool) -> TableSchema:
+def _ddl_schema(database: str, table: str, structure: _TableStructure | None, typed: bool) -> TableSchema:
     """The table after the DDL; names only when the event has no structure (DROP, TRUNCATE)."""
-    if not isinstance(structure, dict):
+    if structure is None:
         return _table(database, table, (), (), _version(database, table, b"names"))
-    keys = tuple(structure.get("primaryKeyColumnNames") or ())
-    columns = tuple(_ddl_column(c, typed, keys) for c in structure.get("columns") or ())
+    keys = tuple(structure.primaryKeyColumnNames or ())
+    columns = tuple(_ddl_column(c, typed) for c in structure.columns or ())
     identity = msgspec.json.encode(structure)
     return _table(database, table, columns, keys, _version(database, table, identity))
 
 
-def _ddl_column(column: dict[str, Any], typed: bool, keys: tuple[str, ...]) -> Column:
-    name = str(column.get("name"))
-    nullable = bool(column.get("optional"))
+def _ddl_column(column: _DDLColumn, typed: bool) -> Column:
+    name, nullable = column.name, column.optional
     if not typed:
         return Column(name, DataType("json"), nullable)
-    type_name = str(column.get("typeName") or "").lower()
+    type_name = (column.typeName or "").lower()
     base, _, flags = type_name.partition(" ")
-    length = column.get("length") or 0
+    length = column.length or 0
     if base in ("enum", "set"):
-        elements = tuple(e[1:-1] if e.startswith("'") else e for e in column.get("enumValues") or ())
+        elements = tuple(e[1:-1] if e.startswith("'") else e for e in column.enumValues or ())
         return Column(name, DataType(base, **_TEXT, elements=elements), nullable)
     if base in ("datetime", "timestamp", "time"):
-        return Column(name, DataType(base, decimal=int(length)), nullable)
+        return Column(name, DataType(base, decimal=length), nullable)
     if base == "bit":
-        return Column(name, DataType("bit", length=int(length or 1), unsigned=True), nullable)
+        return Column(name, DataType("bit", length=length or 1, unsigned=True), nullable)
     if base == "decimal":
         return Column(name, DataType("double"), nullable)
     if base in _INTS or base in ("float", "double"):
@@ -438,10 +498,12 @@ class DebeziumRows:
                 fields,
                 rename={f"c{i}": c.name for i, c in enumerate(self.columns)},
             )
-        except ValueError:  # names msgspec cannot hold: rows decode as dicts
+        except ValueError:  # names msgspec cannot rename to (`\\`, `"`, control characters)
             row = None
         self._row = row
-        image = row if row is not None else dict[str, Any]
+        # Without a Struct, rows decode as dicts of raw JSON, each column's values then as its wire kind.
+        self._values = [msgspec.json.Decoder(_wire_kind(c) | None) for c in self.columns]
+        image = row if row is not None else dict[str, msgspec.Raw]
         payload = msgspec.defstruct(
             "Payload", [("before", image | None, None), ("after", image | None, None)]
         )
@@ -455,7 +517,7 @@ class DebeziumRows:
         for index, raw in enumerate(raws):
             try:
                 body = self._decoder.decode(raw.payload)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except _INVALID as exc:
                 raise ValueDecodeError(str(exc), column=_column_in(str(exc)), row=index) from exc
             if raw.type is DMLType.UPDATE:
                 if body.before is not None:
@@ -488,6 +550,10 @@ class DebeziumRows:
             values = list(zip(*map(astuple, images), strict=True)) if images else [()] * len(self.columns)
         else:
             values = [[image.get(c.name) for image in images] for c in self.columns]
+            if not self._untyped:
+                values = [
+                    _wire_values(c, d, v) for c, d, v in zip(self.columns, self._values, values, strict=True)
+                ]
         arrays = [
             self._typed(column, list(column_values))
             for column, column_values in zip(self.columns, values, strict=True)
@@ -498,8 +564,7 @@ class DebeziumRows:
 
     def _typed(self, column: ColumnType, values: list[Any]) -> pa.Array:
         if self._untyped:
-            texts = [None if v is None or bytes(v) == _NULL else bytes(v).decode() for v in values]
-            return column.from_json(texts)
+            return column.from_json(_json_texts(values, column.name))
         try:
             return _typed_values(column, values)
         except ValueDecodeError:
@@ -517,6 +582,29 @@ class DebeziumRows:
             raise ValueDecodeError(str(exc), column=column.name) from exc
 
 
+def _wire_values(column: ColumnType, decoder: msgspec.json.Decoder[Any], raws: list[Any]) -> list[Any]:
+    """Raw JSON values of a column decoded as its Struct field would decode them."""
+    out = []
+    for row, raw in enumerate(raws):
+        try:
+            out.append(None if raw is None else decoder.decode(raw))
+        except _INVALID as exc:
+            raise ValueDecodeError(str(exc), column=column.name, row=row) from exc
+    return out
+
+
+def _json_texts(values: list[Any], name: str) -> list[str | None]:
+    """Raw JSON values of an untyped column as text (msgspec does not check a Raw span's UTF-8)."""
+    out: list[str | None] = []
+    for row, value in enumerate(values):
+        raw = None if value is None else bytes(value)
+        try:
+            out.append(None if raw is None or raw == _NULL else raw.decode())
+        except UnicodeDecodeError as exc:
+            raise ValueDecodeError(f"value is not UTF-8: {exc}", column=name, row=row) from exc
+    return out
+
+
 def _typed_values(column: ColumnType, values: list[Any]) -> pa.Array:
     """One column's wire values (spec §6.1) -> its SDK Arrow array."""
     data_type = column.data_type
@@ -528,12 +616,12 @@ def _typed_values(column: ColumnType, values: list[Any]) -> pa.Array:
     if kind in ("float", "double"):
         return pa.array(values, pa.float64()).cast(column.arrow_type, safe=False)
     if kind == "date":
-        return pa.array(values, pa.int32()).cast(pa.date32())
+        return in_python_range(pa.array(values, pa.int32()).cast(pa.date32()))
     if kind == "datetime":
         unit = "ms" if data_type.decimal <= 3 else "us"
-        return pa.array(values, pa.int64()).cast(pa.timestamp(unit)).cast(pa.timestamp("us"))
+        return in_python_range(pa.array(values, pa.int64()).cast(pa.timestamp(unit)).cast(pa.timestamp("us")))
     if kind == "timestamp":
-        return pa.array(values, pa.timestamp("us", tz="UTC"))
+        return in_python_range(pa.array(values, pa.timestamp("us", tz="UTC")))
     if kind == "time":
         micros = pa.array(values, pa.int64())
         if len(micros) and pc.any(pc.greater(pc.abs(micros), _MAX_TIME_US)).as_py():
@@ -595,7 +683,7 @@ class DebeziumEncoder:
         }
         keys = set(schema.handle_key())
         image = dml.old if dml.type is DMLType.DELETE else dml.data
-        key_payload = {t.name: _wire(t, (image or {}).get(t.name)) for t in types if t.name in keys}
+        key_payload = {t.name: wire_value(t, (image or {}).get(t.name)) for t in types if t.name in keys}
         prefix = f"{self.options.cluster_id}.{schema.database}.{schema.table}"
         columns = [self._column_schema(t) for t in types]
         key_schema = {
@@ -682,7 +770,7 @@ class DebeziumEncoder:
         return found
 
     def _row(self, types: Sequence[ColumnType], image: dict[str, Any]) -> dict[str, Any]:
-        return {t.name: _wire(t, image.get(t.name)) for t in types if t.name in image}
+        return {t.name: wire_value(t, image.get(t.name)) for t in types if t.name in image}
 
     def _source(self, database: str, table: str, commit_ts: int) -> dict[str, Any]:
         cluster = self.options.cluster_id
@@ -839,7 +927,7 @@ def _ddl_column_out(column: Column, position: int) -> dict[str, Any]:
     }
 
 
-def _wire(column: ColumnType, value: Any) -> Any:
+def wire_value(column: ColumnType, value: Any) -> Any:
     """A typed value as TiCDC's Debezium JSON writes it (spec §6.1-§6.2)."""
     if value is None:
         return None

@@ -63,7 +63,7 @@ def record_decoder(settings: DecoderSettings) -> RecordDecoder:
     if settings.protocol == "debezium":
         from consumer.protocol.debezium import DebeziumDecoder
 
-        return DebeziumDecoder(settings.compression)
+        return DebeziumDecoder(settings.compression, settings.policy)
     raise ProtocolSettingsError(
         f"unknown protocol {settings.protocol!r}: expected one of {', '.join(PROTOCOLS)}"
     )

@@ -119,6 +119,8 @@ class TableCodec:
     def decode_batch(self, raws: Sequence[RawDML]) -> RowImages:
         """Typed Arrow images of many DMLs of this table version. Errors carry `.row` = index in raws."""
         with _collector_paused(), contained("decoding rows"):
+            if raws and raws[0].encoding in FOREIGN_ENCODINGS:
+                return self._foreign_batch(raws)
             chunks = self._chunked(raws, self._decode_chunk)
         if len(chunks) == 1:
             return chunks[0]
@@ -349,6 +351,19 @@ class TableCodec:
     def _foreign_changes(self, raws: Sequence[RawDML]) -> ChangeImages:
         rows, source, kinds, _ = self._foreign_rows(raws[0].encoding).images(raws)
         return ChangeImages(rows, source, kinds, [None] * len(raws))  # their checksums are not verified
+
+    def _foreign_batch(self, raws: Sequence[RawDML]) -> RowImages:
+        rows, source, kinds, _ = self._foreign_rows(raws[0].encoding).images(raws)
+        data: list[int | None] = [None] * len(raws)
+        old: list[int | None] = [None] * len(raws)
+        for position, (index, kind) in enumerate(zip(source, kinds, strict=True)):
+            (data if kind in (ImageKind.INSERT, ImageKind.UPDATE_NEW) else old)[index] = position
+        return RowImages(  # a null index takes an all-null row: the image a DML does not have
+            data=rows.take(pa.array(data, pa.int64())),
+            old=rows.take(pa.array(old, pa.int64())),
+            has_data=[position is not None for position in data],
+            has_old=[position is not None for position in old],
+        )
 
     def _foreign_dml(self, raw: RawDML) -> DML:
         rows, _, kinds, key_only = self._foreign_rows(raw.encoding).images([raw])

@@ -17,7 +17,9 @@ def stable_table_id(database: str, table: str) -> int:
 
 
 def split_allowed(text: str) -> tuple[str, ...]:
-    """ENUM `allowed`: split on unescaped commas, `\\,` meaning a comma inside an element."""
+    """ENUM `allowed`: split on unescaped commas, `\\,` meaning a comma inside an element. TiCDC does not
+    escape `\\`, so an element ending in one, followed by another, reads as the two joined by a comma: the
+    wire cannot carry it (README, "ENUM elements ending in `\\`")."""
     return tuple(part.replace("\\,", ",") for part in re.split(r"(?<!\\),", text)) if text else ()
 
 

@@ -775,6 +775,24 @@ class BitColumn(ColumnType):
 _ZERO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 
 
+_PYTHON_RANGE = {
+    "date32[day]": (dt.date.min, dt.date.max),
+    "timestamp[us]": (dt.datetime.min, dt.datetime.max),
+    "timestamp[us, tz=UTC]": (dt.datetime.min.replace(tzinfo=dt.UTC), dt.datetime.max.replace(tzinfo=dt.UTC)),
+}
+
+
+def in_python_range(array: pa.Array) -> pa.Array:
+    """`array` (date32, timestamp[us] naive or UTC) if Python can hold every value, else ValueError: Arrow
+    parses year 0000 and computes past 9999, `date`/`datetime` cannot hold them."""
+    low, high = _PYTHON_RANGE[str(array.type)]
+    bounds = pa.scalar(low, array.type), pa.scalar(high, array.type)
+    outside = pc.or_(pc.less(array, bounds[0]), pc.greater(array, bounds[1]))
+    if pc.any(outside).as_py():
+        raise ValueError("a date beyond 0001-01-01 .. 9999-12-31")
+    return array
+
+
 def _zero_date(value: Any) -> bool:
     """MySQL dates Python cannot hold: year 0000, month 00 or day 00 (zero dates)."""
     if isinstance(value, TimestampWire):
@@ -808,6 +826,9 @@ class DateColumn(ColumnType):
     def _is_unrepresentable(self, value: Any) -> bool:
         return _zero_date(value)
 
+    def _from_text(self, text: pa.Array) -> pa.Array:
+        return in_python_range(pc.cast(text, self.arrow_type))
+
     def _json_value(self, value: Any) -> Any:
         if not isinstance(value, dt.date) or isinstance(value, dt.datetime):
             raise TypeError(f"expected date, got {type(value).__name__}")
@@ -822,6 +843,9 @@ class DateTimeColumn(ColumnType):
 
     def _is_unrepresentable(self, value: Any) -> bool:
         return _zero_date(value)
+
+    def _from_text(self, text: pa.Array) -> pa.Array:
+        return in_python_range(pc.cast(text, self.arrow_type))
 
     def _json_value(self, value: Any) -> Any:
         if not isinstance(value, dt.datetime) or value.tzinfo is not None:
@@ -849,6 +873,9 @@ class TimestampColumn(ColumnType):
         return _zero_date(value)
 
     def _json_array(self, values: Sequence[Any]) -> pa.Array:
+        return in_python_range(self._utc(values))
+
+    def _utc(self, values: Sequence[Any]) -> pa.Array:
         present = [v for v in values if v is not None]
         dicts = bool(present) and isinstance(present[0], dict)  # Avro, or dict-decoded rows
         location_of, text_of = _TIMESTAMP_DICT if dicts else _TIMESTAMP_WIRE

@@ -130,13 +130,14 @@ class DeltaSink(LakehouseSink):
           to it and a value that does not fit exactly raises SinkError. A type with no cast at all raises now.
         - TRUNCATE, ERASE (DROP TABLE): the mirror loses every row older than the DDL, and its floor
           (`ticdc.truncated_at`) keeps a lagging member's older changes out; the changelog keeps the history.
-        - CREATE, RENAME: the catalog only. CINDEX, DINDEX, QUERY: only logged.
+        - CREATE, RENAME: the catalog only. CINDEX, DINDEX, QUERY: only logged. An ALTER whose schema has no
+          columns (TiCDC Avro's DDL record names its table only) alters nothing: its rows bring their columns.
         Every step is idempotent, so members applying one DDL at once both succeed.
         """
         emptied = super()._apply_to_table(ddl, name, context)
         if emptied is not None:
             self._empty_mirror(emptied, ddl, context)
-        elif ddl.type is DDLType.ALTER and ddl.table_schema is not None:
+        elif ddl.type is DDLType.ALTER and ddl.table_schema is not None and ddl.table_schema.columns:
             entry = self.catalog.find(name, ddl.commit_ts - 1)
             if entry is None:
                 self.catalog.refresh()

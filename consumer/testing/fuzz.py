@@ -89,14 +89,67 @@ class FuzzReport:
         self.failures += other.failures
 
 
-class FuzzHarness:
-    """Runs values through the decoding stages against a `Corpus`; see the module docstring."""
+class FuzzStages:
+    """What every protocol's harness shares: running a case's stages and counting how it ended."""
+
+    def __init__(self, policy: ValuePolicy | None = None) -> None:
+        self.policy = policy or ValuePolicy(limits=FUZZ_LIMITS)
+        self.report = FuzzReport()
+
+    def run_case(self, value: bytes, case: Callable[[list[str]], None]) -> None:
+        """One case (`case` runs its stages); `value` is what a failure keeps to replay it."""
+        self.report.cases += 1
+        outcome: list[str] = []
+        try:
+            case(outcome)
+        except _Failed as failed:
+            self.report.failures.append((value, failed.trace))
+            return
+        if outcome:
+            self.report.consumer_errors[outcome[0]] += 1
+        else:
+            self.report.decoded += 1
+
+    def stage(self, outcome: list[str], stage: Callable[..., Any], *args: Any) -> Any:
+        """`stage(*args)`, or None after a `ConsumerError` (its code noted); anything else fails the case."""
+        try:
+            return stage(*args)
+        except InternalDecodeError as exc:
+            raise _Failed(exc) from exc
+        except ConsumerError as exc:
+            outcome.append(exc.code)
+            return None
+        except Exception as exc:
+            raise _Failed(exc) from exc
+
+    def rows_stage(self, outcome: list[str], codec: TableCodec, raw: RawDML, batch: list[RawDML]) -> None:
+        """The row alone, or `batch` (valid rows around it) decoded or turned into the rows a sink writes:
+        in turn, case by case (the Arrow work of a wide table dominates a case's cost)."""
+        turn = self.report.cases % 3
+        if turn == 0:
+            self.stage(outcome, codec.decode, raw)
+        elif turn == 1:
+            self.stage(outcome, codec.decode_batch, batch)
+        else:
+            self.stage(outcome, self.changes, codec, batch)
+
+    @staticmethod
+    def changes(codec: TableCodec, raws: list[RawDML]) -> None:
+        """The typed rows a sink writes, each value rendered as the JSONL sink renders it."""
+        changes = table_changes(codec, [(raw, _LOCATION) for raw in raws])
+        for row in typed_rows(changes, codec):
+            for value in row.values():
+                value_object(value)
+
+
+class FuzzHarness(FuzzStages):
+    """Runs Simple-protocol values through the decoding stages against a `Corpus`; see the module
+    docstring."""
 
     def __init__(self, corpus: Corpus, policy: ValuePolicy | None = None) -> None:
+        super().__init__(policy)
         self.corpus = corpus
-        self.policy = policy or ValuePolicy(limits=FUZZ_LIMITS)
         self.decoder = MessageDecoder(policy=self.policy)
-        self.report = FuzzReport()
         self._codecs = {key: TableCodec(schema, self.policy) for key, schema in corpus.schemas.items()}
         self._latest: dict[tuple[str, str], TableCodec] = {}
         for key, codec in sorted(self._codecs.items(), key=lambda item: item[0][2]):
@@ -109,61 +162,28 @@ class FuzzHarness:
 
     def run(self, value: bytes) -> None:
         """One case; its outcome goes to `self.report`."""
-        self.report.cases += 1
-        outcome: list[str] = []
-        try:
-            message = self._stage(outcome, self.decoder.decode, value)
-            if isinstance(message, RawDML):
-                self._rows(outcome, message)
-            elif isinstance(message, Bootstrap | DDL):
-                for schema in _schemas_of(message):
-                    self._schema(outcome, schema)
-        except _Failed as failed:
-            self.report.failures.append((value, failed.trace))
-            return
-        if outcome:
-            self.report.consumer_errors[outcome[0]] += 1
-        else:
-            self.report.decoded += 1
+        self.run_case(value, lambda outcome: self._case(outcome, value))
 
-    def _stage(self, outcome: list[str], stage: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return stage(*args)
-        except InternalDecodeError as exc:
-            raise _Failed(exc) from exc
-        except ConsumerError as exc:
-            outcome.append(exc.code)
-            return None
-        except Exception as exc:
-            raise _Failed(exc) from exc
+    def _case(self, outcome: list[str], value: bytes) -> None:
+        message = self.stage(outcome, self.decoder.decode, value)
+        if isinstance(message, RawDML):
+            self._rows(outcome, message)
+        elif isinstance(message, Bootstrap | DDL):
+            for schema in _schemas_of(message):
+                self._schema(outcome, schema)
 
     def _rows(self, outcome: list[str], raw: RawDML) -> None:
         codec = self._codecs.get(raw.schema_key) or self._latest.get((raw.database, raw.table))
         if codec is None:
             return  # a table the corpus never described: a consumer holds it, decodes nothing
         good = self.corpus.rows.get((raw.database, raw.table), [])
-        batch = [*good[:1], raw, *good[-1:]]  # valid rows around it, of both encodings when there are
-        turn = self.report.cases % 3
-        if turn == 0:
-            self._stage(outcome, codec.decode, raw)
-        elif turn == 1:
-            self._stage(outcome, codec.decode_batch, batch)
-        else:
-            self._stage(outcome, self._changes, codec, batch)
+        self.rows_stage(outcome, codec, raw, [*good[:1], raw, *good[-1:]])  # both encodings around it
 
     def _schema(self, outcome: list[str], schema: TableSchema) -> None:
-        codec = self._stage(outcome, TableCodec, schema, self.policy)
+        codec = self.stage(outcome, TableCodec, schema, self.policy)
         if codec is not None:
             rows = self.corpus.rows.get((schema.database, schema.table), [])
-            self._stage(outcome, self._changes, codec, rows[:2])
-
-    @staticmethod
-    def _changes(codec: TableCodec, raws: list[RawDML]) -> None:
-        """The typed rows a sink writes, each value rendered as the JSONL sink renders it."""
-        changes = table_changes(codec, [(raw, _LOCATION) for raw in raws])
-        for row in typed_rows(changes, codec):
-            for value in row.values():
-                value_object(value)
+            self.stage(outcome, self.changes, codec, rows[:2])
 
 
 class _Failed(Exception):

@@ -1,4 +1,5 @@
-"""Public hypothesis strategies: valid Simple-protocol schemas, typed rows and messages.
+"""Public hypothesis strategies: valid schemas, typed rows and messages of the Simple protocol, and row
+changes encoded in TiCDC's Avro (Confluent) and Debezium protocols with what a decoder must give back.
 
 Use them to property-test your own pipeline, e.g. that whatever our encoder writes your job reads back:
 
@@ -6,17 +7,27 @@ Use them to property-test your own pipeline, e.g. that whatever our encoder writ
     def test_round_trip(pair):
         message, schema = pair
         ...
+
+    @given(debezium_changes())
+    def test_debezium_round_trip(change):
+        decoded = my_job.decode(change.key, change.value)  # a DML
+        assert ChangeView.of(decoded) == change.expected
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from base64 import b64encode
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import msgspec
 from hypothesis import strategies as st
 
 from consumer.protocol.checksum import row_checksum
+from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder, table_topic
+from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions, wire_value
 from consumer.protocol.limits import tso_of
 from consumer.protocol.model import (
     DDL,
@@ -33,10 +44,14 @@ from consumer.protocol.model import (
     Watermark,
 )
 from consumer.protocol.rows import TableCodec
-from consumer.protocol.types import JSON_NULL, fsp_of
+from consumer.protocol.types import JSON_NULL, ValuePolicy, column_type, fsp_of
+
+if TYPE_CHECKING:  # the registry client loads an HTTP stack: only the Avro strategies need it
+    from consumer.protocol.registry import SchemaRegistry
 
 # TSOs a decoder takes for real: positive and not in the future (`DecodeLimits.max_commit_ts_ahead_s`).
-TSO = st.integers(min_value=1, max_value=tso_of(dt.datetime(2025, 1, 1, tzinfo=dt.UTC).timestamp()))
+_TSO_MAX = tso_of(dt.datetime(2025, 1, 1, tzinfo=dt.UTC).timestamp())
+TSO = st.integers(min_value=1, max_value=_TSO_MAX)
 BUILD_TS = st.integers(min_value=0, max_value=2**62)
 _INTS = {"tinyint": 8, "smallint": 16, "mediumint": 24, "int": 32, "bigint": 64}
 _TEXT_TYPES = ("char", "varchar", "tinytext", "text", "mediumtext", "longtext")
@@ -188,17 +203,23 @@ def columns(draw: st.DrawFn, name: str | None = None, mysql_type: str | None = N
 
 @st.composite
 def table_schemas(
-    draw: st.DrawFn, min_columns: int = 1, max_columns: int = 8, mysql_types: tuple[str, ...] | None = None
+    draw: st.DrawFn,
+    min_columns: int = 1,
+    max_columns: int = 8,
+    mysql_types: tuple[str, ...] | None = None,
+    names: st.SearchStrategy[str] | None = None,
 ) -> TableSchema:
-    """A table version with unique column names, an integer primary key first, and the given types."""
-    names = draw(st.lists(_NAME, min_size=min_columns, max_size=max_columns, unique_by=str.lower))
+    """A table version with unique column names, an integer primary key first, and the given types;
+    `names` draws the database, table and column names (any MySQL identifier by default)."""
+    names = _NAME if names is None else names
+    column_names = draw(st.lists(names, min_size=min_columns, max_size=max_columns, unique_by=str.lower))
     kinds = st.sampled_from(mysql_types or ALL_MYSQL_TYPES)
-    cols = [draw(columns(name=n, mysql_type=draw(kinds))) for n in names]
+    cols = [draw(columns(name=n, mysql_type=draw(kinds))) for n in column_names]
     key = Column(name="id", data_type=DataType("bigint", length=20), nullable=False)
     cols = [key, *(c for c in cols if c.name.lower() != "id")]
     return TableSchema(
-        database=draw(_NAME),
-        table=draw(_NAME),
+        database=draw(names),
+        table=draw(names),
         table_id=draw(st.integers(1, 2**40)),
         version=draw(TSO),
         columns=tuple(cols),
@@ -279,3 +300,188 @@ def table_messages(draw: st.DrawFn, **schema_options: Any) -> tuple[Message, Tab
         )
     )
     return message, schema
+
+
+# -- TiCDC's Avro (Confluent) and Debezium protocols --------------------------------------------------
+# Names the Avro protocol keeps as they are (it sanitizes the others, spec §4.6), clear of its extension
+# fields' names.
+AVRO_NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,11}", fullmatch=True).filter(
+    lambda name: not name.startswith(("_tidb", "_ticdc"))
+)
+COMMIT_TS = st.integers(min_value=1 << 18, max_value=_TSO_MAX)  # a physical time of at least 1 ms
+
+
+class ChangeView(NamedTuple):
+    """What a decoded row change says: compare `ChangeView.of(decoded)` with `EncodedChange.expected`."""
+
+    type: DMLType
+    commit_ts: int
+    data: dict[str, Any] | None
+    old: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, dml: DML) -> ChangeView:
+        return cls(dml.type, dml.commit_ts, dml.data, dml.old)
+
+
+@dataclass(frozen=True)
+class EncodedChange:
+    """A row change as one Kafka record of a protocol, and what decoding it must give back: `expected` is
+    the change as far as that protocol's wire carries it (see `avro_view`, `debezium_view`)."""
+
+    key: bytes | None
+    value: bytes | None
+    schema: TableSchema
+    change: DML
+    expected: ChangeView
+
+
+@st.composite
+def row_changes(draw: st.DrawFn, schema: TableSchema, kind: DMLType | None = None) -> DML:
+    """An INSERT, UPDATE or DELETE of full rows (the images Avro and Debezium carry), commit ts a TSO."""
+    kind = kind or draw(st.sampled_from(DMLType))
+    return DML(
+        type=kind,
+        database=schema.database,
+        table=schema.table,
+        table_id=schema.table_id,
+        commit_ts=draw(COMMIT_TS),
+        build_ts=0,
+        schema_version=schema.version,
+        data=draw(rows(schema)) if kind is not DMLType.DELETE else None,
+        old=draw(rows(schema)) if kind is not DMLType.INSERT else None,
+    )
+
+
+def _carried_elements(schema: TableSchema) -> bool:
+    """ENUM (and Avro SET) elements are joined by `,` with `,` escaped as `\\,`, and `\\` is not escaped:
+    an element ending in `\\` before the next one reads as that pair joined by a comma (spec §4.5), so such
+    a schema cannot round-trip."""
+    return not any(e.endswith("\\") for c in schema.columns for e in c.data_type.elements[:-1])
+
+
+def avro_table_schemas(**options: Any) -> st.SearchStrategy[TableSchema]:
+    """`table_schemas` (same options) whose names and ENUM/SET elements the Avro protocol carries."""
+    return table_schemas(names=AVRO_NAMES, **options).filter(_carried_elements)
+
+
+def debezium_table_schemas(**options: Any) -> st.SearchStrategy[TableSchema]:
+    """`table_schemas` (same options) whose ENUM elements the Debezium protocol carries."""
+    return table_schemas(**options).filter(_carried_elements)
+
+
+@st.composite
+def avro_options(draw: st.DrawFn) -> AvroOptions:
+    """Any combination of the Avro protocol's options (spec §9)."""
+    extension = draw(st.booleans())
+    return AvroOptions(
+        decimal=draw(st.sampled_from(("precise", "string"))),
+        bigint_unsigned=draw(st.sampled_from(("long", "string"))),
+        tidb_extension=extension,
+        include_before=draw(st.booleans()),
+        checksum=extension and draw(st.booleans()),
+        watermark=draw(st.booleans()),
+        bit_bytes=draw(st.sampled_from(("fixed", "minimal"))),
+    )
+
+
+@st.composite
+def debezium_options(draw: st.DrawFn) -> DebeziumOptions:
+    """Any combination of the Debezium protocol's options that change the wire (spec §11)."""
+    return DebeziumOptions(
+        tidb_extension=draw(st.booleans()),
+        disable_schema=draw(st.booleans()),
+        output_old_value=draw(st.booleans()),
+        cluster_id=draw(st.sampled_from(("default", "cluster-1"))),
+        compression=draw(st.sampled_from(("none", "lz4", "snappy"))),
+    )
+
+
+@st.composite
+def avro_changes(
+    draw: st.DrawFn,
+    registry: SchemaRegistry,
+    options: AvroOptions | None = None,
+    schema: TableSchema | None = None,
+    kind: DMLType | None = None,
+) -> EncodedChange:
+    """A row change as TiCDC's Avro protocol writes it (writer schemas registered in `registry`, as TiCDC
+    does), with any options unless given; the schema from `avro_table_schemas` unless given. A DELETE
+    without a value is a tombstone: its record has only the key."""
+    options = options or draw(avro_options())
+    schema = schema or draw(avro_table_schemas(max_columns=6))
+    change = draw(row_changes(schema, kind))
+    topic = table_topic("tidb", schema.database, schema.table)
+    key, value = ConfluentAvroEncoder(registry, options).encode_dml(change, schema, topic)
+    return EncodedChange(key, value, schema, change, avro_view(change, schema, options))
+
+
+@st.composite
+def debezium_changes(
+    draw: st.DrawFn,
+    options: DebeziumOptions | None = None,
+    schema: TableSchema | None = None,
+    kind: DMLType | None = None,
+) -> EncodedChange:
+    """A row change as TiCDC's Debezium protocol writes it, with any options unless given; the schema from
+    `debezium_table_schemas` unless given."""
+    options = options or draw(debezium_options())
+    schema = schema or draw(debezium_table_schemas(max_columns=6))
+    change = draw(row_changes(schema, kind))
+    key, value = DebeziumEncoder(options).encode_dml(change, schema)
+    return EncodedChange(key, value, schema, change, debezium_view(change, schema, options))
+
+
+def avro_view(change: DML, schema: TableSchema, options: AvroOptions) -> ChangeView:
+    """What the Avro wire carries of a change (spec §6): without `_tidb_op` (no extension, no before value)
+    an UPDATE reads as an INSERT; the commit ts only with the extension (a tombstone has none, the watermark
+    mode's delete marker has it); an UPDATE's old image only with the before value; a DELETE without it,
+    its key only."""
+    with_op = options.tidb_extension or options.include_before
+    kind = change.type if with_op or change.type is DMLType.DELETE else DMLType.INSERT
+    tombstone = change.type is DMLType.DELETE and not options.include_before
+    stamped = options.tidb_extension and (not tombstone or options.watermark)
+    old = change.old if options.include_before else None
+    if tombstone:
+        keys = schema.handle_key()
+        old = {name: value for name, value in (change.old or {}).items() if name in keys}
+    return ChangeView(kind, change.commit_ts if stamped else 0, change.data, old)
+
+
+def debezium_view(change: DML, schema: TableSchema, options: DebeziumOptions) -> ChangeView:
+    """What the Debezium wire carries of a change (spec §6): DECIMAL as a float64, years below 100 shifted
+    (+2000 below 70, else +1900), DATETIME(0-3) in milliseconds; without `tidb_type` (no extension) BIGINT
+    UNSIGNED as its signed bit pattern and binary values as base64 text; without the schema every column's
+    JSON value as sent; an UPDATE's old image only with `output_old_value`."""
+    types = {c.name: column_type(c, ValuePolicy()) for c in schema.columns}
+
+    def view(image: dict[str, Any] | None) -> dict[str, Any] | None:
+        if image is None:
+            return None
+        if options.disable_schema:
+            return {name: _json_value(wire_value(types[name], value)) for name, value in image.items()}
+        return {name: _debezium_value(types[name].data_type, value, options) for name, value in image.items()}
+
+    old = change.old if change.type is not DMLType.UPDATE or options.output_old_value else None
+    return ChangeView(change.type, change.commit_ts, view(change.data), view(old))
+
+
+def _json_value(wire: Any) -> Any:
+    return msgspec.json.decode(msgspec.json.encode(wire))
+
+
+def _debezium_value(data_type: DataType, value: Any, options: DebeziumOptions) -> Any:
+    kind = data_type.mysql_type
+    if value is None:
+        return None
+    if kind == "decimal":
+        return float(value)
+    if kind in ("date", "datetime") and value.year < 100:
+        value = value.replace(year=value.year + (2000 if value.year < 70 else 1900))
+    if kind == "datetime" and fsp_of(data_type) <= 3:
+        return value.replace(microsecond=value.microsecond // 1000 * 1000)
+    if not options.tidb_extension and kind == "bigint" and data_type.unsigned and value >= 1 << 63:
+        return value - (1 << 64)
+    if not options.tidb_extension and kind in _BINARY_TYPES:
+        return b64encode(value).decode()
+    return value
