@@ -30,6 +30,7 @@ from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterObjects, DeadLe
 from consumer.sources.base import Source
 from consumer.sources.files import FileSource
 from consumer.sources.kafka import KafkaSource
+from consumer.sources.retry import SourceRetry
 from consumer.state.machine import ConsumerState
 from consumer.stopping import StopRequest
 
@@ -76,7 +77,7 @@ def build_dead_letters(config: RunConfig) -> DeadLetterSink:
     target = config.errors.dead_letter or default
     if target.startswith("kafka://"):
         servers, topics = kafka_source_parts(target)
-        return DeadLetterTopic(servers, topics[0], config.source.kafka)
+        return DeadLetterTopic(servers, topics[0], config.errors.kafka)
     if "://" in target:
         return DeadLetterObjects(target, config.sink.storage_options)
     return DeadLetterFile(target.partition(":")[2])
@@ -117,7 +118,7 @@ def build_large_messages(config: RunConfig, policy: ValuePolicy) -> LargeMessage
     )
 
 
-def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeline:
+def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None, *, pause_gc: bool = False) -> Pipeline:
     policy = ValuePolicy(
         unrepresentable=config.decode.unrepresentable,
         timestamp_location=config.decode.timestamp_zone,
@@ -143,6 +144,8 @@ def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeli
         max_batch_records=config.budget.max_batch_records,
         decode_workers=config.budget.workers(),
         large_messages=build_large_messages(config, policy),
+        source_retry=SourceRetry(attempts=config.source.retries, backoff=config.source.retry_backoff_s),
+        pause_gc=pause_gc,
     )
 
 
@@ -162,29 +165,32 @@ def build_source(config: RunConfig, pipeline: Pipeline) -> Source:
     )
 
 
-def run(config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = None) -> PipelineStats:
+def run(
+    config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = None, pause_gc: bool = False
+) -> PipelineStats:
     """Run the configured consumer; returns its totals once stopped (idle, end of file, Ctrl-C or SIGTERM).
 
     The first Ctrl-C or SIGTERM stops it cleanly (what is resolved is applied and committed); a second
     interrupts at once (KeyboardInterrupt). With `budget.processes` > 1 this process is one member of the
     group and starts the others, each a process with its own loop; the totals are every member's,
-    `on_cycle` sees this process's member, and a member's failure stops them all.
+    `on_cycle` sees this process's member, and a member's failure stops them all. `pause_gc`: see
+    `Pipeline` (it changes process-wide state, so only the `run` command turns it on).
     """
     with StopRequest.on_signals() as stop:
         if config.budget.processes == 1:
-            return _run_member(config, until_idle, on_cycle, stop)
-        return _run_group(config, until_idle, on_cycle, stop)
+            return _run_member(config, until_idle, on_cycle, stop, pause_gc)
+        return _run_group(config, until_idle, on_cycle, stop, pause_gc)
 
 
 def _run_group(
-    config: RunConfig, until_idle: float | None, on_cycle: Any, stop: StopRequest
+    config: RunConfig, until_idle: float | None, on_cycle: Any, stop: StopRequest, pause_gc: bool
 ) -> PipelineStats:
     member = msgspec.structs.replace(
         config,
         budget=msgspec.structs.replace(config.budget, processes=1, decode_workers=config.budget.workers()),
         metrics=MetricsConfig(),  # one endpoint: this process's
     )
-    others = GroupMembers(config.budget.processes - 1, run_member, (member, until_idle))
+    others = GroupMembers(config.budget.processes - 1, run_member, (member, until_idle, pause_gc))
 
     def cycle(pipeline: Pipeline) -> None:
         others.check()
@@ -193,7 +199,9 @@ def _run_group(
 
     stopped = False
     try:
-        stats = _run_member(msgspec.structs.replace(member, metrics=config.metrics), until_idle, cycle, stop)
+        stats = _run_member(
+            msgspec.structs.replace(member, metrics=config.metrics), until_idle, cycle, stop, pause_gc
+        )
         stopped = True
     finally:
         totals = others.stop(interrupt=not stopped or stop.requested)
@@ -203,10 +211,10 @@ def _run_group(
 
 
 def _run_member(
-    config: RunConfig, until_idle: float | None, on_cycle: Any, stop: StopRequest
+    config: RunConfig, until_idle: float | None, on_cycle: Any, stop: StopRequest, pause_gc: bool
 ) -> PipelineStats:
     """One member's pipeline, until idle or `stop`."""
-    pipeline = build_pipeline(config)
+    pipeline = build_pipeline(config, pause_gc=pause_gc)
     source = build_source(config, pipeline)
     try:
         return pipeline.run(source, until_idle=until_idle, on_cycle=on_cycle, stop=stop)
@@ -215,12 +223,12 @@ def _run_member(
         pipeline.close()
 
 
-def run_member(config: RunConfig, until_idle: float | None, asked: Any, reports: Any) -> None:
+def run_member(config: RunConfig, until_idle: float | None, pause_gc: bool, asked: Any, reports: Any) -> None:
     """The body of a member process `run` starts: it stops when `asked` is set; its totals, or its error, go
     to `reports`."""
     member = MemberProcess(asked)
     try:
-        reports.put((member.name, _run_member(config, until_idle, member.on_cycle, member.stop)))
+        reports.put((member.name, _run_member(config, until_idle, member.on_cycle, member.stop, pause_gc)))
     except Exception as exc:  # any failure of a member fails the command, with its reason
         reports.put((member.name, MemberFailed(f"{member.name}: {type(exc).__name__}: {exc}")))
         raise SystemExit(1) from exc

@@ -3,7 +3,8 @@
 Validated once at start into typed structs. Environment variables are named
 `TICDC_CONSUMER_<SECTION>_<FIELD>` (e.g. `TICDC_CONSUMER_SOURCE_GROUP=orders`); Kafka client settings
 pass through from `[source.kafka]` (or `TICDC_CONSUMER_KAFKA_<SETTING>`, dots as underscores:
-`TICDC_CONSUMER_KAFKA_SASL_PASSWORD` sets `sasl.password`).
+`TICDC_CONSUMER_KAFKA_SASL_PASSWORD` sets `sasl.password`); those of a dead-letter topic's producer from
+`[errors.kafka]` (or `TICDC_CONSUMER_ERRORS_KAFKA_<SETTING>`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class SourceConfig(msgspec.Struct, forbid_unknown_fields=True):
     group: str = "ticdc-consumer"
     kafka: dict[str, str] = msgspec.field(default_factory=dict)
     unreachable_timeout_s: float = 60.0  # every broker unreachable this long, once connected: `run` fails
+    retries: int = 5  # a transient error (a timeout, the group rebalancing) is retried this often...
+    retry_backoff_s: float = 0.5  # ...after this long, doubling each time (at most 10 s)
 
 
 _LIMITS = DecodeLimits()
@@ -86,6 +89,7 @@ class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
 class ErrorsConfig(msgspec.Struct, forbid_unknown_fields=True):
     policy: Literal["dead-letter", "fail"] = "dead-letter"
     dead_letter: str = ""  # file:PATH | kafka://HOST:PORT/TOPIC ; default: <sink root>/_dead_letters.jsonl
+    kafka: dict[str, str] = msgspec.field(default_factory=dict)  # a dead-letter topic's producer settings
 
 
 class BudgetConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -182,8 +186,10 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX) :].lower()
-        if rest.startswith("kafka_"):
-            found.setdefault("source", {}).setdefault("kafka", {})[rest[6:].replace("_", ".")] = value
+        client = next((s for s in _CLIENT_SETTINGS if rest.startswith(s)), None)
+        if client is not None:
+            settings = found.setdefault(_CLIENT_SETTINGS[client], {}).setdefault("kafka", {})
+            settings[rest[len(client) :].replace("_", ".")] = value
             continue
         section = next((s for s in RunConfig.__struct_fields__ if rest.startswith(s + "_")), None)
         if section is not None:
@@ -192,6 +198,8 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return found
 
 
+# librdkafka settings in the environment, by prefix: the source's consumer, a dead-letter topic's producer
+_CLIENT_SETTINGS = {"kafka_": "source", "errors_kafka_": "errors"}
 _LIST_FIELDS = frozenset(("claim_check_roots",))  # comma-separated in the environment
 
 
@@ -219,6 +227,8 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError(
             "decode limits (max_decompressed_bytes, max_nesting_depth, max_value_bytes) must be >= 1"
         )
+    if config.source.retries < 0 or config.source.retry_backoff_s < 0:
+        raise ConfigError("source.retries and source.retry_backoff_s must be >= 0")
     if not limits.max_commit_ts_ahead_s > 0:
         raise ConfigError("decode.max_commit_ts_ahead_s must be positive")
     if config.budget.processes < 1:
