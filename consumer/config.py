@@ -22,6 +22,7 @@ from consumer.errors import ConsumerError
 from consumer.large_messages.storage import parse_location
 from consumer.large_messages.upstream import connection_options
 from consumer.protocol.limits import DecodeLimits
+from consumer.protocol.protocols import resolves_by_watermark
 
 ENV_PREFIX = "TICDC_CONSUMER_"
 # Value decoding is most of a record's CPU: a lone process on a multi-core machine decodes in worker
@@ -65,7 +66,9 @@ class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
         return {**self.schema_registry_config, **auth}
 
     def watermark_ordering(self) -> bool:
-        return self.ordering == "watermark" or (self.ordering == "auto" and self.protocol == "simple")
+        return self.ordering == "watermark" or (
+            self.ordering == "auto" and resolves_by_watermark(self.protocol)
+        )
 
     def limits(self) -> DecodeLimits:
         return DecodeLimits(

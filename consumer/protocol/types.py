@@ -228,9 +228,6 @@ class ColumnType:
     def _arrow_type(self) -> pa.DataType:
         raise NotImplementedError  # every registered subclass defines it
 
-    def spark_type(self) -> Any:
-        return spark_type_of(self.arrow_type)
-
 
 def spark_type_of(arrow_type: pa.DataType) -> Any:
     """The pyspark.sql.types type of an SDK Arrow type (pyspark imported lazily: heavy, and optional for
