@@ -13,6 +13,7 @@ from consumer.config import (
     ConfigError,
     DecodeConfig,
     MetricsConfig,
+    ParallelismConfig,
     RunConfig,
     file_source_path,
     kafka_source_parts,
@@ -142,7 +143,7 @@ def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None, *, pause_
         decoder=decoder,
         policy=policy,
         max_batch_records=config.budget.max_batch_records,
-        decode_workers=config.budget.workers(),
+        decode_workers=config.parallelism.member_decode_workers(),
         large_messages=build_large_messages(config, policy),
         source_retry=SourceRetry(attempts=config.source.retries, backoff=config.source.retry_backoff_s),
         pause_gc=pause_gc,
@@ -171,13 +172,13 @@ def run(
     """Run the configured consumer; returns its totals once stopped (idle, end of file, Ctrl-C or SIGTERM).
 
     The first Ctrl-C or SIGTERM stops it cleanly (what is resolved is applied and committed); a second
-    interrupts at once (KeyboardInterrupt). With `budget.processes` > 1 this process is one member of the
+    interrupts at once (KeyboardInterrupt). With `parallelism.processes` > 1 this process is one member of the
     group and starts the others, each a process with its own loop; the totals are every member's,
     `on_cycle` sees this process's member, and a member's failure stops them all. `pause_gc`: see
     `Pipeline` (it changes process-wide state, so only the `run` command turns it on).
     """
     with StopRequest.on_signals() as stop:
-        if config.budget.processes == 1:
+        if config.parallelism.processes == 1:
             return _run_member(config, until_idle, on_cycle, stop, pause_gc)
         return _run_group(config, until_idle, on_cycle, stop, pause_gc)
 
@@ -187,10 +188,10 @@ def _run_group(
 ) -> PipelineStats:
     member = msgspec.structs.replace(
         config,
-        budget=msgspec.structs.replace(config.budget, processes=1, decode_workers=config.budget.workers()),
+        parallelism=ParallelismConfig(decode_workers=config.parallelism.member_decode_workers()),
         metrics=MetricsConfig(),  # one endpoint: this process's
     )
-    others = GroupMembers(config.budget.processes - 1, run_member, (member, until_idle, pause_gc))
+    others = GroupMembers(config.parallelism.processes - 1, run_member, (member, until_idle, pause_gc))
 
     def cycle(pipeline: Pipeline) -> None:
         others.check()

@@ -316,7 +316,7 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
             "ordering": flags["ordering"],
         },
         "metrics": {"port": flags["metrics_port"]},
-        "budget": {"processes": flags["processes"]},
+        "parallelism": {"processes": flags["processes"]},
     }
     try:
         config = load_config(config_path, overrides=overrides)

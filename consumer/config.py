@@ -99,10 +99,15 @@ class BudgetConfig(msgspec.Struct, forbid_unknown_fields=True):
     pending_bytes: int = 256 * 1024 * 1024
     pending_timeout_s: float = 240.0
     max_batch_records: int = 100_000  # records per cycle: fewer, larger commits and MERGEs
+
+
+class ParallelismConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """How many processes a `run` command uses."""
+
     processes: int = 1  # members of the consumer group this command runs, one process each (Kafka only)
     decode_workers: int | None = None  # processes decoding values beside a loop; 0: in it; None: automatic
 
-    def workers(self) -> int:
+    def member_decode_workers(self) -> int:
         """Decode workers per member: as configured, else the default for a lone process, else none."""
         if self.decode_workers is not None:
             return self.decode_workers
@@ -139,6 +144,7 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     sink: SinkConfig = msgspec.field(default_factory=SinkConfig)
     errors: ErrorsConfig = msgspec.field(default_factory=ErrorsConfig)
     budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
+    parallelism: ParallelismConfig = msgspec.field(default_factory=ParallelismConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     large_messages: LargeMessagesConfig = msgspec.field(default_factory=LargeMessagesConfig)
     integrity: IntegrityConfig = msgspec.field(default_factory=IntegrityConfig)
@@ -234,18 +240,21 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError("source.retries and source.retry_backoff_s must be >= 0")
     if not limits.max_commit_ts_ahead_s > 0:
         raise ConfigError("decode.max_commit_ts_ahead_s must be positive")
-    if config.budget.processes < 1:
-        raise ConfigError(f"budget.processes = {config.budget.processes}: at least one process runs")
-    if config.budget.processes > 1 and source.scheme != "kafka":
-        raise ConfigError("budget.processes > 1 needs a Kafka source: the processes share its partitions")
-    if config.budget.processes > 1 and config.sink.allow_unsafe_commits:
+    processes = config.parallelism.processes
+    if processes < 1:
+        raise ConfigError(f"parallelism.processes = {processes}: at least one process runs")
+    if processes > 1 and source.scheme != "kafka":
+        raise ConfigError(
+            "parallelism.processes > 1 needs a Kafka source: the processes share its partitions"
+        )
+    if processes > 1 and config.sink.allow_unsafe_commits:
         raise ConfigError(
             "sink.allow_unsafe_commits accepts a store without conditional writes for ONE writer process: "
-            "budget.processes must be 1"
+            "parallelism.processes must be 1"
         )
-    if config.budget.processes > 1 and config.sink.url.startswith("parquet:"):
+    if processes > 1 and config.sink.url.startswith("parquet:"):
         raise ConfigError(
-            "budget.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"
+            "parallelism.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"
         )
 
 
