@@ -29,7 +29,7 @@ from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import DecodedMessage, KeyOnlyDML, RawDML, TableSchema, Watermark
 from consumer.protocol.protocols import RecordDecoder
 from consumer.protocol.rows import TableCodec
-from consumer.protocol.types import ValuePolicy
+from consumer.protocol.types import DecodeStats, ValuePolicy
 from consumer.sinks.base import (
     CommitContext,
     DDLEvent,
@@ -202,10 +202,13 @@ class Pipeline:
         self.max_batch_records = max_batch_records
         self.poll_timeout = poll_timeout
         self.stats = PipelineStats()
+        self.decode_stats = DecodeStats()  # values the policy nulled, images verified (any thread adds)
         # With decode workers the stages overlap: workers decode, a writer thread applies units to the sinks
         # in order (delta-rs releases the GIL), and this loop fetches, orders and confirms.
         self._pool = (
-            DecodePool(decode_workers, self.policy, self.decoder.registry) if decode_workers else None
+            DecodePool(decode_workers, self.policy, self.decoder.registry, self.decode_stats)
+            if decode_workers
+            else None
         )
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sink-writer") if decode_workers else None
         self._queue: deque[_Queued] = deque()  # resolved, not handed to the sinks yet: in resolve order
@@ -502,13 +505,13 @@ class Pipeline:
         rows = list(unit.rows)
         origins: RowOrigins | None = unit.origins  # until a bad row is taken out
         while rows:
-            counted = self.policy.stats.unrepresentable
+            counted = self.decode_stats.unrepresentable
             try:
                 changes = table_changes(codec, rows, origins)
             except DecodeError as exc:
                 if self.state.policy == "fail":
                     raise
-                self.policy.stats.unrepresentable = counted  # the retry counts the batch's values again
+                self.decode_stats.unrepresentable = counted  # the retry counts the batch's values again
                 origins = None
                 row = getattr(exc, "row", None)
                 if row is None:  # which row is unknown: each alone tells, and is delivered alone
@@ -519,7 +522,7 @@ class Pipeline:
             except RejectedRowsError as exc:  # every row that failed verification, at once
                 if self.state.policy == "fail":
                     raise exc.rejected[min(exc.rejected)] from exc
-                self.policy.stats.unrepresentable = counted
+                self.decode_stats.unrepresentable = counted
                 self._tally.integrity_failures += len(exc.rejected)
                 for index in sorted(exc.rejected, reverse=True):
                     bad_raw, bad_location = rows.pop(index)
@@ -561,9 +564,9 @@ class Pipeline:
         log.warning("dead-lettered %s: %s", unit.location, unit.reason)
 
     def _count_integrity_and_fetches(self) -> None:
-        """Totals the stages keep themselves (decode workers report theirs through the policy's stats)."""
+        """Totals the stages keep themselves (decode workers report theirs through `decode_stats`)."""
         storage = self.large_messages.store.stats
-        self.stats.verified_images = self.policy.stats.verified
+        self.stats.verified_images = self.decode_stats.verified
         self.stats.claim_check_fetches = storage.fetches
         self.stats.claim_check_bytes = storage.bytes
         self.stats.claim_check_seconds = storage.seconds
@@ -574,7 +577,7 @@ class Pipeline:
         codec = self._codecs.get(unit.schema.key)
         if codec is None or codec.schema != unit.schema:
             codec = self._codecs[unit.schema.key] = TableCodec(
-                unit.schema, self.policy, registry=self.decoder.registry
+                unit.schema, self.policy, registry=self.decoder.registry, stats=self.decode_stats
             )
         return codec
 
