@@ -82,7 +82,14 @@ from pyspark.sql import SparkSession
 
 from consumer import app
 from consumer.batches.changes import META_COLUMNS, TableChanges
-from consumer.config import DEFAULT_DECODE_WORKERS, BudgetConfig, RunConfig, SinkConfig, SourceConfig
+from consumer.config import (
+    DEFAULT_DECODE_WORKERS,
+    BudgetConfig,
+    ParallelismConfig,
+    RunConfig,
+    SinkConfig,
+    SourceConfig,
+)
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import entry_uri, tables
 from consumer.pipeline import Pipeline
@@ -208,7 +215,8 @@ def consume(broker: EmbeddedBroker, run: Pass, records: int, inner: Sink | None 
     config = RunConfig(
         source=SourceConfig(url=f"kafka://{broker.bootstrap_servers}/{TOPIC}", group=group),
         sink=SinkConfig(url=f"{kind}:{run.root}", mode=run.sink if kind == "delta" else "both"),  # type: ignore[arg-type]
-        budget=BudgetConfig(max_batch_records=run.batch, decode_workers=run.workers),
+        budget=BudgetConfig(max_batch_records=run.batch),
+        parallelism=ParallelismConfig(decode_workers=run.workers),
     )
     sink = TimedSink(inner if inner is not None else app.build_sinks(config)[0])
     pipeline = app.build_pipeline(config, sinks=[sink])
@@ -277,7 +285,8 @@ def member(servers: str, run: Pass, group: str, shares: dict[int, int], start: A
             url=f"{'delta' if run.sink != 'drop' else 'jsonl'}:{run.root}",
             mode=run.sink if run.sink != "drop" else "both",
         ),  # type: ignore[arg-type]
-        budget=BudgetConfig(max_batch_records=run.batch, decode_workers=run.workers),
+        budget=BudgetConfig(max_batch_records=run.batch),
+        parallelism=ParallelismConfig(decode_workers=run.workers),
     )
     sink = TimedSink(DropSink() if run.sink == "drop" else app.build_sinks(config)[0])
     pipeline = app.build_pipeline(config, sinks=[sink])

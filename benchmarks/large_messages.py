@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from consumer import app
-from consumer.config import BudgetConfig, LargeMessagesConfig, RunConfig, SinkConfig, SourceConfig
+from consumer.config import LargeMessagesConfig, ParallelismConfig, RunConfig, SinkConfig, SourceConfig
 from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import LargeMessageEncoder
 from consumer.pipeline import Pipeline
@@ -131,7 +131,7 @@ def consume(broker: EmbeddedBroker, stream: Stream, server_pid: int, concurrency
     config = RunConfig(
         source=SourceConfig(url=f"kafka://{broker.bootstrap_servers}/{stream.topic}", group=group),
         sink=SinkConfig(url=f"jsonl:/tmp/{group}"),
-        budget=BudgetConfig(decode_workers=workers),
+        parallelism=ParallelismConfig(decode_workers=workers),
         large_messages=LargeMessagesConfig(
             claim_check_roots=[stream.root] if stream.root else [], fetch_concurrency=concurrency
         ),
@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=None, help="decode workers (default: the run default)")
     parser.add_argument("--repeats", type=int, default=2, help="passes per topic, the fastest counts")
     args = parser.parse_args(argv)
-    workers = args.workers if args.workers is not None else BudgetConfig().workers()
+    workers = args.workers if args.workers is not None else ParallelismConfig().member_decode_workers()
 
     with EmbeddedBroker() as broker, LocalS3Server() as s3, tempfile.TemporaryDirectory() as local:
         os.environ.update(s3.environment())

@@ -1,1 +1,110 @@
-"""Consumer SDK for TiCDC's Simple protocol."""
+"""Consumer SDK for TiCDC change streams (Simple protocol; TiCDC's Avro and Debezium beside it).
+
+The names most programs need, importable from here; everything else lives in its stage's subpackage
+(`consumer.protocol`, `consumer.state`, `consumer.batches`, `consumer.sinks`, `consumer.lakehouse`,
+`consumer.spark`, ...). Each name is imported on first use, so `import consumer` loads neither delta-rs,
+Spark nor hypothesis:
+
+- decoding: `MessageDecoder`, `MessageEncoder`, `TableCodec`, `ValuePolicy`
+- running: `load_config`, `RunConfig`, `run` (what the `run` command does), or by hand `Pipeline` with a
+  source (`KafkaSource`, `FileSource`), sinks (`DeltaSink`, `ParquetSink`, `JsonLinesSink`) and a
+  dead-letter destination (`DeadLetterFile`); `PipelineStats` is what a run returns
+- reading a lakehouse without Spark: `read_changelog`, `read_mirror` (Arrow tables)
+- errors: `ConsumerError` (everything bad input raises), `DecodeError`, `SinkError`, `SourceError`
+- property tests: `strategies` (hypothesis strategies for schemas, messages and values)
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from consumer.app import run
+    from consumer.config import RunConfig, load_config
+    from consumer.errors import ConsumerError, DecodeError, SinkError
+    from consumer.lakehouse.tables import read_changelog, read_mirror
+    from consumer.pipeline import Pipeline, PipelineStats
+    from consumer.protocol.codec import MessageDecoder, MessageEncoder
+    from consumer.protocol.rows import TableCodec
+    from consumer.protocol.types import ValuePolicy
+    from consumer.sinks.dead_letter import DeadLetterFile
+    from consumer.sinks.delta import DeltaSink
+    from consumer.sinks.jsonl import JsonLinesSink
+    from consumer.sinks.parquet import ParquetSink
+    from consumer.sources.errors import SourceError
+    from consumer.sources.files import FileSource
+    from consumer.sources.kafka import KafkaSource
+    from consumer.testing import strategies
+
+__all__ = [
+    "ConsumerError",
+    "DeadLetterFile",
+    "DecodeError",
+    "DeltaSink",
+    "FileSource",
+    "JsonLinesSink",
+    "KafkaSource",
+    "MessageDecoder",
+    "MessageEncoder",
+    "ParquetSink",
+    "Pipeline",
+    "PipelineStats",
+    "RunConfig",
+    "SinkError",
+    "SourceError",
+    "TableCodec",
+    "ValuePolicy",
+    "__version__",
+    "load_config",
+    "read_changelog",
+    "read_mirror",
+    "run",
+    "strategies",
+]
+
+try:
+    __version__ = version("ticdc-consumer")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
+
+_HOMES = {  # public name -> the module defining it
+    "MessageDecoder": "consumer.protocol.codec",
+    "MessageEncoder": "consumer.protocol.codec",
+    "TableCodec": "consumer.protocol.rows",
+    "ValuePolicy": "consumer.protocol.types",
+    "RunConfig": "consumer.config",
+    "load_config": "consumer.config",
+    "run": "consumer.app",
+    "Pipeline": "consumer.pipeline",
+    "PipelineStats": "consumer.pipeline",
+    "KafkaSource": "consumer.sources.kafka",
+    "FileSource": "consumer.sources.files",
+    "DeltaSink": "consumer.sinks.delta",
+    "ParquetSink": "consumer.sinks.parquet",
+    "JsonLinesSink": "consumer.sinks.jsonl",
+    "DeadLetterFile": "consumer.sinks.dead_letter",
+    "read_changelog": "consumer.lakehouse.tables",
+    "read_mirror": "consumer.lakehouse.tables",
+    "ConsumerError": "consumer.errors",
+    "DecodeError": "consumer.errors",
+    "SinkError": "consumer.errors",
+    "SourceError": "consumer.sources.errors",
+}
+_MODULES = {"strategies": "consumer.testing.strategies"}  # public name -> a module
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+    else:
+        raise AttributeError(f"module 'consumer' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)

@@ -13,6 +13,7 @@ from consumer.config import (
     ConfigError,
     DecodeConfig,
     MetricsConfig,
+    ParallelismConfig,
     RunConfig,
     file_source_path,
     kafka_source_parts,
@@ -30,6 +31,7 @@ from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterObjects, DeadLe
 from consumer.sources.base import Source
 from consumer.sources.files import FileSource
 from consumer.sources.kafka import KafkaSource
+from consumer.sources.retry import SourceRetry
 from consumer.state.machine import ConsumerState
 from consumer.stopping import StopRequest
 
@@ -76,7 +78,7 @@ def build_dead_letters(config: RunConfig) -> DeadLetterSink:
     target = config.errors.dead_letter or default
     if target.startswith("kafka://"):
         servers, topics = kafka_source_parts(target)
-        return DeadLetterTopic(servers, topics[0], config.source.kafka)
+        return DeadLetterTopic(servers, topics[0], config.errors.kafka)
     if "://" in target:
         return DeadLetterObjects(target, config.sink.storage_options)
     return DeadLetterFile(target.partition(":")[2])
@@ -117,7 +119,7 @@ def build_large_messages(config: RunConfig, policy: ValuePolicy) -> LargeMessage
     )
 
 
-def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeline:
+def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None, *, pause_gc: bool = False) -> Pipeline:
     policy = ValuePolicy(
         unrepresentable=config.decode.unrepresentable,
         timestamp_location=config.decode.timestamp_zone,
@@ -141,8 +143,10 @@ def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None) -> Pipeli
         decoder=decoder,
         policy=policy,
         max_batch_records=config.budget.max_batch_records,
-        decode_workers=config.budget.workers(),
+        decode_workers=config.parallelism.member_decode_workers(),
         large_messages=build_large_messages(config, policy),
+        source_retry=SourceRetry(attempts=config.source.retries, backoff=config.source.retry_backoff_s),
+        pause_gc=pause_gc,
     )
 
 
@@ -162,13 +166,16 @@ def build_source(config: RunConfig, pipeline: Pipeline) -> Source:
     )
 
 
-def run(config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = None) -> PipelineStats:
+def run(
+    config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = None, pause_gc: bool = False
+) -> PipelineStats:
     """Run the configured consumer; returns its totals once stopped (idle, end of file, Ctrl-C or SIGTERM).
 
     The first Ctrl-C or SIGTERM stops it cleanly (what is resolved is applied and committed); a second
-    interrupts at once (KeyboardInterrupt). With `budget.processes` > 1 this process is one member of the
+    interrupts at once (KeyboardInterrupt). With `parallelism.processes` > 1 this process is one member of the
     group and starts the others, each a process with its own loop; the totals are every member's,
-    `on_cycle` sees this process's member, and a member's failure stops them all. With `engine.kind`
+    `on_cycle` sees this process's member, and a member's failure stops them all. `pause_gc`: see
+    `Pipeline` (it changes process-wide state, so only the `run` command turns it on). With `engine.kind`
     "spark" it runs as a Spark streaming query (`consumer.spark.engine.run`), which Ctrl-C stops.
     """
     if config.engine.kind == "spark":
@@ -176,20 +183,20 @@ def run(config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = N
 
         return engine.run(config, until_idle=until_idle, on_cycle=on_cycle)
     with StopRequest.on_signals() as stop:
-        if config.budget.processes == 1:
-            return _run_member(config, until_idle, on_cycle, stop)
-        return _run_group(config, until_idle, on_cycle, stop)
+        if config.parallelism.processes == 1:
+            return _run_member(config, until_idle, on_cycle, stop, pause_gc)
+        return _run_group(config, until_idle, on_cycle, stop, pause_gc)
 
 
 def _run_group(
-    config: RunConfig, until_idle: float | None, on_cycle: Any, stop: StopRequest
+    config: RunConfig, until_idle: float | None, on_cycle: Any, stop: StopRequest, pause_gc: bool
 ) -> PipelineStats:
     member = msgspec.structs.replace(
         config,
-        budget=msgspec.structs.replace(config.budget, processes=1, decode_workers=config.budget.workers()),
+        parallelism=ParallelismConfig(decode_workers=config.parallelism.member_decode_workers()),
         metrics=MetricsConfig(),  # one endpoint: this process's
     )
-    others = GroupMembers(config.budget.processes - 1, run_member, (member, until_idle))
+    others = GroupMembers(config.parallelism.processes - 1, run_member, (member, until_idle, pause_gc))
 
     def cycle(pipeline: Pipeline) -> None:
         others.check()
@@ -198,7 +205,9 @@ def _run_group(
 
     stopped = False
     try:
-        stats = _run_member(msgspec.structs.replace(member, metrics=config.metrics), until_idle, cycle, stop)
+        stats = _run_member(
+            msgspec.structs.replace(member, metrics=config.metrics), until_idle, cycle, stop, pause_gc
+        )
         stopped = True
     finally:
         totals = others.stop(interrupt=not stopped or stop.requested)
@@ -208,10 +217,10 @@ def _run_group(
 
 
 def _run_member(
-    config: RunConfig, until_idle: float | None, on_cycle: Any, stop: StopRequest
+    config: RunConfig, until_idle: float | None, on_cycle: Any, stop: StopRequest, pause_gc: bool
 ) -> PipelineStats:
     """One member's pipeline, until idle or `stop`."""
-    pipeline = build_pipeline(config)
+    pipeline = build_pipeline(config, pause_gc=pause_gc)
     source = build_source(config, pipeline)
     try:
         return pipeline.run(source, until_idle=until_idle, on_cycle=on_cycle, stop=stop)
@@ -220,12 +229,12 @@ def _run_member(
         pipeline.close()
 
 
-def run_member(config: RunConfig, until_idle: float | None, asked: Any, reports: Any) -> None:
+def run_member(config: RunConfig, until_idle: float | None, pause_gc: bool, asked: Any, reports: Any) -> None:
     """The body of a member process `run` starts: it stops when `asked` is set; its totals, or its error, go
     to `reports`."""
     member = MemberProcess(asked)
     try:
-        reports.put((member.name, _run_member(config, until_idle, member.on_cycle, member.stop)))
+        reports.put((member.name, _run_member(config, until_idle, member.on_cycle, member.stop, pause_gc)))
     except Exception as exc:  # any failure of a member fails the command, with its reason
         reports.put((member.name, MemberFailed(f"{member.name}: {type(exc).__name__}: {exc}")))
         raise SystemExit(1) from exc

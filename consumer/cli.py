@@ -325,7 +325,7 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
             "ordering": flags["ordering"],
         },
         "metrics": {"port": flags["metrics_port"]},
-        "budget": {"processes": flags["processes"]},
+        "parallelism": {"processes": flags["processes"]},
         "engine": {"kind": flags["engine"], "master": flags["master"], "checkpoint": flags["checkpoint"]},
     }
     try:
@@ -335,7 +335,7 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     reporter = ProgressReporter(metrics_port=config.metrics.port)
     try:
-        stats = app.run(config, until_idle=until_idle, on_cycle=reporter)
+        stats = app.run(config, until_idle=until_idle, on_cycle=reporter, pause_gc=True)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     except (SourceAuthenticationError, SourceUnreachableError) as exc:

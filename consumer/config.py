@@ -3,7 +3,8 @@
 Validated once at start into typed structs. Environment variables are named
 `TICDC_CONSUMER_<SECTION>_<FIELD>` (e.g. `TICDC_CONSUMER_SOURCE_GROUP=orders`); Kafka client settings
 pass through from `[source.kafka]` (or `TICDC_CONSUMER_KAFKA_<SETTING>`, dots as underscores:
-`TICDC_CONSUMER_KAFKA_SASL_PASSWORD` sets `sasl.password`).
+`TICDC_CONSUMER_KAFKA_SASL_PASSWORD` sets `sasl.password`); those of a dead-letter topic's producer from
+`[errors.kafka]` (or `TICDC_CONSUMER_ERRORS_KAFKA_<SETTING>`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from consumer.errors import ConsumerError
 from consumer.large_messages.storage import parse_location
 from consumer.large_messages.upstream import connection_options
 from consumer.protocol.limits import DecodeLimits
+from consumer.protocol.protocols import resolves_by_watermark
 
 ENV_PREFIX = "TICDC_CONSUMER_"
 # Value decoding is most of a record's CPU: a lone process on a multi-core machine decodes in worker
@@ -34,6 +36,8 @@ class SourceConfig(msgspec.Struct, forbid_unknown_fields=True):
     group: str = "ticdc-consumer"
     kafka: dict[str, str] = msgspec.field(default_factory=dict)
     unreachable_timeout_s: float = 60.0  # every broker unreachable this long, once connected: `run` fails
+    retries: int = 5  # a transient error (a timeout, the group rebalancing) is retried this often...
+    retry_backoff_s: float = 0.5  # ...after this long, doubling each time (at most 10 s)
 
 
 _LIMITS = DecodeLimits()
@@ -62,7 +66,9 @@ class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
         return {**self.schema_registry_config, **auth}
 
     def watermark_ordering(self) -> bool:
-        return self.ordering == "watermark" or (self.ordering == "auto" and self.protocol == "simple")
+        return self.ordering == "watermark" or (
+            self.ordering == "auto" and resolves_by_watermark(self.protocol)
+        )
 
     def limits(self) -> DecodeLimits:
         return DecodeLimits(
@@ -86,16 +92,22 @@ class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
 class ErrorsConfig(msgspec.Struct, forbid_unknown_fields=True):
     policy: Literal["dead-letter", "fail"] = "dead-letter"
     dead_letter: str = ""  # file:PATH | kafka://HOST:PORT/TOPIC ; default: <sink root>/_dead_letters.jsonl
+    kafka: dict[str, str] = msgspec.field(default_factory=dict)  # a dead-letter topic's producer settings
 
 
 class BudgetConfig(msgspec.Struct, forbid_unknown_fields=True):
     pending_bytes: int = 256 * 1024 * 1024
     pending_timeout_s: float = 240.0
     max_batch_records: int = 100_000  # records per cycle: fewer, larger commits and MERGEs
+
+
+class ParallelismConfig(msgspec.Struct, forbid_unknown_fields=True):
+    """How many processes a `run` command uses."""
+
     processes: int = 1  # members of the consumer group this command runs, one process each (Kafka only)
     decode_workers: int | None = None  # processes decoding values beside a loop; 0: in it; None: automatic
 
-    def workers(self) -> int:
+    def member_decode_workers(self) -> int:
         """Decode workers per member: as configured, else the default for a lone process, else none."""
         if self.decode_workers is not None:
             return self.decode_workers
@@ -139,6 +151,7 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     sink: SinkConfig = msgspec.field(default_factory=SinkConfig)
     errors: ErrorsConfig = msgspec.field(default_factory=ErrorsConfig)
     budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
+    parallelism: ParallelismConfig = msgspec.field(default_factory=ParallelismConfig)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     large_messages: LargeMessagesConfig = msgspec.field(default_factory=LargeMessagesConfig)
@@ -190,8 +203,10 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX) :].lower()
-        if rest.startswith("kafka_"):
-            found.setdefault("source", {}).setdefault("kafka", {})[rest[6:].replace("_", ".")] = value
+        client = next((s for s in _CLIENT_SETTINGS if rest.startswith(s)), None)
+        if client is not None:
+            settings = found.setdefault(_CLIENT_SETTINGS[client], {}).setdefault("kafka", {})
+            settings[rest[len(client) :].replace("_", ".")] = value
             continue
         section = next((s for s in RunConfig.__struct_fields__ if rest.startswith(s + "_")), None)
         if section is not None:
@@ -200,6 +215,8 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return found
 
 
+# librdkafka settings in the environment, by prefix: the source's consumer, a dead-letter topic's producer
+_CLIENT_SETTINGS = {"kafka_": "source", "errors_kafka_": "errors"}
 _LIST_FIELDS = frozenset(("claim_check_roots",))  # comma-separated in the environment
 
 
@@ -227,20 +244,25 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError(
             "decode limits (max_decompressed_bytes, max_nesting_depth, max_value_bytes) must be >= 1"
         )
+    if config.source.retries < 0 or config.source.retry_backoff_s < 0:
+        raise ConfigError("source.retries and source.retry_backoff_s must be >= 0")
     if not limits.max_commit_ts_ahead_s > 0:
         raise ConfigError("decode.max_commit_ts_ahead_s must be positive")
-    if config.budget.processes < 1:
-        raise ConfigError(f"budget.processes = {config.budget.processes}: at least one process runs")
-    if config.budget.processes > 1 and source.scheme != "kafka":
-        raise ConfigError("budget.processes > 1 needs a Kafka source: the processes share its partitions")
-    if config.budget.processes > 1 and config.sink.allow_unsafe_commits:
+    processes = config.parallelism.processes
+    if processes < 1:
+        raise ConfigError(f"parallelism.processes = {processes}: at least one process runs")
+    if processes > 1 and source.scheme != "kafka":
+        raise ConfigError(
+            "parallelism.processes > 1 needs a Kafka source: the processes share its partitions"
+        )
+    if processes > 1 and config.sink.allow_unsafe_commits:
         raise ConfigError(
             "sink.allow_unsafe_commits accepts a store without conditional writes for ONE writer process: "
-            "budget.processes must be 1"
+            "parallelism.processes must be 1"
         )
-    if config.budget.processes > 1 and config.sink.url.startswith("parquet:"):
+    if processes > 1 and config.sink.url.startswith("parquet:"):
         raise ConfigError(
-            "budget.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"
+            "parallelism.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"
         )
     _check_engine(config)
 

@@ -1,4 +1,4 @@
-"""The other members of the consumer group one `run` command runs (`budget.processes` > 1).
+"""The other members of the consumer group one `run` command runs (`parallelism.processes` > 1).
 
 A process per member, each with its own Kafka consumer, loop and sinks, sharing the topic's partitions
 through the group: the cheapest way to use several cores, since nothing crosses a process boundary (decode

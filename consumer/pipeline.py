@@ -29,7 +29,7 @@ from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import DecodedMessage, KeyOnlyDML, RawDML, TableSchema, Watermark
 from consumer.protocol.protocols import RecordDecoder
 from consumer.protocol.rows import TableCodec
-from consumer.protocol.types import ValuePolicy
+from consumer.protocol.types import DecodeStats, ValuePolicy
 from consumer.sinks.base import (
     CommitContext,
     DDLEvent,
@@ -42,6 +42,7 @@ from consumer.sinks.dead_letter import DeadLetterSink
 from consumer.sources.base import Source
 from consumer.sources.errors import SourceError
 from consumer.sources.record import SourceRecord
+from consumer.sources.retry import SourceRetry
 from consumer.state.machine import ConsumerState, Unapplied
 from consumer.state.schema_cache import snapshot_schemas
 from consumer.state.units import DDLUnit, DeadLetter, RowBatch, RowOrigins, Unit
@@ -57,8 +58,8 @@ DecodedRecord = tuple[RecordLocation, DecodedMessage | ConsumerError, bytes | No
 log = logging.getLogger(__name__)
 SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the sinks' records this often
 # Buffered rows are many small objects living about a cycle: the collector's automatic passes re-scan them
-# over and over (a third of the time with Python's default thresholds, 5-7% still with raised ones), and the
-# loop makes next to no reference cycles. While running, a full collection runs this often instead.
+# over and over (a third of the time with Python's default thresholds), and the loop makes next to no
+# reference cycles. With `pause_gc`, a full collection runs this often instead while running.
 GC_EVERY_SECONDS = 30.0
 JOIN_GRACE_SECONDS = 30.0  # an unassigned member waits this much longer before judging the topic idle
 PROGRESS_SECONDS = 5.0  # sinks keeping progress record it this often, when schemas change, and at the end
@@ -90,8 +91,21 @@ class _Failed:
 
 
 @dataclass
+class _Tally:
+    """What applying one unit did, counted by the thread applying it. The loop's thread adds it to
+    `PipelineStats` when it confirms the unit, so the totals have one writer: the thread that also runs
+    `on_cycle` (the progress display iterates them)."""
+
+    rows_by_table: dict[str, int] = field(default_factory=dict)
+    ddls: int = 0
+    dead_letters: int = 0
+    integrity_failures: int = 0
+
+
+@dataclass
 class PipelineStats:
-    """Running totals, read by the progress display and the metrics endpoint."""
+    """Running totals, read by the progress display and the metrics endpoint. Only the thread running
+    `Pipeline.run` changes them."""
 
     records: int = 0
     rows: int = 0
@@ -110,6 +124,14 @@ class PipelineStats:
     started: float = field(default_factory=time.monotonic)
     stopped_on_request: bool = False  # Ctrl-C, SIGTERM...: not idle, not at the end of its input
     unapplied: list[Unapplied] = field(default_factory=list)  # per partition, when the run ended
+
+    def add(self, tally: _Tally) -> None:
+        for table, rows in tally.rows_by_table.items():
+            self.rows += rows
+            self.rows_by_table[table] = self.rows_by_table.get(table, 0) + rows
+        self.ddls += tally.ddls
+        self.dead_letters += tally.dead_letters
+        self.integrity_failures += tally.integrity_failures
 
     def combined(self, other: PipelineStats) -> PipelineStats:
         """The totals of two members of one group (the earlier start)."""
@@ -149,6 +171,13 @@ class Pipeline:
 
     `large_messages` makes key-only DMLs (spec §7) whole before the state machine sees them; without one,
     every claim-check is refused and every handle-key-only row goes to the error policy.
+
+    `source_retry`: how often, and how patiently, a transient source error is retried before the run stops
+    on it (a permanent one stops it at once).
+
+    `pause_gc`: while `run` runs, turn the garbage collector's automatic passes off for the whole process
+    and collect every GC_EVERY_SECONDS instead (buffered rows are many short-lived objects the automatic
+    passes re-scan over and over). Process-wide state, so off by default; the `run` command turns it on.
     """
 
     def __init__(
@@ -164,9 +193,13 @@ class Pipeline:
         poll_timeout: float = 0.2,
         decode_workers: int = 0,
         large_messages: LargeMessageResolver | None = None,
+        source_retry: SourceRetry | None = None,
+        pause_gc: bool = False,
         row_decoder: RowDecoder = table_changes,
     ) -> None:
         self.group = group
+        self.source_retry = source_retry or SourceRetry()
+        self.pause_gc = pause_gc
         self.state = state
         self.sinks = list(sinks)
         self.dead_letters = dead_letters
@@ -178,17 +211,21 @@ class Pipeline:
         self.max_batch_records = max_batch_records
         self.poll_timeout = poll_timeout
         self.stats = PipelineStats()
+        self.decode_stats = DecodeStats()  # values the policy nulled, images verified (any thread adds)
         # With decode workers the stages overlap: workers decode, a writer thread applies units to the sinks
         # in order (delta-rs releases the GIL), and this loop fetches, orders and confirms.
         self._pool = (
-            DecodePool(decode_workers, self.policy, self.decoder.registry) if decode_workers else None
+            DecodePool(decode_workers, self.policy, self.decoder.registry, self.decode_stats)
+            if decode_workers
+            else None
         )
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sink-writer") if decode_workers else None
         self._queue: deque[_Queued] = deque()  # resolved, not handed to the sinks yet: in resolve order
         self._queued_rows = 0
-        self._writing: deque[tuple[Unit, Future[None]]] = deque()  # handed to the writer, not confirmed
+        self._writing: deque[tuple[Unit, Future[_Tally]]] = deque()  # handed to the writer, not confirmed
         self._writing_rows = 0
         self._write_error: BaseException | None = None  # the unit the writer failed on stops everything
+        self._tally = _Tally()  # what the unit being applied did (one unit is applied at a time)
         self._source: Source | None = None
         self._codecs: dict[tuple[str, str, int], TableCodec] = {}
         self._resume: dict[TopicPartition, int] = {}
@@ -218,13 +255,16 @@ class Pipeline:
         everything resolved by then is applied and committed. The totals say what was left unapplied."""
         self._source = source
         self._idle = 0.0
-        collecting = gc.isenabled()
-        gc.disable()
+        paused = self.pause_gc and gc.isenabled()
+        if paused:
+            gc.disable()
         collected = time.monotonic()
         try:
             while True:
                 polled = time.monotonic()
-                records = source.poll_batch(self.max_batch_records, self.poll_timeout)
+                records = self.source_retry.call(
+                    "poll", lambda: source.poll_batch(self.max_batch_records, self.poll_timeout)
+                )
                 waited = time.monotonic() - polled
                 self.step(records)
                 self._idle = 0.0 if self._changed else self._idle + waited
@@ -235,7 +275,7 @@ class Pipeline:
                     break
                 if until_idle is not None and self._idle_for(source) >= until_idle:
                     break
-                if polled - collected > GC_EVERY_SECONDS:
+                if paused and polled - collected > GC_EVERY_SECONDS:
                     gc.collect()
                     collected = time.monotonic()
         finally:
@@ -243,7 +283,7 @@ class Pipeline:
                 self._flush_and_commit(final=True)
             finally:
                 self._count_integrity_and_fetches()
-                if collecting:
+                if paused:
                     gc.enable()
         self.stats.unapplied = self.state.unapplied()
         return self.stats
@@ -327,7 +367,7 @@ class Pipeline:
         self._learn_recorded_schemas()
         recorded = self._sink_resume_offsets()
         self.state.seed_watermarks(self._sink_watermarks())
-        committed = self._source.committed(partitions) if self._source else {}
+        committed = self._committed(partitions)
         starts = {}
         for tp in partitions:
             sink_offset = recorded.get(tp)
@@ -337,6 +377,12 @@ class Pipeline:
         if starts:
             log.info("resuming %d partition(s) from sink-recorded offsets: %s", len(starts), starts)
         return starts or None
+
+    def _committed(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int | None]:
+        source = self._source
+        if source is None:
+            return {}
+        return self.source_retry.call("reading committed offsets", lambda: source.committed(partitions))
 
     def on_revoke(self, partitions: list[TopicPartition]) -> None:
         """Flush and commit what can be, then drop the partitions' state (the next owner re-reads it)."""
@@ -438,7 +484,7 @@ class Pipeline:
                 self._writing.append((queued.unit, self._writer.submit(self._write, queued, context)))
                 self._writing_rows += _rows(queued.unit)
             else:
-                self._apply(queued, context)
+                self.stats.add(self._apply(queued, context))
                 self.state.confirm(queued.unit)
         try:
             self._confirm_written(wait=drain)
@@ -447,12 +493,12 @@ class Pipeline:
         finally:
             self._commit(final=final)  # what was applied, even when a later unit failed
 
-    def _write(self, queued: _Queued, context: CommitContext) -> None:
+    def _write(self, queued: _Queued, context: CommitContext) -> _Tally:
         """The writer thread's job; once one unit failed, the later ones are left unapplied."""
         if self._write_error is not None:
-            return
+            return _Tally()
         try:
-            self._apply(queued, context)
+            return self._apply(queued, context)
         except BaseException as exc:
             self._write_error = exc
             raise
@@ -466,11 +512,12 @@ class Pipeline:
             unit, writing = self._writing.popleft()
             self._writing_rows -= _rows(unit)
             try:
-                writing.result()
+                tally = writing.result()
             except BaseException:
                 self._writing.clear()  # the units after it were not applied: never confirmed
                 self._writing_rows = 0
                 raise
+            self.stats.add(tally)
             self.state.confirm(unit)
 
     def _queued(self, unit: Unit, resolved_ts: int) -> _Queued:
@@ -479,7 +526,9 @@ class Pipeline:
             return _Queued(unit, resolved_ts)
         return _Queued(unit, resolved_ts, self._pool.submit(unit.schema, unit.rows))
 
-    def _apply(self, queued: _Queued, context: CommitContext) -> None:
+    def _apply(self, queued: _Queued, context: CommitContext) -> _Tally:
+        """Apply one unit to the sinks; returns what it did, for the loop's thread to add to the totals."""
+        self._tally = _Tally()
         unit = queued.unit
         if isinstance(unit, RowBatch):
             self._write_rows(unit, context, queued.decoding)
@@ -488,9 +537,10 @@ class Pipeline:
             event = DDLEvent(unit.ddl, schema.database if schema else None, schema.table if schema else None)
             for sink in self.sinks:
                 sink.apply_ddl(event, context)
-            self.stats.ddls += 1
+            self._tally.ddls += 1
         else:
             self._dead_letter(unit)
+        return self._tally
 
     def _write_rows(self, unit: RowBatch, context: CommitContext, decoding: Decoding | None) -> None:
         """Deliver the worker's decoding, or decode here: without workers, and to apply the error policy to
@@ -507,13 +557,13 @@ class Pipeline:
         rows = list(unit.rows)
         origins: RowOrigins | None = unit.origins  # until a bad row is taken out
         while rows:
-            counted = self.policy.stats.unrepresentable
+            counted = self.decode_stats.unrepresentable
             try:
                 changes = self.row_decoder(codec, rows, origins)
             except DecodeError as exc:
                 if self.state.policy == "fail":
                     raise
-                self.policy.stats.unrepresentable = counted  # the retry counts the batch's values again
+                self.decode_stats.unrepresentable = counted  # the retry counts the batch's values again
                 origins = None
                 row = getattr(exc, "row", None)
                 if row is None:  # which row is unknown: each alone tells, and is delivered alone
@@ -524,8 +574,8 @@ class Pipeline:
             except RejectedRowsError as exc:  # every row that failed verification, at once
                 if self.state.policy == "fail":
                     raise exc.rejected[min(exc.rejected)] from exc
-                self.policy.stats.unrepresentable = counted
-                self.stats.integrity_failures += len(exc.rejected)
+                self.decode_stats.unrepresentable = counted
+                self._tally.integrity_failures += len(exc.rejected)
                 for index in sorted(exc.rejected, reverse=True):
                     bad_raw, bad_location = rows.pop(index)
                     error = exc.rejected[index]
@@ -557,19 +607,18 @@ class Pipeline:
     def _deliver(self, changes: TableChanges, context: CommitContext) -> None:
         for sink in self.sinks:
             sink.write(changes, context)
-        name = f"{changes.database}.{changes.table}"
-        self.stats.rows += changes.changelog.num_rows
-        self.stats.rows_by_table[name] = self.stats.rows_by_table.get(name, 0) + changes.changelog.num_rows
+        name, tables = f"{changes.database}.{changes.table}", self._tally.rows_by_table
+        tables[name] = tables.get(name, 0) + changes.changelog.num_rows
 
     def _dead_letter(self, unit: DeadLetter) -> None:
         self.dead_letters.write(unit)
-        self.stats.dead_letters += 1
+        self._tally.dead_letters += 1
         log.warning("dead-lettered %s: %s", unit.location, unit.reason)
 
     def _count_integrity_and_fetches(self) -> None:
-        """Totals the stages keep themselves (decode workers report theirs through the policy's stats)."""
+        """Totals the stages keep themselves (decode workers report theirs through `decode_stats`)."""
         storage = self.large_messages.store.stats
-        self.stats.verified_images = self.policy.stats.verified
+        self.stats.verified_images = self.decode_stats.verified
         self.stats.claim_check_fetches = storage.fetches
         self.stats.claim_check_bytes = storage.bytes
         self.stats.claim_check_seconds = storage.seconds
@@ -580,7 +629,7 @@ class Pipeline:
         codec = self._codecs.get(unit.schema.key)
         if codec is None or codec.schema != unit.schema:
             codec = self._codecs[unit.schema.key] = TableCodec(
-                unit.schema, self.policy, registry=self.decoder.registry
+                unit.schema, self.policy, registry=self.decoder.registry, stats=self.decode_stats
             )
         return codec
 

@@ -121,25 +121,25 @@ def _raw(value: bytes) -> RawDML:
 def test_a_bad_value_or_a_zero_date_comes_back_for_the_loop_and_the_count(pool: DecodePool) -> None:
     zero_date = ((_raw(_value(1, "0000-00-00", "1.50")), RecordLocation("t", 0, 5)),)
     bad_score = ((_raw(_value(2, "2001-02-03", "lots")), RecordLocation("t", 0, 6)),)
-    before = pool.policy.stats.unrepresentable
+    before = pool.stats.unrepresentable
     zero = pool.result(pool.submit(SCHEMA, zero_date), SCHEMA)  # type: ignore[arg-type]
     assert zero is not None and zero.changelog.column("born").to_pylist() == [None]
     assert zero.changelog.column("score").to_pylist() == [Decimal("1.50")]
-    assert pool.policy.stats.unrepresentable == before + 1
+    assert pool.stats.unrepresentable == before + 1
     assert pool.result(pool.submit(SCHEMA, bad_score), SCHEMA) is None  # type: ignore[arg-type]
 
 
 def test_a_batch_larger_than_a_piece_comes_back_whole_and_in_order(pool: DecodePool) -> None:
     raw = _raw(_value(1, "0000-00-00", "2.50"))
     rows = tuple((raw, RecordLocation("t", 0, offset)) for offset in range(2 * PIECE_ROWS + 7))
-    before = pool.policy.stats.unrepresentable
+    before = pool.stats.unrepresentable
     decoding = pool.submit(SCHEMA, rows)
     assert decoding is not None and len(decoding.pieces) == 3
     changes = pool.result(decoding, SCHEMA)
     assert changes is not None
     assert changes.changelog.column("_offset").to_pylist() == list(range(len(rows)))
     assert changes.changelog.equals(table_changes(TableCodec(SCHEMA), rows).changelog)
-    assert pool.policy.stats.unrepresentable == before + len(rows)
+    assert pool.stats.unrepresentable == before + len(rows)
 
 
 def test_a_dead_worker_costs_no_batch(caplog: pytest.LogCaptureFixture) -> None:
@@ -232,7 +232,7 @@ def test_a_pipeline_with_workers_writes_what_one_without_writes(tmp_path: Path) 
     assert len(pooled_rows) == 399 and pooled_rows == alone_rows
     assert [(d["partition"], d["offset"]) for d in pooled_dead] == [(1, 65)]
     assert pooled_dead == alone_dead
-    assert pooled.policy.stats.unrepresentable == alone.policy.stats.unrepresentable == 8
+    assert pooled.decode_stats.unrepresentable == alone.decode_stats.unrepresentable == 8
     assert pooled.stats.rows == alone.stats.rows == 399 and pooled.stats.dead_letters == 1
 
 

@@ -136,10 +136,11 @@ def test_wrong_avro_branch_for_a_column_names_it() -> None:
 
 
 def test_zero_date_is_null_and_counted_by_default_or_raises_on_request() -> None:
-    policy = ValuePolicy()
-    dml = _typed(_json_dml({"id": "1", "born": "0000-00-00"}), policy)
-    assert dml.data == {"id": 1, "born": None}  # type: ignore[attr-defined]
-    assert policy.stats.unrepresentable == 1
+    codec = TableCodec(SCHEMA)
+    raw = MessageDecoder().decode(_json_dml({"id": "1", "born": "0000-00-00"}))
+    assert isinstance(raw, RawDML)
+    assert codec.decode(raw).data == {"id": 1, "born": None}
+    assert codec.stats.unrepresentable == 1
     with pytest.raises(UnrepresentableValueError, match="born"):
         _typed(_json_dml({"id": "1", "born": "2026-00-10"}), ValuePolicy(unrepresentable="raise"))
 

@@ -45,7 +45,9 @@ SCHEMA = TableSchema(
     ),
     (Index("primary", True, True, False, ("id",)),),
 )
-IN_PROCESS = {"TICDC_CONSUMER_BUDGET_DECODE_WORKERS": "0"}  # workers are exercised by the subprocess cases
+IN_PROCESS = {
+    "TICDC_CONSUMER_PARALLELISM_DECODE_WORKERS": "0"
+}  # workers are exercised by the subprocess cases
 
 
 def dml(

@@ -28,6 +28,7 @@ from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.dead_letter import DeadLetterFile
 from consumer.sinks.jsonl import JsonLinesSink
 from consumer.sources.capture import capture_topic, read_capture
+from consumer.sources.errors import SourceError
 from consumer.sources.files import FileSource
 from consumer.sources.kafka import KafkaSource
 from consumer.state.machine import ConsumerState
@@ -292,3 +293,60 @@ def test_sigkill_and_restart_resumes_from_committed_offsets_without_loss(
     rows = _delivered(out)
     truth = load_truth(tmp_path / "truth.json")
     assert differences(replay_changelog(_unique_images(rows), _ddls(out)), truth) == []
+
+
+@pytest.mark.slow
+def test_a_cycle_slower_than_the_poll_interval_costs_the_membership_not_the_run(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """librdkafka leaves the group when the loop does not poll within `max.poll.interval.ms` (a slow sink
+    write) and reports _MAX_POLL_EXCEEDED: a transient error, retried; the member rejoins and resumes from
+    the last commit."""
+    topic = kafka_topic(2)
+    truth = _simulate(kafka_broker, topic, tmp_path, rows=600, tables=1, partitions=2)
+    group, root = f"{topic}.slow", tmp_path / "out"
+    pipeline = _pipeline(root, group, max_batch_records=200)
+    source = KafkaSource(
+        kafka_broker.bootstrap_servers,
+        [topic],
+        group,
+        config={**FAST_GROUP, "max.poll.interval.ms": "3000"},
+        on_assign=pipeline.on_assign,
+        on_revoke=pipeline.on_revoke,
+    )
+    slowed: list[bool] = []
+
+    def slow_once(p: Pipeline) -> None:
+        if p.stats.rows and not slowed:
+            slowed.append(True)
+            time.sleep(4.5)
+
+    with caplog.at_level("WARNING", logger="consumer.sources.retry"):
+        try:
+            pipeline.run(source, until_idle=3.0, on_cycle=slow_once)
+        finally:
+            source.close()
+    assert "_MAX_POLL_EXCEEDED" in caplog.text and "retrying" in caplog.text
+    rows = _unique_images(_delivered(root))
+    assert differences(replay_changelog(rows, _ddls(root)), truth) == []
+
+
+def test_a_permanent_source_error_stops_the_run_without_retrying(
+    kafka_broker: EmbeddedBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pipeline = _pipeline(tmp_path, "absent-topic")
+    source = KafkaSource(
+        kafka_broker.bootstrap_servers,
+        ["absent"],
+        "absent-topic",
+        config=FAST_GROUP,
+        on_assign=pipeline.on_assign,
+    )
+    with caplog.at_level("WARNING", logger="consumer.sources.retry"):
+        try:
+            with pytest.raises(SourceError, match="absent") as stopped:
+                pipeline.run(source, until_idle=30.0)
+        finally:
+            source.close()
+    assert stopped.value.client_code == "UNKNOWN_TOPIC_OR_PART" and not stopped.value.retriable
+    assert "retrying" not in caplog.text

@@ -19,8 +19,11 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from lakehouse_checks import changelog_rows
 
+from consumer.app import build_dead_letters
 from consumer.cli import EXIT_SOURCE_UNAVAILABLE
-from consumer.errors import RecordLocation
+from consumer.config import load_config
+from consumer.errors import RecordLocation, SinkError
+from consumer.kafka_config import REDACTED
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML, DMLType
 from consumer.simulate.output import produce_to_kafka, write_capture_file
@@ -237,10 +240,17 @@ def test_sigkill_of_a_two_process_group_leaves_no_member(
 
 
 def test_a_dead_letter_topic_carries_the_reason_code_header(
-    kafka_broker: EmbeddedBroker, kafka_topic: Any
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:
-    topic = kafka_topic(1)
-    letters = DeadLetterTopic(kafka_broker.bootstrap_servers, topic)
+    """Its producer gets `[errors.kafka]`, not the consumer's settings (SASL here, which tansu refuses)."""
+    topic, servers = kafka_topic(1), kafka_broker.bootstrap_servers
+    sasl = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.password": "hunter2"}
+    overrides: dict[str, dict[str, Any]] = {
+        "source": {"url": f"kafka://{servers}/cdc", "kafka": sasl},
+        "sink": {"url": f"jsonl:{tmp_path}"},
+        "errors": {"dead_letter": f"kafka://{servers}/{topic}", "kafka": {"client.id": "dead-letters"}},
+    }
+    letters = build_dead_letters(load_config(overrides=overrides, environ={}))
     letters.write(
         DeadLetter(RecordLocation("cdc", 2, 41), "CompressionBombError: big", b"\x04\x22", "compression-bomb")
     )
@@ -258,6 +268,15 @@ def test_a_dead_letter_topic_carries_the_reason_code_header(
         assert message.value() == b"\x04\x22"
     finally:
         consumer.close()
+
+
+def test_dead_letter_producer_errors_do_not_leak_secrets(kafka_broker: EmbeddedBroker) -> None:
+    # librdkafka echoes invalid values; here the secret doubles as a bad value for another property.
+    settings = {"sasl.password": "hunter2", "security.protocol": "hunter2"}
+    with pytest.raises(SinkError, match="dead-letter producer") as failure:
+        DeadLetterTopic(kafka_broker.bootstrap_servers, "letters", settings)
+    assert "hunter2" not in str(failure.value) and REDACTED in str(failure.value)
+    assert failure.value.__cause__ is None and failure.value.__context__ is None
 
 
 def test_the_first_stop_signal_asks_the_second_interrupts_and_handlers_are_restored() -> None:

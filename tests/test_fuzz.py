@@ -193,7 +193,8 @@ def test_hostile_records_inside_a_valid_stream_never_stop_the_pipeline(tmp_path:
         overrides={
             "source": {"url": f"file:{capture}"},
             "sink": {"url": f"jsonl:{out}"},
-            "budget": {"decode_workers": 0, "pending_timeout_s": 0.2},  # held hostile rows expire quickly
+            "budget": {"pending_timeout_s": 0.2},  # held hostile rows expire quickly
+            "parallelism": {"decode_workers": 0},
             "decode": {"max_decompressed_bytes": FUZZ_LIMITS.max_decompressed_bytes},
         },
     )

@@ -9,9 +9,10 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
+from consumer.kafka_config import REDACTED
 from consumer.sources.base import Partition
 from consumer.sources.errors import SourceError
-from consumer.sources.kafka import ALL_PARTITIONS, REDACTED, KafkaSource
+from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
 from consumer.sources.record import SourceRecord
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.pytest_plugin import TopicFactory

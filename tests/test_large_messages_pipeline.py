@@ -204,7 +204,7 @@ def test_a_storage_outage_stops_the_consumer_before_any_commit_past_the_row(
     (tmp_path / "run.toml").write_text(
         '[large_messages]\nclaim_check_roots = ["s3://bucket/c"]\nfetch_retries = 0\nfetch_concurrency = 1\n'
         f'[source]\nurl = "file:{relocated}"\n[sink]\nurl = "jsonl:{tmp_path / "out"}"\n'
-        "[budget]\ndecode_workers = 0\nmax_batch_records = 40\n"
+        "[budget]\nmax_batch_records = 40\n[parallelism]\ndecode_workers = 0\n"
     )
     config = load_config(tmp_path / "run.toml")
     pipeline = app.build_pipeline(config)

@@ -66,27 +66,37 @@ def test_members_asked_to_stop_report_what_they_did() -> None:
     assert len(totals) == 2 and all(t.records > 0 for t in totals)
 
 
-def _config(**budget: Any) -> RunConfig:
+def _config(**parallelism: Any) -> RunConfig:
     return load_config(
         environ={},
-        overrides={"source": {"url": "kafka://b:9092/t"}, "sink": {"url": "delta:/lake"}, "budget": budget},
+        overrides={
+            "source": {"url": "kafka://b:9092/t"},
+            "sink": {"url": "delta:/lake"},
+            "parallelism": parallelism,
+        },
     )
 
 
 def test_several_processes_decode_in_their_loops_unless_told_otherwise() -> None:
-    assert _config(processes=2).budget.workers() == 0
-    assert _config(processes=2, decode_workers=1).budget.workers() == 1
-    assert _config().budget.workers() == _config(processes=1).budget.workers()
+    assert _config(processes=2).parallelism.member_decode_workers() == 0
+    assert _config(processes=2, decode_workers=1).parallelism.member_decode_workers() == 1
+    assert (
+        _config().parallelism.member_decode_workers()
+        == _config(processes=1).parallelism.member_decode_workers()
+    )
 
 
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        ({"budget": {"processes": 0}}, "at least one process"),
-        ({"budget": {"processes": 2}, "source": {"url": "file:/x.jsonl"}}, "needs a Kafka source"),
-        ({"budget": {"processes": 2}, "sink": {"url": "parquet:/lake"}}, "one writer per root"),
+        ({"parallelism": {"processes": 0}}, "at least one process"),
+        ({"parallelism": {"processes": 2}, "source": {"url": "file:/x.jsonl"}}, "needs a Kafka source"),
+        ({"parallelism": {"processes": 2}, "sink": {"url": "parquet:/lake"}}, "one writer per root"),
         (
-            {"budget": {"processes": 2}, "sink": {"url": "delta:s3://b/lake", "allow_unsafe_commits": True}},
+            {
+                "parallelism": {"processes": 2},
+                "sink": {"url": "delta:s3://b/lake", "allow_unsafe_commits": True},
+            },
             "processes must be 1",
         ),
         ({"sink": {"url": "jsonl:s3://b/out"}}, "local directory"),

@@ -270,7 +270,7 @@ def test_dates_python_cannot_hold_follow_the_unrepresentable_policy() -> None:
         schema_version=1, payload=json.dumps({"data": body}).encode(), encoding="json",
     )  # fmt: skip
     assert codec.decode(raw).data == {"id": 1, "ts": None, "dt": None}
-    assert policy.stats.unrepresentable == 2
+    assert codec.stats.unrepresentable == 2
 
 
 @pytest.mark.parametrize("compression", ["lz4", "snappy"])

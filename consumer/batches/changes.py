@@ -117,7 +117,7 @@ def table_changes(
             for row, error in rejected.items():
                 error.with_location(rows[row][1])
             raise RejectedRowsError(rejected)
-        codec.policy.stats.verified += verified
+        codec.stats.verified += verified
     source = pa.array(images.source, pa.int64())
     kinds = CHANGE_TYPES.take(pa.array(images.kinds, pa.int8()))
     try:

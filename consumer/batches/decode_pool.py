@@ -24,7 +24,7 @@ import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -72,15 +72,22 @@ class DecodePool:
     """`workers` processes decoding `RowBatch` rows into changelog tables under `policy` (TiCDC Avro rows
     read their writer schemas from `registry`).
 
-    Values the policy nulls are counted into `policy.stats`, as when decoding in the loop.
+    Values the policy nulls and images verified are counted into `stats`, as when decoding in the loop.
     """
 
-    def __init__(self, workers: int, policy: ValuePolicy, registry: SchemaRegistry | None = None) -> None:
+    def __init__(
+        self,
+        workers: int,
+        policy: ValuePolicy,
+        registry: SchemaRegistry | None = None,
+        stats: DecodeStats | None = None,
+    ) -> None:
         if workers < 1:
             raise ValueError(f"a decode pool needs at least one worker, not {workers}")
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([__name__])  # workers fork with pyarrow and msgspec imported
         self.policy = policy
+        self.stats = DecodeStats() if stats is None else stats
         self._executor = ProcessPoolExecutor(
             workers,
             mp_context=context,
@@ -130,8 +137,8 @@ class DecodePool:
         decoded = [piece for piece in pieces if piece is not None]
         if len(decoded) < len(pieces):
             return None
-        self.policy.stats.unrepresentable += sum(nulled for _, nulled, _ in decoded)
-        self.policy.stats.verified += sum(verified for _, _, verified in decoded)
+        self.stats.unrepresentable += sum(nulled for _, nulled, _ in decoded)
+        self.stats.verified += sum(verified for _, _, verified in decoded)
         changelogs = [changelog for changelog, _, _ in decoded]
         return TableChanges(schema, changelogs[0] if len(changelogs) == 1 else pa.concat_tables(changelogs))
 
@@ -145,6 +152,7 @@ class DecodePool:
 
 
 _policy = ValuePolicy()
+_stats = DecodeStats()  # counts since the worker started; `_decode` reports the increase
 _registry: SchemaRegistry | None = None
 _codecs: LRUCache[bytes, TableCodec] = LRUCache(_CODECS_PER_WORKER)
 
@@ -155,7 +163,7 @@ def _start_worker(policy: ValuePolicy, registry: SchemaRegistry | None, consumer
     global _policy, _registry
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.set_threshold(*DECODE_GC_THRESHOLDS)
-    _policy = replace(policy, stats=DecodeStats())  # counts since start; `_decode` reports the increase
+    _policy = policy
     _registry = registry
     threading.Thread(target=_exit_with, args=(consumer,), name="exit-with-consumer", daemon=True).start()
 
@@ -193,12 +201,14 @@ def _decode(schema: bytes, rows: bytes) -> _Decoded:
     codec = _codecs.get(schema)
     if codec is None:
         try:
-            codec = _codecs[schema] = TableCodec(_SCHEMA.decode(schema), _policy, registry=_registry)
+            codec = _codecs[schema] = TableCodec(
+                _SCHEMA.decode(schema), _policy, registry=_registry, stats=_stats
+            )
         except ConsumerError:
             return None
-    nulled, verified = _policy.stats.unrepresentable, _policy.stats.verified
+    nulled, verified = _stats.unrepresentable, _stats.verified
     try:
         changes = table_changes(codec, _ROWS.decode(rows))
     except ConsumerError:  # the loop decodes the batch again, to apply the error policy to the bad row
         return None
-    return changes.changelog, _policy.stats.unrepresentable - nulled, _policy.stats.verified - verified
+    return changes.changelog, _stats.unrepresentable - nulled, _stats.verified - verified

@@ -126,14 +126,12 @@ class Catalog:
         self._entries: list[CatalogEntry] | None = None
 
     def entries(self) -> list[CatalogEntry]:
-        if self._entries is None:
-            self.refresh()
-        assert self._entries is not None
-        return self._entries
+        return self.refresh() if self._entries is None else self._entries
 
-    def refresh(self) -> None:
+    def refresh(self) -> list[CatalogEntry]:
         table = self.root.open(self.uri)
         self._entries = [] if table is None else _read(self.root, table)
+        return self._entries
 
     def find(self, name: Name, commit_ts: int) -> CatalogEntry | None:
         """The table holding `name`'s changes at `commit_ts`, from the cache."""
@@ -214,12 +212,7 @@ class Catalog:
         change: Callable[[list[CatalogEntry]], tuple[list[CatalogEntry] | None, CatalogEntry]],
     ) -> CatalogEntry:
         def attempt() -> CatalogEntry:
-            table = self.root.open(self.uri)
-            if table is None:
-                options = self.root.options()
-                DeltaTable.create(self.uri, CATALOG_SCHEMA, mode="ignore", storage_options=options)
-                table = self.root.open(self.uri)
-                assert table is not None
+            table = self.root.open(self.uri) or self.root.create(self.uri, CATALOG_SCHEMA)
             entries = _read(self.root, table)
             changed, result = change(entries)
             if changed is not None:

@@ -104,8 +104,7 @@ def _maintain(
     done.clustered = cluster and kind == "mirror" and bool(key)
 
     def rewrite() -> int:
-        current = lake.open(done.uri)
-        assert current is not None
+        current = lake.existing(done.uri)
         configured = current.metadata().configuration.get("delta.targetFileSize")
         target = int(configured or DEFAULT_TARGET_FILE_SIZE)
         if done.clustered:
@@ -125,8 +124,7 @@ def _maintain(
 
 def _purged(lake: LakeRoot, uri: str, point: int) -> int:
     def purge() -> int:
-        table = lake.open(uri)
-        assert table is not None
+        table = lake.existing(uri)
         return int(table.delete(f"_commit_ts < {point}").get("num_deleted_rows") or 0)
 
     return retry_commits(f"purging {uri}", purge)

@@ -100,6 +100,22 @@ class LakeRoot:
         self._tables[uri] = table
         return table
 
+    def existing(self, uri: str) -> DeltaTable:
+        """The Delta table at `uri`, which this process just saw or created: gone means someone removed it."""
+        table = self.open(uri)
+        if table is None:
+            raise SinkError(f"{uri}: the Delta table is gone (removed from outside the SDK?)")
+        return table
+
+    def create(
+        self, uri: str, schema: pa.Schema, configuration: Mapping[str, str | None] | None = None
+    ) -> DeltaTable:
+        """The Delta table at `uri`, created with `schema` unless another writer created it first."""
+        DeltaTable.create(
+            uri, schema, mode="ignore", configuration=configuration, storage_options=self.options()
+        )
+        return self.existing(uri)
+
     @cached_property
     def _tables(self) -> dict[str, DeltaTable]:
         return {}
@@ -158,16 +174,17 @@ def _s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem:
 def retry_commits(what: str, attempt: Callable[[], T], *, retries: int = 20, backoff: float = 0.05) -> T:
     """Run `attempt` (which reloads what it reads) until its commit is not in conflict with another
     writer's; delta-rs already rebases commits that cannot conflict (blind appends)."""
-    for retry in range(retries + 1):
+    retry = 0
+    while True:
         try:
             return attempt()
         except CommitFailedError as exc:
             if retry == retries:
                 raise SinkError(f"{what}: still conflicting after {retry + 1} attempts: {exc}") from exc
             delay = min(backoff * 2**retry, 2.0)
-            log.info("%s: concurrent commit, retrying (%d)", what, retry + 1)
+            retry += 1
+            log.info("%s: concurrent commit, retrying (%d)", what, retry)
             time.sleep(random.uniform(delay / 2, delay))
-    raise AssertionError("unreachable")
 
 
 _checked: set[tuple[str, tuple[tuple[str, str], ...]]] = set()

@@ -168,6 +168,5 @@ class KeyOnlyDML(msgspec.Struct, frozen=True, gc=False):
     claim_check_location: str = ""
 
 
-SchemaMessage = Bootstrap | DDL
 Message = Watermark | Bootstrap | DDL | DML
 DecodedMessage = Watermark | Bootstrap | DDL | RawDML | KeyOnlyDML

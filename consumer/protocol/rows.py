@@ -30,7 +30,7 @@ from consumer.errors import (
 from consumer.protocol import avro_codec
 from consumer.protocol.containment import contained
 from consumer.protocol.model import DML, Checksum, DMLType, RawDML, TableSchema
-from consumer.protocol.types import ColumnType, ValuePolicy, column_type
+from consumer.protocol.types import ColumnType, DecodeStats, ValuePolicy, column_type
 from consumer.protocol.validation import validate_schema
 
 if TYPE_CHECKING:  # the registry client loads an HTTP stack: only TiCDC Avro needs it
@@ -95,14 +95,19 @@ class TableCodec:
         policy: ValuePolicy | None = None,
         *,
         registry: SchemaRegistry | None = None,
+        stats: DecodeStats | None = None,
     ) -> None:
-        """`registry`: where TiCDC Avro rows' writer schemas are (only that protocol needs one)."""
+        """`registry`: where TiCDC Avro rows' writer schemas are (only that protocol needs one). `stats`:
+        where values the policy nulled and row images verified are counted (codecs may share one)."""
         self.policy = policy or ValuePolicy()
+        self.stats = DecodeStats() if stats is None else stats
         validate_schema(schema, self.policy.unknown_types)
         self.schema = schema
         self.registry = registry
         self._foreign: Any = None
-        self.columns: tuple[ColumnType, ...] = tuple(column_type(c, self.policy) for c in schema.columns)
+        self.columns: tuple[ColumnType, ...] = tuple(
+            column_type(c, self.policy, self.stats) for c in schema.columns
+        )
         self.arrow_schema = pa.schema(
             [pa.field(c.name, c.arrow_type, nullable=c.column.nullable) for c in self.columns]
         )

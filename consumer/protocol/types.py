@@ -73,7 +73,7 @@ class ValuePolicy:
     """How values are decoded and encoded.
 
     `unrepresentable`: what to do with valid MySQL values Python cannot hold, such as `0000-00-00`:
-    "null" (default) stores NULL and counts it in `stats`; "raise" fails the record.
+    "null" (default) stores NULL and counts it in the decoding's `DecodeStats`; "raise" fails the record.
     `timestamp_location`: the zone the encoder writes TIMESTAMP values in (TiCDC's `--tz`), and the zone
     TiCDC Avro's TIMESTAMP text is read in (that protocol does not say).
     `verify_checksums`: check the row checksums TiCDC sends (spec §8) when a row carries them.
@@ -87,7 +87,6 @@ class ValuePolicy:
     verify_checksums: bool = True
     unknown_types: Literal["lossless", "error"] = "lossless"
     limits: DecodeLimits = field(default_factory=DecodeLimits)
-    stats: DecodeStats = field(default_factory=DecodeStats, compare=False)
 
 
 def fsp_of(data_type: DataType) -> int:
@@ -115,11 +114,12 @@ class ColumnType:
     # int/float in C (lax mode), which is cheaper than building a string array and casting it.
     json_wire: ClassVar[Any] = str
 
-    def __init__(self, column: Column, policy: ValuePolicy) -> None:
+    def __init__(self, column: Column, policy: ValuePolicy, stats: DecodeStats | None = None) -> None:
         self.column = column
         self.name = column.name
         self.data_type = column.data_type
         self.policy = policy
+        self.stats = DecodeStats() if stats is None else stats
         self.arrow_type = self._arrow_type()
 
     # -- decoding ---------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ class ColumnType:
                     column=self.name,
                     row=row,
                 )
-            self.policy.stats.unrepresentable += 1
+            self.stats.unrepresentable += 1
             return pa.nulls(1, self.arrow_type)
         if isinstance(exc, _DocumentTooDeep):
             raise DocumentTooDeepError(str(exc), column=self.name, row=row) from exc
@@ -227,9 +227,6 @@ class ColumnType:
 
     def _arrow_type(self) -> pa.DataType:
         raise NotImplementedError  # every registered subclass defines it
-
-    def spark_type(self) -> Any:
-        return spark_type_of(self.arrow_type)
 
 
 def spark_type_of(arrow_type: pa.DataType) -> Any:
@@ -1036,9 +1033,11 @@ _FAMILIES: dict[str, type[ColumnType]] = {
 MYSQL_TYPES: tuple[str, ...] = tuple(_FAMILIES)
 
 
-def column_type(column: Column, policy: ValuePolicy | None = None) -> ColumnType:
+def column_type(
+    column: Column, policy: ValuePolicy | None = None, stats: DecodeStats | None = None
+) -> ColumnType:
     """The conversions of a column; an unknown mysqlType is kept as text unless `policy.unknown_types`
-    is "error"."""
+    is "error". Values the policy nulls are counted in `stats`."""
     policy = policy or ValuePolicy()
     family = _FAMILIES.get(column.data_type.mysql_type)
     if family is None:
@@ -1048,4 +1047,4 @@ def column_type(column: Column, policy: ValuePolicy | None = None) -> ColumnType
                 "which this SDK does not know"
             )
         family = UnknownColumn
-    return family(column, policy)
+    return family(column, policy, stats)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from consumer.large_messages.encoder import LargeMessageEncoder
@@ -170,7 +170,7 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
     try:
         future.result(timeout=10)
     except KafkaException as exc:
-        if "TOPIC_ALREADY_EXISTS" not in str(exc):
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise
 
 

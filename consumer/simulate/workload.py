@@ -304,8 +304,15 @@ class Workload:
         live = [t for t in self.tables if not t.dropped]
         table = live[-1] if kind == "drop-table" else live[0]
         commit_ts = self._tso()
-        build = getattr(self, "_ddl_" + kind.replace("-", "_"))
-        ddl_type, sql, schema = build(table, commit_ts - 1)
+        builders = {
+            "add-column": self._ddl_add_column,
+            "create-index": self._ddl_create_index,
+            "drop-column": self._ddl_drop_column,
+            "truncate": self._ddl_truncate,
+            "rename": self._ddl_rename,
+            "drop-table": self._ddl_drop_table,
+        }
+        ddl_type, sql, schema = builders[kind](table, commit_ts - 1)
         table.schema = schema
         table.last_bootstrap_ms = self._now_ms  # the DDL itself tells consumers the new schema
         yield from self._broadcast(

@@ -10,12 +10,13 @@ import base64
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from consumer.errors import SinkError
+from consumer.kafka_config import create_client, scrubbed, secret_values
 from consumer.sinks.layout import segment
 from consumer.state.units import DeadLetter
 
@@ -99,31 +100,49 @@ class DeadLetterObjects:
 
 
 class DeadLetterTopic:
-    """Produces the raw value to a Kafka topic with the reason and origin in headers; waits for the ack."""
+    """Produces the raw value to a Kafka topic with the reason and origin in headers; waits for the ack.
 
-    def __init__(self, bootstrap_servers: str, topic: str, config: dict[str, Any] | None = None) -> None:
+    `config`: the producer's own librdkafka settings (`[errors.kafka]`: TLS, SASL...), not the consumer's:
+    the dead-letter topic may live on other brokers, with other credentials. Its secrets never reach an error.
+    """
+
+    def __init__(
+        self, bootstrap_servers: str, topic: str, config: Mapping[str, object] | None = None
+    ) -> None:
         self.topic = topic
-        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "acks": "all", **(config or {})})
+        settings = {**(config or {}), "bootstrap.servers": bootstrap_servers, "acks": "all"}
+        self._secrets = secret_values(settings)
+        producer = create_client(Producer, settings)
+        if isinstance(producer, KafkaError):
+            raise self._error(f"cannot create the dead-letter producer for {topic!r}", producer)
+        self._producer = producer
 
     def write(self, letter: DeadLetter) -> None:
         errors: list[str] = []
         where = letter.location
-        headers = {
+        headers: dict[str, str | bytes | None] = {
             "ticdc.reason": letter.reason.encode(),
             "ticdc.reason_code": letter.reason_code.encode(),
             "ticdc.source": str(where).encode(),
         }
-        self._producer.produce(
-            self.topic,
-            value=letter.value,
-            headers=headers,
-            on_delivery=lambda err, _msg: errors.append(str(err)) if err else None,
-        )
+        try:
+            self._producer.produce(
+                self.topic,
+                value=letter.value,
+                headers=headers,
+                on_delivery=lambda err, _msg: errors.append(err.str()) if err else None,
+            )
+        except KafkaException as exc:
+            raise self._error(f"dead letter for {where} not produced", exc.args[0]) from None
         if self._producer.flush(30) or errors:
-            raise SinkError(f"dead letter for {where} not acknowledged: {errors or 'timeout'}")
+            failure = scrubbed("; ".join(errors) or "timeout", self._secrets)
+            raise SinkError(f"dead letter for {where} not acknowledged: {failure}")
 
     def close(self) -> None:
         self._producer.flush(30)
+
+    def _error(self, context: str, error: KafkaError) -> SinkError:
+        return SinkError(scrubbed(f"{context}: {error.str()}", self._secrets))
 
 
 def _origins(path: Path) -> set[tuple[str, int, int]]:

@@ -238,12 +238,7 @@ class DeltaSink(LakehouseSink):
         table = self.root.open(uri)
         if table is None:
             stored = pa.schema([_storable(field) for field in schema])
-            configuration = {"delta.targetFileSize": str(self.target_file_size)}
-            DeltaTable.create(
-                uri, stored, mode="ignore", configuration=configuration, storage_options=self.root.options()
-            )
-            table = self.root.open(uri)
-            assert table is not None
+            table = self.root.create(uri, stored, {"delta.targetFileSize": str(self.target_file_size)})
         properties = {
             KEY_PROPERTY: ",".join(keys),
             **({FLOOR_PROPERTY: str(floor)} if floor > _floor(table) else {}),
@@ -255,13 +250,11 @@ class DeltaSink(LakehouseSink):
     def _evolved(self, table: DeltaTable, schema: pa.Schema) -> pa.Schema:
         """The table's schema after adding the batch's columns it lacks (a schema version it was not
         ALTERed to yet, e.g. written by a member ahead of this one)."""
-        current = _arrow_schema(table)
-        assert current is not None
+        current = _schema(table)
         added = [Field.from_arrow(_storable(f)) for f in schema if f.name not in current.names]
         if added:
             table.alter.add_columns(added)
-            current = _arrow_schema(table)
-            assert current is not None
+            current = _schema(table)
         return current
 
     def _append_deletes(self, uri: str, deleted: pa.Table, group: str) -> None:
@@ -319,7 +312,7 @@ class DeltaSink(LakehouseSink):
             del files[gone]
         for name in sorted(live - set(files)):
             files[name] = self.root.scan(table, [name]).to_table(columns=columns)
-        schema = pa.schema([_arrow_schema(table).field(c) for c in columns])  # type: ignore[union-attr]
+        schema = pa.schema([_schema(table).field(c) for c in columns])
         return pa.concat_tables(files.values()) if files else schema.empty_table()
 
     # -- DDL -------------------------------------------------------------------------------------------
@@ -333,8 +326,7 @@ class DeltaSink(LakehouseSink):
         table = self.root.open(uri)
         if table is None:
             return
-        current = _arrow_schema(table)
-        assert current is not None
+        current = _schema(table)
         for field in fields:
             if field.name in current.names and not _castable(field.type, current.field(field.name).type):
                 raise SinkError(
@@ -458,7 +450,11 @@ def _properties(context: CommitContext, offsets: list[Transaction] | None = None
 
 # -- Arrow <-> Delta -----------------------------------------------------------------------------------
 def _arrow_schema(table: DeltaTable | None) -> pa.Schema | None:
-    return None if table is None else pa.schema(table.schema().to_arrow())
+    return None if table is None else _schema(table)
+
+
+def _schema(table: DeltaTable) -> pa.Schema:
+    return pa.schema(table.schema().to_arrow())
 
 
 def _storable(field: pa.Field) -> pa.Field:

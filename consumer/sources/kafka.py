@@ -28,6 +28,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from consumer.kafka_config import create_client, redact_config, scrubbed, secret_values
 from consumer.sources.base import OnAssign, OnRevoke, Partition
 from consumer.sources.errors import SourceAuthenticationError, SourceError, SourceUnreachableError
 from consumer.sources.record import SourceRecord
@@ -35,7 +36,6 @@ from consumer.sources.record import SourceRecord
 log = logging.getLogger(__name__)
 
 ALL_PARTITIONS: Final = "all"
-REDACTED: Final = "***"
 
 _FORCED_CONFIG: dict[str, object] = {
     "enable.auto.commit": False,
@@ -44,21 +44,30 @@ _FORCED_CONFIG: dict[str, object] = {
 }
 # Error events that mean the brokers refuse this client: retrying with the same settings cannot help.
 _REFUSED = frozenset((KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED))
+# Errors that pass: a slow cycle cost the group membership (librdkafka rejoins on the next poll), a
+# coordinator or leader is moving, a request timed out. librdkafka flags few errors retriable itself.
+_TRANSIENT = frozenset(
+    (
+        KafkaError._MAX_POLL_EXCEEDED,
+        KafkaError._ASSIGNMENT_LOST,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._WAIT_COORD,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    )
+)
 # A consumer that never reached a broker gives up after this long (a lost connection: `unreachable_timeout`).
 STARTUP_UNREACHABLE_SECONDS = 10.0
 _PROBE_SECONDS = 5.0
-# Keys whose values are credentials: passwords, client secrets, JAAS/OAUTHBEARER strings, private keys.
-_SECRET_KEY_MARKERS = ("password", "secret", "jaas", "oauthbearer.config", "key.pem")
-
-
-def is_secret_key(key: str) -> bool:
-    lowered = key.lower()
-    return any(marker in lowered for marker in _SECRET_KEY_MARKERS)
-
-
-def redact_config(config: Mapping[str, object]) -> dict[str, object]:
-    """A copy of a librdkafka config that is safe to log."""
-    return {key: REDACTED if is_secret_key(key) else value for key, value in config.items()}
 
 
 class KafkaSource:
@@ -106,11 +115,7 @@ class KafkaSource:
             **_FORCED_CONFIG,
             "error_cb": self._client_error,
         }
-        self._secret_values = [
-            value
-            for key, value in self._config.items()
-            if is_secret_key(key) and isinstance(value, str) and value
-        ]
+        self._secrets = secret_values(self._config)
         self._topics = list(topics)
         self._on_assign = on_assign
         self._on_revoke = on_revoke
@@ -128,7 +133,7 @@ class KafkaSource:
             self._topics,
             {k: v for k, v in self.redacted_config().items() if k != "error_cb"},
         )
-        consumer = _create_consumer(self._config)
+        consumer = create_client(Consumer, self._config)
         if isinstance(consumer, KafkaError):
             raise self._error("cannot create consumer", consumer)
         self._consumer = consumer
@@ -304,7 +309,7 @@ class KafkaSource:
                 )
         elif error.code() == KafkaError._ALL_BROKERS_DOWN and self._down_since is None:
             self._down_since = time.monotonic()
-            log.warning("kafka source: %s", self._scrubbed(error.str()))
+            log.warning("kafka source: %s", scrubbed(error.str(), self._secrets))
 
     def _reached(self) -> None:
         self._connected = True
@@ -326,27 +331,15 @@ class KafkaSource:
             ) from exc
         self._reached()
 
-    def _scrubbed(self, message: str) -> str:
-        for secret in self._secret_values:
-            message = message.replace(secret, REDACTED)
-        return message
-
     def _error(self, context: str, error: KafkaError, kind: type[SourceError] = SourceError) -> SourceError:
-        message = self._scrubbed(f"{context}: {error.str()}")
-        return kind(message, client_code=error.name(), retriable=error.retriable())
-
-
-def _create_consumer(config: dict[str, object]) -> Consumer | KafkaError:
-    """The consumer, or librdkafka's complaint about the config.
-
-    Returned rather than raised: librdkafka echoes invalid config values, and the caller must be able to raise
-    a scrubbed error without the original chained to it as `__context__`.
-    """
-    try:
-        return Consumer(config)
-    except KafkaException as exc:
-        complaint: KafkaError = exc.args[0]
-        return complaint
+        """A scrubbed `kind`; retriable when transient (refused or unreachable brokers were waited on
+        already: those are final)."""
+        retriable = kind is SourceError and (error.retriable() or error.code() in _TRANSIENT)
+        return kind(
+            scrubbed(f"{context}: {error.str()}", self._secrets),
+            client_code=error.name(),
+            retriable=retriable,
+        )
 
 
 def _keys(partitions: list[TopicPartition]) -> list[Partition]:

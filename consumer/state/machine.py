@@ -5,7 +5,7 @@ A driver loop looks like::
     state.assign(partitions)                       # from the source's rebalance callback
     state.process(record.location, message)        # or process_failed(...) when decoding failed
     for unit in state.resolve():
-        sink.apply(unit)
+        apply(unit)                                # rows or DDL to every sink, or a letter to dead letters
         state.confirm(unit)                        # once durable
     source.commit(state.committable())
     source.pause(state.paused())                   # and resume the rest

@@ -1,0 +1,35 @@
+"""The package's own import surface: exactly `__all__`, every name resolving, and light to import."""
+
+from __future__ import annotations
+
+import importlib.resources
+import subprocess
+import sys
+from importlib.metadata import version
+
+import consumer
+
+
+def test_import_consumer_loads_no_heavy_dependency_and_shows_exactly_all() -> None:
+    script = (
+        "import sys, consumer\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'pyspark', 'deltalake', 'hypothesis'})\n"
+        "assert not heavy, heavy\n"
+        "assert dir(consumer) == sorted(consumer.__all__), dir(consumer)\n"
+        "namespace = {}\n"
+        "exec('from consumer import *', namespace)\n"
+        "assert set(namespace) - {'__builtins__'} == set(consumer.__all__), sorted(namespace)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_public_name_resolves_to_its_home() -> None:
+    assert consumer.__version__ == version("ticdc-consumer")
+    assert consumer.MessageDecoder.__module__ == "consumer.protocol.codec"
+    assert consumer.DeltaSink.__module__ == "consumer.sinks.delta"
+    assert consumer.strategies.__name__ == "consumer.testing.strategies"
+    assert issubclass(consumer.SourceError, consumer.ConsumerError)
+    for name in consumer.__all__:
+        assert getattr(consumer, name) is not None
+    assert importlib.resources.files("consumer").joinpath("py.typed").is_file()
