@@ -245,7 +245,7 @@ def _with_large_messages(writer: StreamWriter, options: dict[str, Any]) -> Strea
     if option == "claim-check" and not uri:
         raise click.UsageError("--large-message claim-check needs --claim-check-uri")
     claim_check = ClaimCheckWriter(uri, raw_value=raw_value) if option == "claim-check" and uri else None
-    return LargeMessageEncoder(writer, option, max_bytes, claim_check)  # type: ignore[arg-type]
+    return LargeMessageEncoder(writer, option, max_bytes, claim_check)
 
 
 def _stream_writer(options: dict[str, Any], topic: str) -> StreamWriter:

@@ -273,7 +273,7 @@ def _check_engine(config: RunConfig) -> None:
     if not config.source.url.startswith("kafka:"):
         raise ConfigError("engine.kind = spark needs a Kafka source: Spark reads partition offset ranges")
     if config.parallelism.processes > 1:
-        raise ConfigError("engine.kind = spark runs one query: its executors scale it, not parallelism.processes")
+        raise ConfigError("engine.kind = spark runs one query: executors scale it, not parallelism.processes")
     root = config.sink.url.partition(":")[2]
     if not config.engine.checkpoint and "://" in root and not root.startswith("file://"):
         raise ConfigError(f"sink {config.sink.url!r} is not a local directory: set engine.checkpoint")

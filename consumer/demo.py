@@ -29,6 +29,7 @@ from consumer.protocol.model import TableSchema
 from consumer.simulate.output import SimulationReport, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_changelogs, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sinks.base import Sink
 from consumer.sinks.delta import DeltaSink
 from consumer.sinks.parquet import ParquetSink, manifest_files
 from consumer.sources.kafka import KafkaSource
@@ -190,7 +191,7 @@ def _consume_into_lakehouse(
         ),
         sink=SinkConfig(url=f"delta:{workdir / 'delta'}", mode="both"),
     )
-    sinks = [DeltaSink(workdir / "delta", mode="both"), ParquetSink(workdir / "parquet")]
+    sinks: list[Sink] = [DeltaSink(workdir / "delta", mode="both"), ParquetSink(workdir / "parquet")]
     pipeline = app.build_pipeline(config, sinks=sinks)
     source = app.build_source(config, pipeline)
     reporter = ProgressReporter(interactive=console.is_terminal)

@@ -25,15 +25,15 @@ def message_object(message: Watermark | Bootstrap | DDL | DML) -> dict[str, Any]
             "columns": [c.name for c in schema.columns],
         }
     if isinstance(message, DDL):
-        schema = message.table_schema
+        described = message.table_schema
         return {
             "kind": "DDL",
             "type": message.type.value,
             "sql": message.sql,
             "commitTs": message.commit_ts,
-            "database": schema.database if schema else None,
-            "table": schema.table if schema else None,
-            "schemaVersion": schema.version if schema else None,
+            "database": described.database if described else None,
+            "table": described.table if described else None,
+            "schemaVersion": described.version if described else None,
         }
     return {
         "kind": "DML",

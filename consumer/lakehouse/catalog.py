@@ -191,7 +191,7 @@ class Catalog:
                 entries = [*entries, entry]
             elif (getattr(entry, mark) or 0) >= commit_ts:
                 return None, entry  # applied already
-            marked = replace(entry, updated_at=None, **{mark: commit_ts})
+            marked = replace(entry, updated_at=None, **{mark: commit_ts})  # type: ignore[arg-type]  # a field name
             return _replaced(entries, entry, marked), marked
 
         return self._change(f"catalog: {mark.removesuffix('_ts')} {name} at {commit_ts}", change)

@@ -168,7 +168,7 @@ def _s3_filesystem(options: Mapping[str, str]) -> pafs.S3FileSystem:
         arguments["scheme"] = parsed.scheme or "https"
     if "region" not in arguments and os.environ.get("AWS_REGION"):
         arguments["region"] = os.environ["AWS_REGION"]
-    return pafs.S3FileSystem(**arguments)  # type: ignore[arg-type]
+    return pafs.S3FileSystem(**arguments)
 
 
 def retry_commits(what: str, attempt: Callable[[], T], *, retries: int = 20, backoff: float = 0.05) -> T:

@@ -179,14 +179,16 @@ class ClaimCheckStore:
         override: str = "",
         *,
         filesystems: Mapping[str, pafs.FileSystem] | None = None,
-        **options: int,
+        max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES,
+        retries: int = DEFAULT_RETRIES,
     ) -> ClaimCheckStore:
         """Build from root URIs; `filesystems` may supply a root's filesystem by its URI."""
         given = filesystems or {}
         return cls(
             [ClaimCheckRoot(uri, given.get(uri)) for uri in roots],
             ClaimCheckRoot(override, given.get(override)) if override else None,
-            **options,
+            max_object_bytes,
+            retries,
         )
 
     def read(self, uri: str) -> bytes:

@@ -294,7 +294,7 @@ def _unsigned_bigint(values: pa.Array) -> pa.Array:
 
 def _wide_decimals(values: pa.Array, scale: int) -> pa.Array:
     """Two's-complement big-endian unscaled integers (decimals too wide for the native reader) as text."""
-    out = []
+    out: list[str | None] = []
     for raw in values.to_pylist():
         if raw is None:
             out.append(None)

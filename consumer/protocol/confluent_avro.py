@@ -43,7 +43,7 @@ from consumer.protocol.model import (
     Watermark,
 )
 from consumer.protocol.registry import SchemaRegistry, subject_names
-from consumer.protocol.self_described import joined_allowed, split_allowed, stable_table_id
+from consumer.protocol.self_described import TEXT, joined_allowed, split_allowed, stable_table_id
 from consumer.protocol.types import (
     ColumnType,
     ValuePolicy,
@@ -168,7 +168,6 @@ _TIDB_TYPES: dict[str, tuple[str, bool]] = {
     "JSON": ("json", False),
     "TiDBVECTORFloat32": ("vector", False),
 }
-_TEXT = {"charset": "utf8mb4", "collate": "utf8mb4_bin"}
 WIDEST_DECIMAL = (65, 30)  # string-mode DECIMAL: precision and scale are not on the wire
 
 
@@ -267,7 +266,7 @@ def _extension(fields: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], tupl
         if field["name"] == BEFORE_FIELD:
             branches = field.get("type")
             records = [b for b in branches if b != "null"] if isinstance(branches, list) else []
-            if len(records) != 1 or len(branches) != 2:
+            if len(records) != 1 or len(branches or ()) != 2:
                 raise MalformedMessageError(f"{BEFORE_FIELD} is not a nullable record")
             for column in _record_fields(records[0], BEFORE_FIELD):
                 _avro_column(column)
@@ -351,15 +350,15 @@ def _data_type(
         length, scale = precise or WIDEST_DECIMAL
         return DataType("decimal", length=length, decimal=scale)
     if tidb_type == "BIT":
-        length = params.get("length") or "1"
-        if not length.isdigit() or not 0 < int(length) <= 64:
-            raise MalformedMessageError(f"column {name!r}: BIT length {length[:20]!r} is not 1-64")
-        return DataType("bit", length=int(length), unsigned=True)
+        bits = params.get("length") or "1"
+        if not bits.isdigit() or not 0 < int(bits) <= 64:
+            raise MalformedMessageError(f"column {name!r}: BIT length {bits[:20]!r} is not 1-64")
+        return DataType("bit", length=int(bits), unsigned=True)
     if tidb_type in ("ENUM", "SET"):
-        return DataType(tidb_type.lower(), **_TEXT, elements=split_allowed(params.get("allowed", "")))
+        return DataType(tidb_type.lower(), **TEXT, elements=split_allowed(params.get("allowed", "")))
     mysql_type, unsigned = _TIDB_TYPES[tidb_type]
     if mysql_type == "text":
-        return DataType("text", **_TEXT)
+        return DataType("text", **TEXT)
     if mysql_type in ("datetime", "timestamp", "time"):
         return DataType(mysql_type, decimal=6)  # fsp is not on the wire; values keep their digits
     return DataType(mysql_type, unsigned=unsigned)

@@ -44,6 +44,7 @@ from consumer.protocol.model import (
 )
 from consumer.protocol.rows import ImageKind
 from consumer.protocol.self_described import (
+    TEXT,
     enum_labels,
     joined_allowed,
     set_labels,
@@ -63,7 +64,6 @@ from consumer.protocol.validation import validate_schema
 
 ENCODING = "debezium"
 _OPS = {"c": DMLType.INSERT, "u": DMLType.UPDATE, "d": DMLType.DELETE}
-_TEXT = {"charset": "utf8mb4", "collate": "utf8mb4_bin"}
 _BINARY = frozenset(("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"))
 _TEXTS = frozenset(("char", "varchar", "tinytext", "text", "mediumtext", "longtext"))
 _INTS = frozenset(("tinyint", "smallint", "mediumint", "int", "bigint"))
@@ -350,10 +350,10 @@ def _data_type(field: _ConnectField, name: str) -> DataType:
     if semantic == "io.debezium.data.Bits":
         return DataType("bit", length=_length(params.get("length") or "1", name), unsigned=True)
     if semantic == "io.debezium.data.Enum":
-        return DataType("enum", **_TEXT, elements=split_allowed(params.get("allowed", "")))
+        return DataType("enum", **TEXT, elements=split_allowed(params.get("allowed", "")))
     if semantic == "io.debezium.data.EnumSet":
         allowed = params.get("allowed", "")
-        return DataType("set", **_TEXT, elements=tuple(allowed.split(",")) if allowed else ())
+        return DataType("set", **TEXT, elements=tuple(allowed.split(",")) if allowed else ())
     connect = field.type
     if connect == "boolean":
         return DataType("bit", length=1, unsigned=True)
@@ -362,7 +362,7 @@ def _data_type(field: _ConnectField, name: str) -> DataType:
     if connect in _CONNECT:
         return DataType(_CONNECT[connect])
     if connect == "string":
-        return DataType("varchar", **_TEXT)
+        return DataType("varchar", **TEXT)
     raise UnsupportedTypeError(f"column {name!r}: Connect type {connect!r} is not TiCDC Debezium")
 
 
@@ -374,7 +374,7 @@ def _tidb_data_type(tidb_type: str, name: str) -> DataType:
     if base == "decimal":
         return DataType("double")  # the wire holds a float64 (spec §6.1): typed as what it is
     if base in _TEXTS:
-        return DataType(base, **_TEXT)
+        return DataType(base, **TEXT)
     if base in _BINARY:
         return DataType(base)
     raise UnsupportedTypeError(f"column {name!r}: tidb_type {tidb_type!r} without its Debezium semantic name")
@@ -443,7 +443,7 @@ def _ddl_column(column: _DDLColumn, typed: bool) -> Column:
     length = column.length or 0
     if base in ("enum", "set"):
         elements = tuple(e[1:-1] if e.startswith("'") else e for e in column.enumValues or ())
-        return Column(name, DataType(base, **_TEXT, elements=elements), nullable)
+        return Column(name, DataType(base, **TEXT, elements=elements), nullable)
     if base in ("datetime", "timestamp", "time"):
         return Column(name, DataType(base, decimal=length), nullable)
     if base == "bit":
@@ -453,7 +453,7 @@ def _ddl_column(column: _DDLColumn, typed: bool) -> Column:
     if base in _INTS or base in ("float", "double"):
         return Column(name, DataType(base, unsigned="unsigned" in flags), nullable)
     if base in _TEXTS:
-        return Column(name, DataType(base, **_TEXT), nullable)
+        return Column(name, DataType(base, **TEXT), nullable)
     if base in _BINARY or base in ("date", "year", "json", "vector"):
         return Column(name, DataType(base), nullable)
     raise UnsupportedTypeError(f"column {name!r}: DDL type {type_name!r} is not TiCDC Debezium")
@@ -507,7 +507,7 @@ class DebeziumRows:
         payload = msgspec.defstruct(
             "Payload", [("before", image | None, None), ("after", image | None, None)]
         )
-        self._decoder = msgspec.json.Decoder(payload)
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(payload)
 
     def images(self, raws: Sequence[RawDML]) -> tuple[pa.RecordBatch, list[int], list[int], list[bool]]:
         """(rows, source, kinds, key_only) as `AvroRows.images` gives them."""
@@ -547,7 +547,9 @@ class DebeziumRows:
 
     def _batch(self, images: list[Any]) -> pa.RecordBatch:
         if self._row is not None and self.columns:
-            values = list(zip(*map(astuple, images), strict=True)) if images else [()] * len(self.columns)
+            values: list[Sequence[Any]] = (
+                list(zip(*map(astuple, images), strict=True)) if images else [()] * len(self.columns)
+            )
         else:
             values = [[image.get(c.name) for image in images] for c in self.columns]
             if not self._untyped:
@@ -582,7 +584,7 @@ class DebeziumRows:
             raise ValueDecodeError(str(exc), column=column.name) from exc
 
 
-def _wire_values(column: ColumnType, decoder: msgspec.json.Decoder[Any], raws: list[Any]) -> list[Any]:
+def _wire_values(column: ColumnType, decoder: msgspec.json.Decoder[Any], raws: Sequence[Any]) -> list[Any]:
     """Raw JSON values of a column decoded as its Struct field would decode them."""
     out = []
     for row, raw in enumerate(raws):

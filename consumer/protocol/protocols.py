@@ -24,7 +24,8 @@ class RecordDecoder(Protocol):
     record described (None when BOOTSTRAP/DDL records announce versions, as in the Simple protocol);
     `registry` is where row values' writer schemas are, for protocols that have one."""
 
-    registry: SchemaRegistry | None
+    @property
+    def registry(self) -> SchemaRegistry | None: ...
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage: ...
 

@@ -266,7 +266,7 @@ class TableCodec:
         return pa.RecordBatch.from_arrays(arrays, schema=self._image_schema)
 
     def _json_columns(self, images: list[Any]) -> list[Sequence[Any]]:
-        null_row = self._null_row
+        null_row: Any = self._null_row
         by_position = list(
             zip(*(astuple(image if image is not None else null_row) for image in images), strict=True)
         )

@@ -6,9 +6,19 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Sequence
+from typing import TypedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+
+class TextCollation(TypedDict):
+    charset: str
+    collate: str
+
+
+# The collation a text column of a protocol that does not send one is given (as TiDB's default).
+TEXT: TextCollation = {"charset": "utf8mb4", "collate": "utf8mb4_bin"}
 
 
 def stable_table_id(database: str, table: str) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
@@ -320,7 +321,7 @@ class DeltaSink(LakehouseSink):
         fields = [_storable(field) for field in schema]
         for kind in KINDS:
             uri = self.root.join(entry.location, kind)
-            self._commit(f"ALTER {uri}", lambda uri=uri: self._evolve(uri, fields, context))
+            self._commit(f"ALTER {uri}", partial(self._evolve, uri, fields, context))
 
     def _evolve(self, uri: str, fields: list[pa.Field], context: CommitContext) -> None:
         table = self.root.open(uri)

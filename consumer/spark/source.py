@@ -398,7 +398,7 @@ class _KafkaOffsets:
             for topic in self._topics:
                 info = metadata.topics.get(topic)
                 if info is None or info.error is not None:
-                    raise SourceError(f"topic {topic!r} does not exist", code="UNKNOWN_TOPIC_OR_PART")
+                    raise SourceError(f"topic {topic!r} does not exist", client_code="UNKNOWN_TOPIC_OR_PART")
                 for partition in sorted(info.partitions):
                     low, high = self._consumer.get_watermark_offsets(
                         KafkaPartition(topic, partition), timeout=_METADATA_TIMEOUT_S, cached=False

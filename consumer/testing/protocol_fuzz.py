@@ -82,7 +82,9 @@ class ProtocolCorpus:
         for avro in AVRO_OPTIONS:
             avro_stream = AvroStream(ConfluentAvroEncoder(registry, avro), TOPIC)
             pairs += [pair for _, pair in encoded(Workload(config), avro_stream)]
-        valid = sorted({int.from_bytes(part[1:5], "big") for pair in pairs for part in pair if _framed(part)})
+        valid = sorted(
+            {int.from_bytes(part[1:5], "big") for pair in pairs for part in pair if part and _framed(part)}
+        )
         rng = random.Random(seed)
         hostile = [
             registry.register(f"hostile-{schema_id}-{number}-value", variant)

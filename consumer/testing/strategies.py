@@ -57,7 +57,7 @@ _INTS = {"tinyint": 8, "smallint": 16, "mediumint": 24, "int": 32, "bigint": 64}
 _TEXT_TYPES = ("char", "varchar", "tinytext", "text", "mediumtext", "longtext")
 _BINARY_TYPES = ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob")
 _NAME = st.text(
-    st.characters(codec="utf-8", exclude_characters=",", exclude_categories=("Cc",)), min_size=1, max_size=12
+    st.characters(codec="utf-8", exclude_characters=",", exclude_categories=["Cc"]), min_size=1, max_size=12
 ).filter(lambda name: not name.endswith(" "))  # MySQL refuses identifiers ending in a space
 _TIMESTAMP_MIN = dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=dt.UTC)
 _TIMESTAMP_MAX = dt.datetime(2038, 1, 19, 3, 14, 7, tzinfo=dt.UTC)
