@@ -12,10 +12,11 @@ Run: `python benchmarks/lakehouse.py [--rows N] [--batch N] [--batches N,N] [--w
    rows dispatched by primary key (TiCDC's `index-value`), so every partition carries every table.
    Timed, not counted.
 2. Consume the same topic once per pass, each with its own consumer group, output directory and pipeline,
-   built as `ticdc-consumer run` builds them (`consumer.app.build_pipeline` / `build_sinks`), reading every
-   partition without group membership so a group join does not blur the figure. Timed: `Pipeline.run`
-   until the last record is applied and committed; "in sink" is the time inside the sink's `write` (with
-   decode workers, spent on the writer thread beside the loop).
+   built as `ticdc-consumer run` builds them (`consumer.app.build_pipeline`,
+   `consumer.sinks.configured.build_sinks`), reading every partition without group membership so a group
+   join does not blur the figure. Timed: `Pipeline.run` until the last record is applied and committed;
+   "in sink" is the time inside the sink's `write` (with decode workers, spent on the writer thread beside
+   the loop).
    - baseline: a sink that drops every batch, i.e. Kafka fetch, envelope decode, state machine and typed
      Arrow changelog, which every sink sits behind. Run first and last; the faster one is the reference
      for the passes with as many processes and decode workers.
@@ -82,6 +83,7 @@ from pyspark.sql import SparkSession
 
 from consumer import app
 from consumer.batches.changes import META_COLUMNS, TableChanges
+from consumer.batches.frames import to_dataframe
 from consumer.config import (
     DEFAULT_DECODE_WORKERS,
     BudgetConfig,
@@ -90,6 +92,7 @@ from consumer.config import (
     SinkConfig,
     SourceConfig,
 )
+from consumer.lakehouse.manifest import manifest_files
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import entry_uri, tables
 from consumer.pipeline import Pipeline
@@ -97,10 +100,10 @@ from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import TableSchema
 from consumer.simulate.output import produce_to_kafka
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.base import CommitContext, DDLEvent, Sink, TopicPartition
-from consumer.sinks.parquet import manifest_files
+from consumer.sinks.base import CommitContext, DDLEvent, Sink
+from consumer.sinks.configured import build_sinks
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
-from consumer.spark.frames import to_dataframe
+from consumer.sources.record import TopicPartition
 from consumer.spark.session import spark_session
 from consumer.testing.broker import EmbeddedBroker
 
@@ -218,7 +221,7 @@ def consume(broker: EmbeddedBroker, run: Pass, records: int, inner: Sink | None 
         budget=BudgetConfig(max_batch_records=run.batch),
         parallelism=ParallelismConfig(decode_workers=run.workers),
     )
-    sink = TimedSink(inner if inner is not None else app.build_sinks(config)[0])
+    sink = TimedSink(inner if inner is not None else build_sinks(config)[0])
     pipeline = app.build_pipeline(config, sinks=[sink])
     source = KafkaSource(
         broker.bootstrap_servers, [TOPIC], group, partitions=ALL_PARTITIONS, on_assign=pipeline.on_assign
@@ -288,7 +291,7 @@ def member(servers: str, run: Pass, group: str, shares: dict[int, int], start: A
         budget=BudgetConfig(max_batch_records=run.batch),
         parallelism=ParallelismConfig(decode_workers=run.workers),
     )
-    sink = TimedSink(DropSink() if run.sink == "drop" else app.build_sinks(config)[0])
+    sink = TimedSink(DropSink() if run.sink == "drop" else build_sinks(config)[0])
     pipeline = app.build_pipeline(config, sinks=[sink])
     source = KafkaSource(
         servers, [TOPIC], group, partitions=[(TOPIC, p) for p in shares], on_assign=pipeline.on_assign

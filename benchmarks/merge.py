@@ -36,11 +36,11 @@ from deltalake import DeltaTable, write_deltalake
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from consumer.batches.changes import TSO_PHYSICAL_SHIFT, TableChanges, changelog_schema, stored_schema
+from consumer.batches.changes import TableChanges, changelog_schema, stored_schema
 from consumer.lakehouse.catalog import Catalog
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import KEY_PROPERTY
-from consumer.protocol.model import Column, DataType, Index, TableSchema
+from consumer.protocol.model import TSO_PHYSICAL_SHIFT, Column, DataType, Index, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import CommitContext
 from consumer.sinks.delta import DeltaSink

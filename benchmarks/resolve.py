@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from consumer.errors import RecordLocation
+from consumer.errors import DeadLetter, RecordLocation
 from consumer.protocol.model import (
     Bootstrap,
     Column,
@@ -36,7 +36,7 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
-from consumer.state import ConsumerState, DeadLetter, RowBatch, Unit
+from consumer.state import ConsumerState, RowBatch, Unit
 from consumer.state.pending import row_size
 
 TOPIC = "bench"

@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import lakehouse  # the stream and the loop engine's passes, as benchmarked there
 
-from consumer import app
 from consumer.config import BudgetConfig, EngineConfig, RunConfig, SinkConfig, SourceConfig
+from consumer.sinks.configured import build_dead_letters, build_sinks
 from consumer.testing.broker import EmbeddedBroker
 
 TARGET_RATIO = 0.5
@@ -82,7 +82,7 @@ def spark_pass(servers: str, mode: str, cores: int, batch: int, records: int, ro
         return run
 
     ChangeBatches._apply = timed(ChangeBatches._apply)  # type: ignore[method-assign]
-    handler = ChangeBatches(options, app.build_sinks(config, spark), app.build_dead_letters(config))
+    handler = ChangeBatches(options, build_sinks(config), build_dead_letters(config))
     checkpoint = root / "_checkpoint"
     stream = spark.readStream.format("ticdc").options(**options.to_spark()).load()
     started = time.perf_counter()
@@ -127,7 +127,7 @@ def _fixed_cost(spark: Any, servers: str, root: Path) -> float:
 
     config = _config(servers, root, "changelog", TINY_BATCH, f"tiny-{uuid.uuid4().hex[:8]}")
     options = stream_options(config)
-    handler = ChangeBatches(options, app.build_sinks(config, spark), app.build_dead_letters(config))
+    handler = ChangeBatches(options, build_sinks(config), build_dead_letters(config))
     stream = spark.readStream.format("ticdc").options(**options.to_spark()).load()
     writer = stream.writeStream.foreachBatch(handler).option("checkpointLocation", str(root / "_checkpoint"))
     query = writer.trigger(processingTime="0 seconds").start()

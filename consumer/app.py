@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -27,7 +26,7 @@ from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.protocols import DecoderSettings, RecordDecoder, record_decoder
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
-from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterObjects, DeadLetterSink, DeadLetterTopic
+from consumer.sinks.configured import build_dead_letters, build_sinks
 from consumer.sources.base import Source
 from consumer.sources.files import FileSource
 from consumer.sources.kafka import KafkaSource
@@ -36,52 +35,6 @@ from consumer.state.machine import ConsumerState
 from consumer.stopping import StopRequest
 
 log = logging.getLogger(__name__)
-
-
-def build_sinks(config: RunConfig, spark: Any = None) -> list[Sink]:
-    """The configured sink. `spark`: a session callers running on Spark may pass; no sink built here needs
-    one (the Parquet sink writes its files with pyarrow, so any root works)."""
-    kind, _, root = config.sink.url.partition(":")
-    sink = config.sink
-    if kind == "delta":
-        from consumer.sinks.delta import DeltaSink
-
-        return [
-            DeltaSink(
-                root,
-                mode=sink.mode,
-                storage_options=sink.storage_options,
-                target_file_size=sink.target_file_size,
-                allow_unsafe_commits=sink.allow_unsafe_commits,
-            )
-        ]
-    if kind == "parquet":
-        from consumer.sinks.parquet import ParquetSink
-
-        return [
-            ParquetSink(
-                root, storage_options=sink.storage_options, allow_unsafe_commits=sink.allow_unsafe_commits
-            )
-        ]
-    from consumer.sinks.jsonl import JsonLinesSink
-
-    return [JsonLinesSink(root)]
-
-
-def build_dead_letters(config: RunConfig) -> DeadLetterSink:
-    """`errors.dead_letter`: `file:PATH`, an object-store URI (one object per letter) or a Kafka topic;
-    default: `_dead_letters.jsonl` (a directory on object stores) at the sink's root."""
-    root = config.sink.url.partition(":")[2]
-    default = (
-        f"{root.rstrip('/')}/_dead_letters" if "://" in root else f"file:{Path(root) / '_dead_letters.jsonl'}"
-    )
-    target = config.errors.dead_letter or default
-    if target.startswith("kafka://"):
-        servers, topics = kafka_source_parts(target)
-        return DeadLetterTopic(servers, topics[0], config.errors.kafka)
-    if "://" in target:
-        return DeadLetterObjects(target, config.sink.storage_options)
-    return DeadLetterFile(target.partition(":")[2])
 
 
 def build_decoder(decode: DecodeConfig, policy: ValuePolicy) -> RecordDecoder:

@@ -22,11 +22,11 @@ from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
 from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions
 from consumer.protocol.model import DDL, Bootstrap, KeyOnlyDML, RawDML, TableSchema, Watermark
+from consumer.protocol.plain import message_object
 from consumer.protocol.protocols import PROTOCOLS, RecordDecoder
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
-from consumer.render import message_object
 from consumer.simulate.output import (
     AvroStream,
     DebeziumStream,
@@ -36,8 +36,8 @@ from consumer.simulate.output import (
     write_ground_truth,
 )
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sources.capture import capture_topic
 from consumer.sources.errors import SourceAuthenticationError, SourceUnreachableError
+from consumer.sources.kafka import capture_topic
 
 # Exit codes (the README's table): 1 is an unexpected error (a traceback), 2 also click's usage errors.
 EXIT_BAD_INPUT = 2  # stopped on a ConsumerError: a bad record under policy "fail", a sink that failed...
@@ -111,7 +111,7 @@ class _DecodeStream:
         self.decoder = decoder
         self.policy = policy
         self.codecs: dict[tuple[str, str, int], TableCodec] = {}
-        self.pending: dict[tuple[str, str, int], list[tuple[Path, RawDML]]] = {}
+        self.held: dict[tuple[str, str, int], list[tuple[Path, RawDML]]] = {}
         self.bad_files = 0
         self._encoder = msgspec.json.Encoder()
 
@@ -135,7 +135,7 @@ class _DecodeStream:
             self._register(described)
         codec = self.codecs.get(raw.schema_key)
         if codec is None:
-            self.pending.setdefault(raw.schema_key, []).append((path, raw))
+            self.held.setdefault(raw.schema_key, []).append((path, raw))
         else:
             self._emit(codec.decode(raw))
 
@@ -151,7 +151,7 @@ class _DecodeStream:
     def _register(self, schema: TableSchema) -> None:
         if schema.key not in self.codecs:
             self.codecs[schema.key] = TableCodec(schema, self.policy, registry=self.decoder.registry)
-        for path, raw in self.pending.pop(schema.key, []):
+        for path, raw in self.held.pop(schema.key, []):
             try:
                 self._emit(self.codecs[schema.key].decode(raw))
             except ConsumerError as exc:
@@ -165,7 +165,7 @@ class _DecodeStream:
         click.echo(f"{path}: {type(exc).__name__}: {exc}", err=True)
 
     def waiting_for_schema(self) -> dict[tuple[str, str, int], list[str]]:
-        return {key: [str(p) for p, _ in rows] for key, rows in self.pending.items() if rows}
+        return {key: [str(p) for p, _ in rows] for key, rows in self.held.items() if rows}
 
 
 @main.command()

@@ -17,21 +17,21 @@ from rich.console import Console
 from rich.table import Table
 
 from consumer import app
-from consumer.batches.changes import TSO_PHYSICAL_SHIFT
 from consumer.config import RunConfig, SinkConfig, SourceConfig
+from consumer.lakehouse.manifest import manifest_files
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import tables
 from consumer.pipeline import PipelineStats
 from consumer.progress import ProgressReporter
 from consumer.protocol.codec import MessageEncoder
-from consumer.protocol.model import TableSchema
+from consumer.protocol.model import TSO_PHYSICAL_SHIFT, TableSchema
 from consumer.simulate.output import SimulationReport, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_changelogs, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.base import Sink
 from consumer.sinks.delta import DeltaSink
-from consumer.sinks.parquet import ParquetSink, manifest_files
+from consumer.sinks.parquet import ParquetSink
 from consumer.sources.kafka import KafkaSource
 from consumer.spark.readers import read_mirror
 from consumer.spark.session import spark_session

@@ -11,6 +11,7 @@ Each class has a stable, machine-readable `code` (kebab-case): it is what a dead
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import msgspec
@@ -25,6 +26,17 @@ class RecordLocation(msgspec.Struct, frozen=True, gc=False):
 
     def __str__(self) -> str:
         return f"{self.topic}[{self.partition}]@{self.offset}"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DeadLetter:
+    """A record the error policy set aside: undecodable, or a row whose schema never arrived or was
+    rejected. `reason_code` is the `code` of the error that set it aside (machine-readable, stable)."""
+
+    location: RecordLocation
+    reason: str
+    value: bytes | None
+    reason_code: str
 
 
 MAX_REASON_CHARS = 1000  # a reason quoting a hostile value (Arrow quotes whole values) stays readable

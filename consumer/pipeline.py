@@ -18,6 +18,7 @@ from consumer.batches.changes import TableChanges, table_changes
 from consumer.batches.decode_pool import DecodePool, Decoding
 from consumer.errors import (
     ConsumerError,
+    DeadLetter,
     DecodeError,
     DependencyError,
     RecordLocation,
@@ -30,22 +31,15 @@ from consumer.protocol.model import DecodedMessage, KeyOnlyDML, RawDML, TableSch
 from consumer.protocol.protocols import RecordDecoder
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import DecodeStats, ValuePolicy
-from consumer.sinks.base import (
-    CommitContext,
-    DDLEvent,
-    ProgressRecorder,
-    ReportsMetrics,
-    Sink,
-    TopicPartition,
-)
-from consumer.sinks.dead_letter import DeadLetterSink
+from consumer.sinks.base import CommitContext, DDLEvent, ProgressRecorder, ReportsMetrics, Sink
+from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.sources.base import Source
 from consumer.sources.errors import SourceError
-from consumer.sources.record import SourceRecord
+from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.sources.retry import SourceRetry
 from consumer.state.machine import ConsumerState, Unapplied
 from consumer.state.schema_cache import snapshot_schemas
-from consumer.state.units import DDLUnit, DeadLetter, RowBatch, RowOrigins, Unit
+from consumer.state.units import DDLUnit, RowBatch, RowOrigins, Unit
 from consumer.stopping import StopRequest
 
 RowDecoder = Callable[[TableCodec, Sequence[tuple[RawDML, RecordLocation]], RowOrigins | None], TableChanges]
@@ -186,7 +180,7 @@ class Pipeline:
         group: str,
         state: ConsumerState,
         sinks: Sequence[Sink],
-        dead_letters: DeadLetterSink,
+        dead_letters: DeadLetterQueue,
         decoder: RecordDecoder | None = None,
         policy: ValuePolicy | None = None,
         max_batch_records: int = 100_000,

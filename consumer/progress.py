@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from consumer.batches.changes import TSO_PHYSICAL_SHIFT
+from consumer.protocol.model import TSO_PHYSICAL_SHIFT
 
 if TYPE_CHECKING:
     from consumer.pipeline import Pipeline

@@ -34,12 +34,12 @@ from consumer.protocol.model import (
 )
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
-from consumer.sinks.base import CommitContext, DDLEvent, TopicPartition
+from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sinks.dead_letter import DeadLetterFile
 from consumer.sinks.jsonl import JsonLinesSink
 from consumer.sources.capture import read_capture, write_capture
 from consumer.sources.files import FileSource
-from consumer.sources.record import SourceRecord
+from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.state.machine import ConsumerState
 from consumer.testing import strategies
 

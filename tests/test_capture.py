@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from consumer.sources.base import Partition, Source
-from consumer.sources.capture import capture_topic, read_capture, write_capture
+from consumer.sources.capture import read_capture, write_capture
 from consumer.sources.errors import CaptureFormatError, SourceError
 from consumer.sources.files import FileSource
-from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
+from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource, capture_topic
 from consumer.sources.record import SourceRecord
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.pytest_plugin import TopicFactory

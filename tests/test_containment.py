@@ -25,6 +25,7 @@ from consumer.batches.changes import stored_name
 from consumer.errors import (
     CompressionBombError,
     ConsumerError,
+    DeadLetter,
     DocumentTooDeepError,
     ImplausibleTimestampError,
     NestingTooDeepError,
@@ -42,7 +43,7 @@ from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.protocol.validation import validate_schema
 from consumer.sinks.dead_letter import DeadLetterFile
-from consumer.state import ConsumerState, DeadLetter
+from consumer.state import ConsumerState
 from consumer.testing.hostile import hostile_schemas
 
 TS = tso_of(1_767_225_600)  # 2026-01-01

@@ -27,10 +27,10 @@ from consumer.simulate.truth import differences, load_truth, replay_changelog
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.dead_letter import DeadLetterFile
 from consumer.sinks.jsonl import JsonLinesSink
-from consumer.sources.capture import capture_topic, read_capture
+from consumer.sources.capture import read_capture
 from consumer.sources.errors import SourceError
 from consumer.sources.files import FileSource
-from consumer.sources.kafka import KafkaSource
+from consumer.sources.kafka import KafkaSource, capture_topic
 from consumer.state.machine import ConsumerState
 from consumer.testing.broker import EmbeddedBroker
 

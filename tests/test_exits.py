@@ -19,19 +19,18 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from lakehouse_checks import changelog_rows
 
-from consumer.app import build_dead_letters
 from consumer.cli import EXIT_SOURCE_UNAVAILABLE
 from consumer.config import load_config
-from consumer.errors import RecordLocation, SinkError
+from consumer.errors import DeadLetter, RecordLocation, SinkError
 from consumer.kafka_config import REDACTED
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML, DMLType
 from consumer.simulate.output import produce_to_kafka, write_capture_file
 from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sinks.configured import build_dead_letters
 from consumer.sinks.dead_letter import DeadLetterTopic
 from consumer.sources.errors import SourceUnreachableError
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
-from consumer.state.units import DeadLetter
 from consumer.stopping import StopRequest
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.processes import command_line, descendants, wait_gone

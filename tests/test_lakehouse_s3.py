@@ -18,7 +18,7 @@ from pyarrow.fs import FileSelector
 from pyspark.sql import SparkSession
 from test_sink_delta import CONTEXT, SCHEMA, TS, _changes, _ddl, _delete, _evolved, _insert, _update
 
-from consumer.errors import RecordLocation, SinkError
+from consumer.errors import DeadLetter, RecordLocation, SinkError
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot, check_atomic_commits
 from consumer.protocol.model import DDLType
@@ -27,7 +27,6 @@ from consumer.sinks.dead_letter import DeadLetterObjects
 from consumer.sinks.delta import DeltaSink
 from consumer.sinks.parquet import ParquetSink
 from consumer.spark.readers import read_changelog, read_ddl_log, read_mirror
-from consumer.state.units import DeadLetter
 from consumer.testing.s3 import LocalS3Server
 
 

@@ -16,11 +16,11 @@ from consumer.cli import main
 from consumer.pipeline import Pipeline
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML, Bootstrap, Column, DataType, DMLType, Index, TableSchema, Watermark
-from consumer.sinks.base import CommitContext, DDLEvent, TopicPartition
+from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sinks.dead_letter import DeadLetterFile
 from consumer.sources.capture import write_capture
 from consumer.sources.files import FileSource
-from consumer.sources.record import SourceRecord
+from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.state.machine import ConsumerState
 from consumer.stopping import StopRequest
 

@@ -14,14 +14,15 @@ from pyarrow.fs import LocalFileSystem
 from pyspark.sql import DataFrame, SparkSession
 
 from consumer.batches.changes import TableChanges, table_changes
+from consumer.batches.frames import spark_schema
 from consumer.errors import RecordLocation, SinkError
+from consumer.lakehouse.manifest import read_manifest
 from consumer.lakehouse.tables import table_uri
 from consumer.protocol.model import DDL, Column, DataType, DDLType, DMLType, Index, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.simulate.workload import _ALL_TYPES_COLUMNS, _random_value
 from consumer.sinks.base import CommitContext, DDLEvent
-from consumer.sinks.parquet import ParquetSink, read_manifest
-from consumer.spark.frames import spark_schema
+from consumer.sinks.parquet import ParquetSink
 from consumer.spark.readers import read_changelog, read_ddl_log
 from consumer.testing.messages import raw_dml
 

@@ -28,8 +28,9 @@ from consumer.sinks.dead_letter import DeadLetterFile
 from consumer.sinks.foreach_batch import BatchInfo, ForeachBatchSink, TableName
 from consumer.sinks.jsonl import JsonLinesSink
 from consumer.sinks.parquet import ParquetSink
-from consumer.sources.capture import capture_topic, read_capture
+from consumer.sources.capture import read_capture
 from consumer.sources.errors import SourceError
+from consumer.sources.kafka import capture_topic
 from consumer.spark import engine
 from consumer.spark.engine import ChangeBatches
 from consumer.spark.readers import read_changelog

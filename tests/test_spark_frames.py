@@ -11,11 +11,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from consumer.batches.changes import TableChanges, table_changes
+from consumer.batches.frames import offset_ranges, spark_schema, to_dataframe
 from consumer.errors import RecordLocation
 from consumer.protocol.model import Column, DataType, DMLType, Index, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.simulate.workload import _ALL_TYPES_COLUMNS
-from consumer.spark.frames import offset_ranges, spark_schema, to_dataframe
 from consumer.testing.messages import raw_dml
 
 SCHEMA = TableSchema(

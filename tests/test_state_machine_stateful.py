@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from consumer.errors import MalformedMessageError, RecordLocation
+from consumer.errors import DeadLetter, MalformedMessageError, RecordLocation
 from consumer.protocol.model import (
     DDL,
     Bootstrap,
@@ -33,7 +33,8 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
-from consumer.state import ConsumerState, DDLUnit, DeadLetter, RowBatch, TopicPartition, Unit
+from consumer.sources.record import TopicPartition
+from consumer.state import ConsumerState, DDLUnit, RowBatch, Unit
 from consumer.state.resolver import DDLIdentity, ddl_identity
 from consumer.state.units import SchemaKey
 

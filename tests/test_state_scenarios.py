@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from consumer.errors import MalformedMessageError, RecordLocation, SchemaNotFoundError
+from consumer.errors import DeadLetter, MalformedMessageError, RecordLocation, SchemaNotFoundError
 from consumer.protocol.model import (
     DDL,
     Bootstrap,
@@ -19,7 +19,7 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
-from consumer.state import ConsumerState, DDLUnit, DeadLetter, RowBatch, SchemaCache, Unit
+from consumer.state import ConsumerState, DDLUnit, RowBatch, SchemaCache, Unit
 from consumer.state.pending import ROW_OVERHEAD_BYTES
 
 TOPIC = "cdc"

@@ -16,11 +16,9 @@ import pyarrow.compute as pc
 
 from consumer.errors import InternalDecodeError, RecordLocation, RejectedRowsError, ValueDecodeError
 from consumer.protocol.checksum import verify_changes
-from consumer.protocol.model import RawDML, TableSchema
+from consumer.protocol.model import TSO_PHYSICAL_SHIFT, RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.state.units import RowOrigins
-
-TSO_PHYSICAL_SHIFT = 18  # a TSO is physical milliseconds << 18 | logical counter
 
 META_FIELDS: tuple[pa.Field, ...] = (
     pa.field("_change_type", pa.string(), nullable=False),

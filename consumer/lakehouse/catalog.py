@@ -34,8 +34,8 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from consumer.errors import SinkError
+from consumer.lakehouse.layout import segment
 from consumer.lakehouse.storage import LakeRoot, retry_commits
-from consumer.sinks.layout import segment
 
 CATALOG = "_catalog"
 CATALOG_APP = "ticdc-catalog"  # app transaction every catalog commit sets: concurrent changes conflict

@@ -18,9 +18,9 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from consumer.errors import SinkError
 from consumer.lakehouse.catalog import Name
+from consumer.lakehouse.layout import DDL_LOG
 from consumer.lakehouse.storage import LakeRoot, retry_commits
 from consumer.protocol.model import DDL
-from consumer.sinks.layout import DDL_LOG
 
 DDL_LOG_SCHEMA = pa.schema(
     [

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, Transaction
 
-TopicPartition = tuple[str, int]
+from consumer.sources.record import TopicPartition
 
 
 def app_id(group: str, topic: str, partition: int) -> str:

@@ -30,8 +30,8 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from consumer.lakehouse.offsets import TopicPartition
 from consumer.lakehouse.storage import LakeRoot, retry_commits
+from consumer.sources.record import TopicPartition
 
 log = logging.getLogger(__name__)
 

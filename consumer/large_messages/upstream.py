@@ -29,11 +29,10 @@ from consumer.errors import (
     UpstreamUnavailableError,
 )
 from consumer.protocol import json_codec
-from consumer.protocol.model import KeyOnlyDML, RawDML, TableSchema
+from consumer.protocol.model import TSO_PHYSICAL_SHIFT, KeyOnlyDML, RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import JSON_NULL, ColumnType
 
-TSO_PHYSICAL_SHIFT = 18
 GC_TOO_EARLY = 9006  # TiDB: "GC life time is shorter than transaction duration"
 SAFE_POINT_SQL = "SELECT VARIABLE_VALUE FROM mysql.tidb WHERE VARIABLE_NAME = %s"
 SAFE_POINT_REFRESH_S = 10.0

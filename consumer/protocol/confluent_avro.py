@@ -32,6 +32,7 @@ from consumer.protocol.containment import contained
 from consumer.protocol.model import (
     DDL,
     DML,
+    TSO_PHYSICAL_SHIFT,
     Column,
     DataType,
     DDLType,
@@ -605,7 +606,7 @@ class ConfluentAvroEncoder:
             datum[OP] = {DMLType.INSERT: "c", DMLType.UPDATE: "u", DMLType.DELETE: "d"}[dml.type]
         if self.options.tidb_extension:
             datum[COMMIT_TS] = dml.commit_ts
-            datum[PHYSICAL_TIME] = dml.commit_ts >> 18
+            datum[PHYSICAL_TIME] = dml.commit_ts >> TSO_PHYSICAL_SHIFT
             if self.options.checksum:
                 checksum = dml.checksum
                 datum[CHECKSUM] = str(checksum.current) if checksum else ""

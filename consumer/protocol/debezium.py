@@ -32,6 +32,7 @@ from consumer.protocol.containment import contained
 from consumer.protocol.model import (
     DDL,
     DML,
+    TSO_PHYSICAL_SHIFT,
     Column,
     DataType,
     DDLType,
@@ -780,7 +781,7 @@ class DebeziumEncoder:
             "version": "2.4.0.Final",
             "connector": "TiCDC",
             "name": cluster,
-            "ts_ms": commit_ts >> 18,
+            "ts_ms": commit_ts >> TSO_PHYSICAL_SHIFT,
             "snapshot": "false",
             "db": database,
             "table": table,

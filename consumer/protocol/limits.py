@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from consumer.errors import NestingTooDeepError
+from consumer.protocol.model import TSO_PHYSICAL_SHIFT
 
 MiB = 1 << 20
-TSO_PHYSICAL_SHIFT = 18  # a TSO is physical milliseconds << 18 | logical counter
 MAX_TSO = (1 << 63) - 1  # TSOs are uint64 on the wire but stay below 2^63 (they travel as Avro longs)
 
 

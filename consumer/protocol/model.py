@@ -12,6 +12,9 @@ from typing import Any
 
 import msgspec
 
+TSO_PHYSICAL_SHIFT = 18
+"""A TiDB timestamp (TSO) is physical milliseconds << 18 | an 18-bit logical counter."""
+
 
 class DDLType(enum.StrEnum):
     CREATE = "CREATE"

@@ -229,42 +229,6 @@ class ColumnType:
         raise NotImplementedError  # every registered subclass defines it
 
 
-def spark_type_of(arrow_type: pa.DataType) -> Any:
-    """The pyspark.sql.types type of an SDK Arrow type (pyspark imported lazily: heavy, and optional for
-    decoding)."""
-    from pyspark.sql import types as T
-
-    if pa.types.is_boolean(arrow_type):
-        return T.BooleanType()
-    if pa.types.is_int8(arrow_type):
-        return T.ByteType()
-    if pa.types.is_int16(arrow_type):
-        return T.ShortType()
-    if pa.types.is_int32(arrow_type):
-        return T.IntegerType()
-    if pa.types.is_int64(arrow_type):
-        return T.LongType()
-    if pa.types.is_float32(arrow_type):
-        return T.FloatType()
-    if pa.types.is_float64(arrow_type):
-        return T.DoubleType()
-    if pa.types.is_decimal(arrow_type):
-        return T.DecimalType(arrow_type.precision, arrow_type.scale)
-    if pa.types.is_string(arrow_type):
-        return T.StringType()
-    if pa.types.is_binary(arrow_type):
-        return T.BinaryType()
-    if pa.types.is_date32(arrow_type):
-        return T.DateType()
-    if pa.types.is_timestamp(arrow_type):
-        return T.TimestampType() if arrow_type.tz else T.TimestampNTZType()
-    if pa.types.is_duration(arrow_type):
-        return T.DayTimeIntervalType(T.DayTimeIntervalType.DAY, T.DayTimeIntervalType.SECOND)
-    if pa.types.is_list(arrow_type):
-        return T.ArrayType(spark_type_of(arrow_type.value_type), containsNull=False)
-    raise UnsupportedTypeError(f"no Spark type for Arrow {arrow_type}")
-
-
 # What a wire value of the wrong shape makes a conversion raise (a str where a Timestamp record belongs has no
 # `.value`; Decimal("abc") is an ArithmeticError).
 _CONVERSION_ERRORS = (pa.ArrowException, ValueError, TypeError, LookupError, AttributeError, ArithmeticError)

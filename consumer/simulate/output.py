@@ -17,7 +17,7 @@ from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.confluent_avro import ConfluentAvroEncoder
 from consumer.protocol.debezium import DebeziumEncoder
 from consumer.protocol.model import DDL, DML, Bootstrap, DDLType, Watermark
-from consumer.render import row_object
+from consumer.protocol.plain import row_object
 from consumer.simulate.workload import StreamRecord, Workload
 from consumer.sources.capture import write_capture
 from consumer.sources.record import SourceRecord

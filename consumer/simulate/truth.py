@@ -1,7 +1,7 @@
 """Checking a consumer's output against the simulator's ground truth.
 
-Both sides use the rendered value forms of `consumer.render`, so a typed value that went wrong anywhere
-(decode, Arrow, a sink) shows up as a difference.
+Both sides use the plain value forms of `consumer.protocol.plain`, so a typed value that went wrong
+anywhere (decode, Arrow, a sink) shows up as a difference.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from consumer.batches.changes import stored_name
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import entry_uri, read_delta, read_mirror, tables
 from consumer.protocol.model import DML, DMLType, TableSchema
+from consumer.protocol.plain import value_object
 from consumer.protocol.rows import TableCodec
-from consumer.render import value_object
 from consumer.simulate.workload import Workload, WorkloadConfig
 
 TableRows = dict[Any, dict[str, Any]]

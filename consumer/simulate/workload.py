@@ -24,6 +24,7 @@ from consumer.protocol.checksum import row_checksum
 from consumer.protocol.model import (
     DDL,
     DML,
+    TSO_PHYSICAL_SHIFT,
     Bootstrap,
     Checksum,
     Column,
@@ -39,7 +40,6 @@ from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import JSON_NULL
 
 Dispatch = Literal["table", "primary-key"]
-_TSO_LOGICAL_BITS = 18
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class Workload:
         advance = self.rng.randint(0, 3)
         self._physical_ms += advance
         self._logical = 0 if advance else self._logical + 1
-        return (self._physical_ms << _TSO_LOGICAL_BITS) | self._logical
+        return (self._physical_ms << TSO_PHYSICAL_SHIFT) | self._logical
 
     @property
     def _now_ms(self) -> int:

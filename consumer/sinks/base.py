@@ -11,8 +11,7 @@ from typing import Protocol, runtime_checkable
 
 from consumer.batches.changes import TableChanges
 from consumer.protocol.model import DDL
-
-TopicPartition = tuple[str, int]
+from consumer.sources.record import TopicPartition
 
 
 @dataclass(frozen=True)

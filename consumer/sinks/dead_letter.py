@@ -15,13 +15,15 @@ from typing import Protocol
 import msgspec
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from consumer.errors import SinkError
+from consumer.errors import DeadLetter, SinkError
 from consumer.kafka_config import create_client, scrubbed, secret_values
-from consumer.sinks.layout import segment
-from consumer.state.units import DeadLetter
+from consumer.lakehouse.layout import segment
 
 
-class DeadLetterSink(Protocol):
+class DeadLetterQueue(Protocol):
+    """Where the error policy puts records it sets aside (a file, object-store objects or a Kafka topic).
+    Not a `Sink`: it takes whole records, never typed rows, and has no schema or offset bookkeeping."""
+
     def write(self, letter: DeadLetter) -> None:
         """Durable when it returns: only then is the record's offset committable."""
 

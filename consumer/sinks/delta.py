@@ -155,16 +155,16 @@ class DeltaSink(LakehouseSink):
     def _append_changelog(self, uri: str, changelog: pa.Table, context: CommitContext) -> None:
         def attempt() -> None:
             table = self.root.open(uri)
-            pending = unapplied(changelog, delta_applied(table, context.group, next_offsets(changelog)))
-            if pending.num_rows == 0:
+            fresh = unapplied(changelog, delta_applied(table, context.group, next_offsets(changelog)))
+            if fresh.num_rows == 0:
                 return
             write_deltalake(
                 table if table is not None else uri,
-                _conform(pending, _arrow_schema(table)),
+                _conform(fresh, _arrow_schema(table)),
                 mode="append",
                 schema_mode="merge",
                 storage_options=self.root.options(),
-                commit_properties=_properties(context, transactions(pending, context.group)),
+                commit_properties=_properties(context, transactions(fresh, context.group)),
             )
 
         self._commit(f"changelog {uri}", attempt)
@@ -181,13 +181,13 @@ class DeltaSink(LakehouseSink):
         def attempt() -> None:
             mirror = self._mirror(uri, changes.changelog.select(columns).schema, keys, entry.floor)
             floor = _floor(mirror)  # rows from before a TRUNCATE/DROP another member applied
-            pending = unapplied(
+            fresh = unapplied(
                 changes.changelog, delta_applied(mirror, context.group, next_offsets(changes.changelog))
             )
-            pending = pending.filter(pc.greater_equal(pending["_commit_ts"], floor)) if floor else pending
-            if pending.num_rows == 0:
+            fresh = fresh.filter(pc.greater_equal(fresh["_commit_ts"], floor)) if floor else fresh
+            if fresh.num_rows == 0:
                 return
-            latest = latest_per_key(pending, keys)
+            latest = latest_per_key(fresh, keys)
             deleted = pc.equal(latest["_change_type"], "delete")
             if pc.any(deleted).as_py():  # before the mirror: a member reading the mirror after sees them
                 recorded = latest.filter(deleted).select([*keys, "_commit_ts"])
@@ -197,7 +197,7 @@ class DeltaSink(LakehouseSink):
                 return
             source = _conform(latest.select(columns), self._evolved(mirror, latest.select(columns).schema))
             source = source.append_column("_change_type", latest["_change_type"])
-            self._merge(mirror, source, keys, context, transactions(pending, context.group))
+            self._merge(mirror, source, keys, context, transactions(fresh, context.group))
 
         self._commit(f"mirror {uri}", attempt)
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 
 from consumer.batches.changes import TableChanges
+from consumer.batches.frames import offset_ranges, to_dataframe
 from consumer.errors import SinkError
-from consumer.sinks.base import CommitContext, DDLEvent, TopicPartition
-from consumer.spark.frames import offset_ranges, to_dataframe
+from consumer.sinks.base import CommitContext, DDLEvent
+from consumer.sources.record import TopicPartition
 
 
 @dataclass(frozen=True)

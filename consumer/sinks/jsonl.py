@@ -1,6 +1,7 @@
 """Change events as JSON lines, one file per table: the simplest durable sink (and a debugging aid).
 
-Layout: `<root>/<database>/<table>.jsonl` (names as `consumer.sinks.layout.segment`s) and `<root>/_ddl.jsonl`.
+Layout: `<root>/<database>/<table>.jsonl` (names as `consumer.lakehouse.layout.segment`s) and
+`<root>/_ddl.jsonl`.
 
 Rows carry their (topic, partition, offset), so redelivered duplicates after a crash are recognisable.
 Members of one consumer group may share a root: appends hold an exclusive lock on the file, and the schemas
@@ -18,11 +19,12 @@ from typing import BinaryIO
 import msgspec
 
 from consumer.batches.changes import TableChanges, typed_rows
+from consumer.lakehouse.layout import DDL_LOG, segment
+from consumer.lakehouse.progress import merged_snapshots
+from consumer.protocol.plain import value_object
 from consumer.protocol.rows import TableCodec
-from consumer.render import value_object
-from consumer.sinks.base import CommitContext, DDLEvent, TopicPartition
-from consumer.sinks.layout import DDL_LOG, segment
-from consumer.state.schema_cache import merged_snapshot
+from consumer.sinks.base import CommitContext, DDLEvent
+from consumer.sources.record import TopicPartition
 
 SCHEMAS_FILE = "_schemas.msgpack"
 
@@ -71,7 +73,8 @@ class JsonLinesSink:
             return
         with (self.root / f".{SCHEMAS_FILE}.lock").open("a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # two members merging at once would drop one's schemas
-            merged = merged_snapshot(self.recorded_schema_snapshot() or b"", context.schema_snapshot)
+            snapshots = (self.recorded_schema_snapshot(), context.schema_snapshot)
+            merged = merged_snapshots([snapshot for snapshot in snapshots if snapshot])
             temporary = self.root / f".{SCHEMAS_FILE}.{os.getpid()}.{threading.get_ident()}"
             temporary.write_bytes(merged)
             os.replace(temporary, self.root / SCHEMAS_FILE)

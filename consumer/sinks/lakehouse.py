@@ -15,7 +15,8 @@ from consumer.lakehouse.ddl import DDLLog, renamed_from
 from consumer.lakehouse.progress import ProgressLog
 from consumer.lakehouse.storage import LakeRoot, check_atomic_commits
 from consumer.protocol.model import DDL, DDLType
-from consumer.sinks.base import CommitContext, DDLEvent, TopicPartition
+from consumer.sinks.base import CommitContext, DDLEvent
+from consumer.sources.record import TopicPartition
 
 
 class LakehouseSink:

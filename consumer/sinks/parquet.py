@@ -26,23 +26,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from consumer.batches.changes import TableChanges
+from consumer.lakehouse.manifest import MANIFEST, Manifest, read_manifest
 from consumer.lakehouse.offsets import advanced, unapplied
-from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import STORED_AS, STORED_DURATION
 from consumer.sinks.base import CommitContext
 from consumer.sinks.lakehouse import LakehouseSink
-
-MANIFEST = "_manifest.json"
-
-
-class Manifest(msgspec.Struct, kw_only=True):
-    """A table's committed files and how far each partition's rows are applied to them."""
-
-    files: list[str] = []
-    next_offsets: list[tuple[str, int, int]] = []  # (topic, partition, first offset not yet applied)
-
-    def applied(self) -> dict[tuple[str, int], int]:
-        return {(topic, partition): offset for topic, partition, offset in self.next_offsets}
 
 
 class ParquetSink(LakehouseSink):
@@ -143,23 +131,6 @@ class ParquetSink(LakehouseSink):
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
-
-
-def read_manifest(directory: str, filesystem: pafs.FileSystem) -> Manifest | None:
-    """The manifest of a changelog directory; None if nothing was ever committed there."""
-    path = f"{directory}/{MANIFEST}"
-    if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
-        return None
-    with filesystem.open_input_stream(path) as stream:
-        return msgspec.json.decode(stream.read(), type=Manifest)
-
-
-def manifest_files(root: LakeRoot, location: str) -> list[str] | None:
-    """The committed files of the table at `location` (paths in the root's filesystem), or None."""
-    filesystem, base = root.filesystem()
-    directory = f"{base.rstrip('/')}/{location}/changelog"
-    manifest = read_manifest(directory, filesystem)
-    return None if manifest is None else [f"{directory}/{name}" for name in manifest.files]
 
 
 def _storable(changelog: pa.Table) -> pa.Table:

@@ -14,8 +14,11 @@ request) with `SourceUnreachableError`.
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Final, Literal, cast
 
@@ -29,7 +32,8 @@ from confluent_kafka import (
 )
 
 from consumer.kafka_config import create_client, redact_config, scrubbed, secret_values
-from consumer.sources.base import OnAssign, OnRevoke, Partition
+from consumer.sources.base import OnAssign, OnRevoke, Partition, Source
+from consumer.sources.capture import write_capture
 from consumer.sources.errors import SourceAuthenticationError, SourceError, SourceUnreachableError
 from consumer.sources.record import SourceRecord
 
@@ -362,3 +366,54 @@ def _record(message: Message) -> SourceRecord:
         message.key(),
         message.value(),
     )
+
+
+_CAPTURE_BATCH = 10_000
+# consume() waits its full timeout unless the batch fills: short polls keep the idle clock accurate.
+_CAPTURE_POLL_SECONDS = 0.2
+
+
+def capture_topic(
+    bootstrap_servers: str,
+    topic: str,
+    out_path: str | os.PathLike[str],
+    idle_seconds: float = 5.0,
+    from_committed_group: str | None = None,
+    *,
+    config: Mapping[str, object] | None = None,
+) -> int:
+    """Write every partition of `topic` to a capture file until no record arrived for `idle_seconds`.
+
+    Reads from the beginning, or from `from_committed_group`'s committed offsets (that group's offsets are
+    read, never changed). The file appears only once complete, so a failed capture leaves nothing behind.
+    Returns the number of records written.
+
+    A partition whose start offset must be looked up (no committed offset) can deliver its first record about
+    a second after the others (librdkafka's offset-query timer plus one fetch long-poll), so an
+    `idle_seconds` below ~2 s risks missing whole partitions.
+    """
+    group_id = from_committed_group or f"capture-{uuid.uuid4().hex}"
+    out_path = Path(out_path)
+    partial = out_path.with_name(f".{out_path.name}.partial")
+    try:
+        with (
+            KafkaSource(
+                bootstrap_servers, [topic], group_id, partitions=ALL_PARTITIONS, config=config
+            ) as source,
+            partial.open("wb") as fp,
+        ):
+            count = write_capture(_until_idle(source, idle_seconds), fp)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(out_path)
+    return count
+
+
+def _until_idle(source: Source, idle_seconds: float) -> Iterator[SourceRecord]:
+    last_arrival = time.monotonic()
+    while (remaining := idle_seconds - (time.monotonic() - last_arrival)) > 0:
+        batch = source.poll_batch(_CAPTURE_BATCH, timeout=min(remaining, _CAPTURE_POLL_SECONDS))
+        if batch:
+            last_arrival = time.monotonic()
+            yield from batch

@@ -6,6 +6,9 @@ import msgspec
 
 from consumer.errors import RecordLocation
 
+TopicPartition = tuple[str, int]
+"""A Kafka (topic, partition) pair: the one name for it across the SDK."""
+
 
 class SourceRecord(msgspec.Struct, frozen=True):
     """Fields in this order: a source builds one per record, positionally (the cheapest way)."""

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from consumer.sources.record import TopicPartition
 from consumer.spark.segments import ARROW_SCHEMA, Segment
-from consumer.state.units import TopicPartition
 
 KEEP_BATCHES = 3  # the newest files kept: a task or the planner may still be reading the one before
 _SCHEMAS = b"ticdc.schemas"  # a `SchemaCache.snapshot()`

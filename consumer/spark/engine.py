@@ -48,15 +48,16 @@ from consumer.protocol.model import RawDML, Watermark
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
-from consumer.sinks.dead_letter import DeadLetterSink
-from consumer.sources.record import SourceRecord
+from consumer.sinks.configured import build_dead_letters, build_sinks
+from consumer.sinks.dead_letter import DeadLetterQueue
+from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import Carry, CarryStore
 from consumer.spark.segments import Segment, merged
 from consumer.spark.session import spark_session
 from consumer.spark.source import OffsetRange, TicdcOptions, read_range, register
 from consumer.state.machine import ConsumerState
 from consumer.state.schema_cache import snapshot_schemas
-from consumer.state.units import RowOrigins, SchemaKey, TopicPartition
+from consumer.state.units import RowOrigins, SchemaKey
 
 log = logging.getLogger(__name__)
 
@@ -156,15 +157,15 @@ class ChangeBatches:
 
     `options`: the source's options (the same map, or `TicdcOptions`); `stateLocation` is required and
     belongs to one checkpoint. `sinks` and `dead_letters` as for a `Pipeline` (e.g.
-    `consumer.app.build_sinks`); `on_batch(pipeline)` runs after every batch, on the applying thread
-    (progress display). Call `close` when the query is over: it applies the last batch handed over.
+    `consumer.sinks.configured.build_sinks`); `on_batch(pipeline)` runs after every batch, on the applying
+    thread (progress display). Call `close` when the query is over: it applies the last batch handed over.
     """
 
     def __init__(
         self,
         options: Mapping[str, str] | TicdcOptions,
         sinks: Sequence[Sink],
-        dead_letters: DeadLetterSink,
+        dead_letters: DeadLetterQueue,
         *,
         on_batch: Callable[[Pipeline], None] | None = None,
     ) -> None:
@@ -420,15 +421,11 @@ def run(
     seconds passed since the last that did; else a processingTime query until Ctrl-C. `spark`: a session to
     use (kept open), else one for `[engine] master` (stopped at the end).
     """
-    from consumer.app import build_dead_letters, build_sinks  # app dispatches here: imported late
-
     session = spark or spark_session(master=config.engine.master or None)
     try:
         register(session)
         options = stream_options(config)
-        handler = ChangeBatches(
-            options, build_sinks(config, session), build_dead_letters(config), on_batch=on_cycle
-        )
+        handler = ChangeBatches(options, build_sinks(config), build_dead_letters(config), on_batch=on_cycle)
         try:
             start = _query_starter(session, options, handler, checkpoint_location(config))
             if until_idle is None:

@@ -19,13 +19,13 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from consumer.batches.frames import spark_schema
 from consumer.lakehouse.catalog import Catalog, CatalogEntry
 from consumer.lakehouse.ddl import DDL_LOG
+from consumer.lakehouse.manifest import manifest_files
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import as_durations, stored_durations
 from consumer.lakehouse.tables import read_delta as read_delta_arrow
-from consumer.sinks.parquet import manifest_files
-from consumer.spark.frames import spark_schema
 
 ChangelogFormat = Literal["delta", "parquet"]
 Root = str | os.PathLike[str]

@@ -27,9 +27,9 @@ from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, DMLType, RawDML
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
-from consumer.sources.record import SourceRecord
+from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.state.schema_cache import SchemaCache
-from consumer.state.units import SchemaKey, TopicPartition
+from consumer.state.units import SchemaKey
 
 if TYPE_CHECKING:  # tasks import this module: not the pipeline and its sinks
     from consumer.pipeline import DecodedRecord

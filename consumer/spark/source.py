@@ -48,13 +48,12 @@ from consumer.protocol.compression import CompressionSetting
 from consumer.protocol.types import ValuePolicy
 from consumer.sources.errors import SourceError
 from consumer.sources.kafka import KafkaSource
-from consumer.sources.record import SourceRecord
+from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import CarryStore
 from consumer.spark.segments import ARROW_SCHEMA, SPARK_SCHEMA, encode_range
 from consumer.state.machine import ErrorPolicy
 from consumer.state.pending import DEFAULT_BUDGET_BYTES, DEFAULT_TIMEOUT_S
 from consumer.state.schema_cache import SchemaCache
-from consumer.state.units import TopicPartition
 
 NAME = "ticdc"
 SEGMENT_RECORDS = 50_000  # a task emits a segment row per this many records: bounds a task's memory

@@ -7,13 +7,12 @@ from consumer.state.machine import ConsumerState, ErrorPolicy, Ordering, StateSt
 from consumer.state.pending import PendingBuffer
 from consumer.state.resolver import Resolver
 from consumer.state.schema_cache import SchemaCache
-from consumer.state.units import DDLUnit, DeadLetter, RowBatch, TopicPartition, Unit
+from consumer.state.units import DDLUnit, RowBatch, Unit
 from consumer.state.watermarks import PartitionWatermarks
 
 __all__ = [
     "ConsumerState",
     "DDLUnit",
-    "DeadLetter",
     "ErrorPolicy",
     "Ordering",
     "PartitionWatermarks",
@@ -22,7 +21,6 @@ __all__ = [
     "RowBatch",
     "SchemaCache",
     "StateStats",
-    "TopicPartition",
     "Unapplied",
     "Unit",
 ]

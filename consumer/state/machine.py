@@ -36,12 +36,14 @@ from cachetools import LRUCache
 from consumer.errors import (
     ClaimCheckNotAllowedError,
     ConsumerError,
+    DeadLetter,
     HandleKeyOnlyError,
     RecordLocation,
     SchemaNotFoundError,
     SchemaRejectedError,
 )
 from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, KeyOnlyDML, RawDML, TableSchema, Watermark
+from consumer.sources.record import TopicPartition
 from consumer.state.offsets import PartitionOffsets
 from consumer.state.pending import (
     DEFAULT_BUDGET_BYTES,
@@ -52,15 +54,7 @@ from consumer.state.pending import (
 )
 from consumer.state.resolver import Resolver
 from consumer.state.schema_cache import SchemaCache
-from consumer.state.units import (
-    DDLUnit,
-    DeadLetter,
-    RowBatch,
-    SchemaKey,
-    TopicPartition,
-    Unit,
-    topic_partition,
-)
+from consumer.state.units import DDLUnit, RowBatch, SchemaKey, Unit, topic_partition
 from consumer.state.watermarks import PartitionWatermarks
 
 ErrorPolicy = Literal["dead-letter", "fail"]
@@ -79,7 +73,7 @@ class StateStats:
     oldest_held_age: float  # seconds; 0.0 when nothing is held
     waiting_rows: int  # schema known, waiting for the watermark or a barrier
     waiting_bytes: int
-    pending_ddls: int
+    queued_ddls: int  # DDLs waiting for the watermark to pass their commit ts (a barrier)
     in_flight_units: int  # handed out, not confirmed
     cached_schemas: int
     global_watermark: int | None
@@ -416,7 +410,7 @@ class ConsumerState:
             oldest_held_age=self._pending.oldest_age(),
             waiting_rows=self._resolver.rows,
             waiting_bytes=self._resolver.bytes,
-            pending_ddls=self._resolver.pending_ddls,
+            queued_ddls=self._resolver.queued_ddls,
             in_flight_units=len(self._claims),
             cached_schemas=len(self.schemas),
             global_watermark=self._watermarks.global_watermark(),

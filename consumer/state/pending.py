@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from consumer.errors import RecordLocation
 from consumer.protocol.model import RawDML, TableSchema
-from consumer.state.units import SchemaKey, TableName, TopicPartition, topic_partition
+from consumer.sources.record import TopicPartition
+from consumer.state.units import SchemaKey, TableName, topic_partition
 
 MiB = 1 << 20
 DEFAULT_BUDGET_BYTES = 256 * MiB

@@ -27,17 +27,9 @@ from cachetools import LRUCache
 
 from consumer.errors import RecordLocation
 from consumer.protocol.model import DDL, DDLType, RawDML, TableSchema
+from consumer.sources.record import TopicPartition
 from consumer.state.pending import PendingBuffer, row_size
-from consumer.state.units import (
-    DDLUnit,
-    RowBatch,
-    RowOrigins,
-    SchemaKey,
-    TableName,
-    TopicPartition,
-    Unit,
-    topic_partition,
-)
+from consumer.state.units import DDLUnit, RowBatch, RowOrigins, SchemaKey, TableName, Unit, topic_partition
 
 # Confirmed DDLs remembered so a copy redelivered later (a partition re-read after a rebalance, or
 # TiCDC resending after a restart) is recognised as applied instead of running the DDL twice.
@@ -102,7 +94,7 @@ class _TableRows:
 
 
 @dataclass(slots=True, eq=False)
-class _PendingDDL:
+class _QueuedDDL:
     ddl: DDL
     identity: DDLIdentity
     scope: TableScope
@@ -116,7 +108,7 @@ class Resolver:
     def __init__(self, held: PendingBuffer) -> None:
         self._held = held
         self._tables: dict[TableName, _TableRows] = {}
-        self._pending_ddls: dict[DDLIdentity, _PendingDDL] = {}
+        self._queued_ddls: dict[DDLIdentity, _QueuedDDL] = {}
         self._in_flight_ddls: dict[DDLIdentity, DDLUnit] = {}
         self._done_ddls: LRUCache = LRUCache(DONE_DDLS_REMEMBERED)
         self._ddl_seq = 0
@@ -124,8 +116,8 @@ class Resolver:
         self.bytes = 0
 
     @property
-    def pending_ddls(self) -> int:
-        return len(self._pending_ddls)
+    def queued_ddls(self) -> int:
+        return len(self._queued_ddls)
 
     def add_row(self, dml: RawDML, location: RecordLocation, schema: TableSchema) -> None:
         name = (dml.database, dml.table)
@@ -161,12 +153,12 @@ class Resolver:
         unit = self._in_flight_ddls.get(identity)
         if unit is not None:
             return unit
-        pending = self._pending_ddls.get(identity)
-        if pending is None:
+        queued = self._queued_ddls.get(identity)
+        if queued is None:
             self._ddl_seq += 1
-            pending = _PendingDDL(ddl, identity, TableScope.of(ddl), self._ddl_seq, [])
-            self._pending_ddls[identity] = pending
-        pending.copies.append(location)
+            queued = _QueuedDDL(ddl, identity, TableScope.of(ddl), self._ddl_seq, [])
+            self._queued_ddls[identity] = queued
+        queued.copies.append(location)
         return None
 
     def confirm_ddl(self, unit: DDLUnit) -> None:
@@ -184,10 +176,10 @@ class Resolver:
                 table.entries = kept
         self.rows -= len(dropped)
         self.bytes -= sum(map(_size, dropped))
-        for identity, pending in list(self._pending_ddls.items()):
-            pending.copies = [loc for loc in pending.copies if topic_partition(loc) != tp]
-            if not pending.copies:
-                del self._pending_ddls[identity]
+        for identity, queued in list(self._queued_ddls.items()):
+            queued.copies = [loc for loc in queued.copies if topic_partition(loc) != tp]
+            if not queued.copies:
+                del self._queued_ddls[identity]
         return [e[4] for e in dropped]
 
     def waiting_by_partition(self) -> dict[TopicPartition, tuple[int, int, int]]:
@@ -197,11 +189,11 @@ class Resolver:
             for entry in table.entries:
                 rows, highest, ddls = waiting.get((entry[1], entry[2]), (0, 0, 0))
                 waiting[entry[1], entry[2]] = (rows + 1, max(highest, entry[0]), ddls)
-        for pending in self._pending_ddls.values():
-            for location in pending.copies:
+        for queued in self._queued_ddls.values():
+            for location in queued.copies:
                 tp = topic_partition(location)
                 rows, highest, ddls = waiting.get(tp, (0, 0, 0))
-                waiting[tp] = (rows, max(highest, pending.ddl.commit_ts), ddls + 1)
+                waiting[tp] = (rows, max(highest, queued.ddl.commit_ts), ddls + 1)
         return waiting
 
     def resolve(self, watermark: int | None) -> list[Unit]:
@@ -210,26 +202,26 @@ class Resolver:
             return []
         units: list[Unit] = []
         floors = self._held.floors()
-        queue = sorted(self._pending_ddls.values(), key=lambda d: (d.ddl.commit_ts, d.seq))
-        for index, pending in enumerate(queue):
-            if pending.ddl.commit_ts > watermark or self._waits_for_held_rows(pending):
+        queue = sorted(self._queued_ddls.values(), key=lambda d: (d.ddl.commit_ts, d.seq))
+        for index, queued in enumerate(queue):
+            if queued.ddl.commit_ts > watermark or self._waits_for_held_rows(queued):
                 barriers = [d for d in queue[index:] if d.ddl.commit_ts <= watermark]
                 return units + self._flush(watermark, floors, barriers)
-            units += self._flush(pending.ddl.commit_ts, floors, [])
-            units.append(self._emit(pending))
+            units += self._flush(queued.ddl.commit_ts, floors, [])
+            units.append(self._emit(queued))
         return units + self._flush(watermark, floors, [])
 
-    def _waits_for_held_rows(self, pending: _PendingDDL) -> bool:
-        earliest = self._held.earliest(pending.scope.covers)
-        return earliest is not None and earliest <= pending.ddl.commit_ts
+    def _waits_for_held_rows(self, queued: _QueuedDDL) -> bool:
+        earliest = self._held.earliest(queued.scope.covers)
+        return earliest is not None and earliest <= queued.ddl.commit_ts
 
-    def _emit(self, pending: _PendingDDL) -> DDLUnit:
-        del self._pending_ddls[pending.identity]
-        unit = DDLUnit(pending.ddl, tuple(pending.copies))
-        self._in_flight_ddls[pending.identity] = unit
+    def _emit(self, queued: _QueuedDDL) -> DDLUnit:
+        del self._queued_ddls[queued.identity]
+        unit = DDLUnit(queued.ddl, tuple(queued.copies))
+        self._in_flight_ddls[queued.identity] = unit
         return unit
 
-    def _flush(self, limit: int, floors: dict[TableName, int], barriers: list[_PendingDDL]) -> list[Unit]:
+    def _flush(self, limit: int, floors: dict[TableName, int], barriers: list[_QueuedDDL]) -> list[Unit]:
         """Rows up to `limit`, less what held rows (`floors`) or DDLs not yet out (`barriers`, sorted)
         hold back."""
         firsts: list[tuple[tuple[int, str, int, int], RowBatch]] = []
@@ -246,7 +238,7 @@ class Resolver:
 
 
 def _cut(
-    name: TableName, table: _TableRows, limit: int, floor: int | None, barriers: list[_PendingDDL]
+    name: TableName, table: _TableRows, limit: int, floor: int | None, barriers: list[_QueuedDDL]
 ) -> int:
     """The highest commit_ts of `table` that may go out now."""
     if floor is not None:

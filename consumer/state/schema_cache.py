@@ -136,9 +136,3 @@ class SchemaCache:
 def snapshot_schemas(data: bytes) -> list[TableSchema]:
     """The schemas in a `SchemaCache.snapshot()`."""
     return msgspec.msgpack.decode(data, type=list[TableSchema])
-
-
-def merged_snapshot(*snapshots: bytes) -> bytes:
-    """One snapshot holding every schema of several (e.g. written by different group members)."""
-    schemas = {schema.key: schema for data in snapshots if data for schema in snapshot_schemas(data)}
-    return msgspec.msgpack.encode(list(schemas.values()))

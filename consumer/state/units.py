@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from consumer.errors import RecordLocation
+from consumer.errors import DeadLetter, RecordLocation
 from consumer.protocol.model import DDL, RawDML, TableSchema
+from consumer.sources.record import TopicPartition
 
-TopicPartition = tuple[str, int]
 TableName = tuple[str, str]
 SchemaKey = tuple[str, str, int]
 
@@ -70,17 +70,6 @@ class DDLUnit:
 
     ddl: DDL
     locations: tuple[RecordLocation, ...]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class DeadLetter:
-    """A record the error policy set aside: undecodable, or a row whose schema never arrived or was
-    rejected. `reason_code` is the `code` of the error that set it aside (machine-readable, stable)."""
-
-    location: RecordLocation
-    reason: str
-    value: bytes | None
-    reason_code: str
 
 
 Unit = RowBatch | DDLUnit | DeadLetter

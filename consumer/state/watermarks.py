@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from consumer.state.units import TopicPartition
+from consumer.sources.record import TopicPartition
 
 
 class PartitionWatermarks:

@@ -22,9 +22,9 @@ from consumer.errors import ConsumerError, InternalDecodeError, RecordLocation
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.limits import DecodeLimits
 from consumer.protocol.model import DDL, Bootstrap, RawDML, TableSchema
+from consumer.protocol.plain import value_object
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
-from consumer.render import value_object
 from consumer.simulate.workload import Workload, WorkloadConfig
 
 SchemaKey = tuple[str, str, int]

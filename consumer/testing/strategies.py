@@ -32,6 +32,7 @@ from consumer.protocol.limits import tso_of
 from consumer.protocol.model import (
     DDL,
     DML,
+    TSO_PHYSICAL_SHIFT,
     Bootstrap,
     Checksum,
     Column,
@@ -308,7 +309,8 @@ def table_messages(draw: st.DrawFn, **schema_options: Any) -> tuple[Message, Tab
 AVRO_NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,11}", fullmatch=True).filter(
     lambda name: not name.startswith(("_tidb", "_ticdc"))
 )
-COMMIT_TS = st.integers(min_value=1 << 18, max_value=_TSO_MAX)  # a physical time of at least 1 ms
+# a physical time of at least 1 ms
+COMMIT_TS = st.integers(min_value=1 << TSO_PHYSICAL_SHIFT, max_value=_TSO_MAX)
 
 
 class ChangeView(NamedTuple):

@@ -1,4 +1,5 @@
-"""Typed messages as plain JSON-able objects (the `decode` command's output format)."""
+"""Typed messages and values as plain JSON-able objects: the `decode` command's output, the JSONL sink's rows
+and the simulator's ground truth share these exact forms."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from consumer.lakehouse import Catalog, LakeRoot
-from consumer.sinks.layout import segment
+from consumer.lakehouse.layout import segment
 
 # Any text a message could carry, lone surrogates included (msgspec can decode `\ud800`).
 NAMES = st.text(st.characters(codec=None), max_size=300)
