@@ -30,7 +30,7 @@ from consumer.sinks.jsonl import JsonLinesSink
 from consumer.sources.capture import read_capture
 from consumer.sources.errors import SourceError
 from consumer.sources.files import FileSource
-from consumer.sources.kafka import KafkaSource, capture_topic
+from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource, capture_topic
 from consumer.state.machine import ConsumerState
 from consumer.testing.broker import EmbeddedBroker
 
@@ -203,8 +203,10 @@ def test_three_members_joining_and_leaving_lose_nothing(
     left = threading.Event()
     delivered_by: dict[int, int] = {}
 
-    def member(index: int, delay: float) -> None:
-        time.sleep(delay)
+    def member(index: int) -> None:
+        # join one after another: each member once the previous one holds partitions
+        if index and not joined[index - 1].wait(120):
+            return  # reported below: "a member never got partitions"
         pipeline = _pipeline(root, f"{topic}.trio", max_batch_records=300)
 
         def on_assign(partitions: list[tuple[str, int]]) -> Any:
@@ -222,7 +224,8 @@ def test_three_members_joining_and_leaving_lose_nothing(
 
         def pace_and_maybe_leave(p: Pipeline) -> None:
             everyone_in = all(event.is_set() for event in joined)
-            # hold back until all three have joined, so rebalances happen with most of the stream unread
+            # pacing, not synchronisation: a member must keep polling to take part in the rebalances, so it
+            # slows down (rather than blocks) until all three have joined, leaving most of the stream unread
             time.sleep(0.02 if everyone_in else 0.2)
             if index == 1 and everyone_in and p.stats.rows > 300:
                 left.set()
@@ -236,7 +239,7 @@ def test_three_members_joining_and_leaving_lose_nothing(
             source.close()
             delivered_by[index] = pipeline.stats.rows
 
-    threads = [threading.Thread(target=member, args=(i, d)) for i, d in enumerate((0.0, 1.0, 2.0))]
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(3)]
     with heartbeat:  # TiCDC keeps broadcasting its checkpoint while idle
         for thread in threads:
             thread.start()
@@ -280,17 +283,23 @@ def test_sigkill_and_restart_resumes_from_committed_offsets_without_loss(
         "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "500",
     }
     first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and sum(1 for _ in out.glob("*/*.jsonl")) < 2:
-        time.sleep(0.05)
-    time.sleep(0.3)
+    partitions = [(topic, p) for p in range(3)]
+    with KafkaSource(
+        kafka_broker.bootstrap_servers, [topic], f"{topic}.killed", partitions=ALL_PARTITIONS
+    ) as group:  # reads the group's commits without joining it
+        deadline = time.monotonic() + 120
+        while not any(group.committed(partitions).values()):  # kill once the run has committed offsets
+            assert first.poll() is None, "the first run ended before it committed anything"
+            assert time.monotonic() < deadline, "the first run committed no offset within 120 s"
+            time.sleep(0.05)
     first.send_signal(signal.SIGKILL)
-    first.wait()
+    assert first.wait() == -signal.SIGKILL, "the first run ended by itself, before the kill"
     before = _offsets_of(_delivered(out))
     assert before, "the first run delivered nothing before it was killed"
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180, check=False)
     assert second.returncode == 0, second.stderr[-2000:]
     rows = _delivered(out)
+    assert _offsets_of(rows) > before, "the restart had nothing left to deliver: the kill came too late"
     truth = load_truth(tmp_path / "truth.json")
     assert differences(replay_changelog(_unique_images(rows), _ddls(out)), truth) == []
 
@@ -319,7 +328,7 @@ def test_a_cycle_slower_than_the_poll_interval_costs_the_membership_not_the_run(
     def slow_once(p: Pipeline) -> None:
         if p.stats.rows and not slowed:
             slowed.append(True)
-            time.sleep(4.5)
+            time.sleep(4.5)  # by design: blocks the loop past max.poll.interval.ms (3 s), once
 
     with caplog.at_level("WARNING", logger="consumer.sources.retry"):
         try:

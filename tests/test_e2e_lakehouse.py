@@ -66,6 +66,11 @@ def _assignment_sizes(log: str) -> set[int]:
     return {line.count("), (") + 1 for line in re.findall(r" assigned \[.*\]$", log, flags=re.MULTILINE)}
 
 
+def _delta_commits(root: Path) -> int:
+    """Commits of every Delta table under `root`, so far."""
+    return sum(1 for _ in root.glob("**/_delta_log/*.json"))
+
+
 def _mirror_state(root: Path, workload: Workload) -> dict[str, Any]:
     return delta_mirror_state(root, (table.schema for table in workload.tables))
 
@@ -94,13 +99,23 @@ def test_sigkill_at_several_points_then_restart_ends_exact(
     workload = _produce(kafka_broker, topic, rows=15000, dispatch="primary-key")
     truth = write_ground_truth(workload, tmp_path / "truth.json")
     root = tmp_path / "lake"
-    for delay in (2.0, 3.5, 5.0):  # Spark-free startup ~1 s; kills land before, between and during commits
+    # kill points, each an observable state of the run: assigned with nothing committed yet; right after
+    # its first Delta commit (its batch's other tables still committing); several batches in
+    kill_points = {"assigned": 0, "its first commit": 1, "several batches in": 25}
+    for point, commits in kill_points.items():
+        before = _delta_commits(root)
         process = _run(kafka_broker, topic, root, "killed", wait=False)
-        time.sleep(delay)
+        log = max(tmp_path.glob("killed-p1-*.log"), key=lambda path: path.stat().st_mtime)
+        deadline = time.monotonic() + 120
+        while " assigned [" not in log.read_text() or _delta_commits(root) < before + commits:
+            tail = log.read_text()[-3000:]
+            assert process.poll() is None, f"the run ended before the kill point {point!r}: {tail}"
+            assert time.monotonic() < deadline, f"the kill point {point!r} never came: {tail}"
+            time.sleep(0.01)
         process.send_signal(signal.SIGKILL)
         process.wait()
-    # the last killed member keeps its partitions until its session expires; a restart joining before
-    # that owns only the others and, with --until-idle, would stop without them
+    # by design, not a race: the last killed member keeps its partitions until its session expires; a
+    # restart joining before that owns only the others and, with --until-idle, would stop without them
     time.sleep(SESSION_TIMEOUT_S + 1.5)
     # a partition the killed runs applied to its end has no WATERMARK after the resume offset: the
     # watermark recorded with its progress resolves it (no TiCDC heartbeat is produced here)

@@ -151,11 +151,11 @@ def test_three_members_on_s3_killed_at_random_points_end_exact(
             _run(kafka_broker, topic, s3_lake, tmp_path, wait=False),
         ]
         _working(tmp_path, started)
-        time.sleep(delay)
+        time.sleep(delay)  # a random kill point, by design: they are applying rows (waited for above)
         for member in members:
             os.killpg(member.pid, signal.SIGKILL)
             member.wait()
-        time.sleep(SESSION_TIMEOUT_S + 1.5)  # the killed members' sessions expire
+        time.sleep(SESSION_TIMEOUT_S + 1.5)  # by design: the killed members' sessions must expire
     _run(kafka_broker, topic, s3_lake, tmp_path, processes=2)
     _check(s3_lake, workload, report, truth)
     assert consistent_ts(LakeRoot.of(s3_lake)) == workload.last_watermark

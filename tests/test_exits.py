@@ -160,8 +160,9 @@ def test_a_stop_signal_applies_commits_and_leaves_no_decode_worker(tmp_path: Pat
     process = _start("--source", f"file:{source}", "--sink", f"delta:{root}", log=log)  # workers: default 2
     _wait_for(lambda: len(descendants(process.pid)) >= 4, 60, "decode workers", log)
     started = descendants(process.pid)
-    _wait_for(lambda: _changelog_rows(root) > 0, 120, "rows in the lake", log)
-    time.sleep(1.0)
+    # the file source never ends by itself: stop it once every row is applied (and the run is waiting)
+    expected = _images()
+    _wait_for(lambda: _changelog_rows(root) == expected, 120, "every row in the lake", log)
     if ctrl_c:
         os.killpg(process.pid, signal.SIGINT)
     else:
@@ -171,7 +172,7 @@ def test_a_stop_signal_applies_commits_and_leaves_no_decode_worker(tmp_path: Pat
     assert f"{'SIGINT' if ctrl_c else 'SIGTERM'}: stopping after this cycle" in output
     assert " dead letters" in output and "decode workers unusable" not in output
     assert wait_gone(started, 10) == set(), [command_line(pid) for pid in started]
-    assert _changelog_rows(root) == _images()
+    assert _changelog_rows(root) == expected
 
 
 def test_sigkill_leaves_no_decode_worker_forkserver_or_tracker(tmp_path: Path) -> None:
@@ -282,9 +283,12 @@ def test_the_first_stop_signal_asks_the_second_interrupts_and_handlers_are_resto
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with StopRequest.on_signals() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.1)  # handlers run in the main thread, between bytecodes
+        # handlers run in the main thread, between bytecodes: wait for this one's effect, not a while
+        deadline = time.monotonic() + 10
+        while not stop.requested and time.monotonic() < deadline:
+            time.sleep(0.001)
         assert stop.requested and stop.reason == "SIGTERM"
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1.0)
+            time.sleep(10)  # a deadline, not a wait: the handler's KeyboardInterrupt interrupts the sleep
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
