@@ -39,7 +39,7 @@ from consumer.sinks.base import (
     TopicPartition,
 )
 from consumer.sinks.dead_letter import DeadLetterSink
-from consumer.sources.base import Source
+from consumer.sources.base import RebalanceListener, Source
 from consumer.sources.errors import SourceError
 from consumer.sources.record import SourceRecord
 from consumer.sources.retry import SourceRetry
@@ -162,8 +162,8 @@ class PipelineStats:
         )
 
 
-class Pipeline:
-    """Owns the loop. Build the source with `on_assign=pipeline.on_assign, on_revoke=pipeline.on_revoke`.
+class Pipeline(RebalanceListener):
+    """Owns the loop. It is its source's rebalance listener: build the source with `listener=pipeline`.
 
     `decode_workers` > 0 runs the stages side by side: that many processes decode values into typed
     columns and a thread applies units to the sinks, while the loop fetches, orders and commits. Call
@@ -357,7 +357,7 @@ class Pipeline:
         self._backpressure()
         self._count_integrity_and_fetches()
 
-    # -- rebalance callbacks ---------------------------------------------------------------------------
+    # -- rebalance listener ----------------------------------------------------------------------------
     def on_assign(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int] | None:
         """A fresh assignment is a mid-stream join; resume from the sinks' records where they are ahead, and
         learn the schemas the partitions' previous owner recorded (BOOTSTRAPs only announce the latest)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from consumer.sources.base import Partition, Source
+from consumer.sources.base import Partition, RebalanceListener, Source
 from consumer.sources.capture import capture_topic, read_capture, write_capture
 from consumer.sources.errors import CaptureFormatError, SourceError
 from consumer.sources.files import FileSource
@@ -165,11 +165,15 @@ def test_file_source_starts_where_on_assign_says(tmp_path: Path) -> None:
     records = write_sample(path)
     offered: list[list[Partition]] = []
 
-    def start_offsets(partitions: list[Partition]) -> dict[Partition, int]:
-        offered.append(partitions)
-        return {("t", 0): 1, ("u", 0): 6}
+    class StartOffsets(RebalanceListener):
+        def on_assign(self, partitions: list[Partition]) -> dict[Partition, int]:
+            offered.append(partitions)
+            return {("t", 0): 1, ("u", 0): 6}
 
-    source = FileSource(path, on_assign=start_offsets)
+        def on_revoke(self, partitions: list[Partition]) -> None:
+            raise AssertionError("a file is never revoked")
+
+    source = FileSource(path, listener=StartOffsets())
     assert offered == [[("t", 0), ("t", 1), ("u", 0)]]
     assert source.poll_batch(10, timeout=0) == [records[2], records[1]]
     assert source.exhausted

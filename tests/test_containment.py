@@ -575,7 +575,7 @@ def test_a_batch_failing_without_naming_a_row_is_written_row_by_row(tmp_path: Pa
         dead_letters=DeadLetterFile(tmp_path / "dead.jsonl"),
     )  # fmt: skip
     pipeline._codecs[SCHEMA.key] = _FailsOnBatches(SCHEMA)
-    pipeline.run(FileSource(path, on_assign=pipeline.on_assign), until_idle=0.3)
+    pipeline.run(FileSource(path, listener=pipeline), until_idle=0.3)
     pipeline.close()
     rows = [json.loads(line) for line in (tmp_path / "out" / "shop" / "t.jsonl").read_bytes().splitlines()]
     assert [row["id"] for row in rows] == [0, 1, 2]

@@ -7,7 +7,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 
-from consumer.sources.base import OnAssign, Partition
+from consumer.sources.base import Partition, RebalanceListener
 from consumer.sources.capture import read_capture
 from consumer.sources.record import SourceRecord
 
@@ -16,14 +16,15 @@ class FileSource:
     """Serves a capture file's records as if it were a Kafka assignment of every partition in the file.
 
     The file is read up front (the assignment must be known before the first poll). Commits live in memory
-    only, so every FileSource replays from the start unless `on_assign` returns start offsets.
+    only, so every FileSource replays from the start unless `listener.on_assign` returns start offsets. The
+    listener is told of the assignment once, here; a file is never revoked.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, on_assign: OnAssign | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, listener: RebalanceListener | None = None) -> None:
         self._pending: dict[Partition, deque[SourceRecord]] = {}
         for record in read_capture(path):
             self._pending.setdefault((record.topic, record.partition), deque()).append(record)
-        starts = (on_assign(list(self._pending)) if on_assign else None) or {}
+        starts = (listener.on_assign(list(self._pending)) if listener else None) or {}
         for partition, start in starts.items():
             queue = self._pending.get(partition)
             while queue and queue[0].offset < start:

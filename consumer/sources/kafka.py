@@ -29,7 +29,7 @@ from confluent_kafka import (
 )
 
 from consumer.kafka_config import create_client, redact_config, scrubbed, secret_values
-from consumer.sources.base import OnAssign, OnRevoke, Partition
+from consumer.sources.base import Partition, RebalanceListener
 from consumer.sources.errors import SourceAuthenticationError, SourceError, SourceUnreachableError
 from consumer.sources.record import SourceRecord
 
@@ -74,14 +74,15 @@ class KafkaSource:
     """Reads records from Kafka in batches, in one of two modes.
 
     - `partitions=None` (default): subscribe to `topics` as a member of consumer group `group_id`; the
-      group coordinator assigns partitions and `on_assign`/`on_revoke`/`on_lost` fire on rebalances
-      (inside `poll_batch` or `close`).
+      group coordinator assigns partitions and `listener`'s `on_assign`/`on_revoke`/`on_lost` fire on
+      rebalances (inside `poll_batch` or `close`).
     - `partitions=[(topic, partition), ...]` or `ALL_PARTITIONS`: read exactly those partitions (or every
       partition of `topics`) without group membership; `group_id` then only names where offsets are
-      committed. `on_assign` is called once, before the assignment, so start offsets can be overridden.
+      committed. `listener.on_assign` is called once, in the constructor, before the assignment, so start
+      offsets can be overridden.
 
-    Start offsets: those returned by `on_assign`, else the group's committed offsets, else the earliest.
-    `on_lost` defaults to `on_revoke`; offsets of lost partitions can no longer be committed.
+    Start offsets: those returned by `listener.on_assign`, else the group's committed offsets, else the
+    earliest. Offsets of lost partitions (`on_lost`) can no longer be committed.
 
     `unreachable_timeout`: seconds every broker may stay unreachable, once connected, before `poll_batch`
     raises `SourceUnreachableError` (before the first connection: `STARTUP_UNREACHABLE_SECONDS`).
@@ -95,9 +96,7 @@ class KafkaSource:
         *,
         partitions: Sequence[Partition] | Literal["all"] | None = None,
         config: Mapping[str, object] | None = None,
-        on_assign: OnAssign | None = None,
-        on_revoke: OnRevoke | None = None,
-        on_lost: OnRevoke | None = None,
+        listener: RebalanceListener | None = None,
         metadata_timeout: float = 10.0,
         unreachable_timeout: float = 60.0,
     ) -> None:
@@ -117,9 +116,7 @@ class KafkaSource:
         }
         self._secrets = secret_values(self._config)
         self._topics = list(topics)
-        self._on_assign = on_assign
-        self._on_revoke = on_revoke
-        self._on_lost = on_lost
+        self._listener = listener
         self._cooperative = "cooperative" in str(self._config.get("partition.assignment.strategy", ""))
         self._deferred_error: SourceError | None = None
         self._unreachable_timeout = unreachable_timeout
@@ -174,8 +171,8 @@ class KafkaSource:
         return chosen
 
     def _positioned(self, partitions: list[Partition]) -> list[TopicPartition]:
-        """TopicPartitions carrying `on_assign`'s start offsets; the rest start at the committed offset."""
-        starts = (self._on_assign(partitions) if self._on_assign else None) or {}
+        """TopicPartitions carrying the listener's start offsets; the rest start at the committed offset."""
+        starts = (self._listener.on_assign(partitions) if self._listener else None) or {}
         return [
             TopicPartition(topic, partition, starts[topic, partition])
             if (topic, partition) in starts
@@ -194,14 +191,13 @@ class KafkaSource:
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("revoking %s", _keys(partitions))
-        if self._on_revoke:
-            self._on_revoke(_keys(partitions))
+        if self._listener:
+            self._listener.on_revoke(_keys(partitions))
 
     def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.warning("lost %s", _keys(partitions))
-        hook = self._on_lost or self._on_revoke
-        if hook:
-            hook(_keys(partitions))
+        if self._listener:
+            self._listener.on_lost(_keys(partitions))
 
     def redacted_config(self) -> dict[str, object]:
         return redact_config(self._config)
@@ -280,7 +276,8 @@ class KafkaSource:
         return set(_keys(self._consumer.assignment()))
 
     def close(self) -> None:
-        """Leave the group (firing `on_revoke` in subscribe mode) and release the client; idempotent."""
+        """Leave the group (the listener's `on_revoke` fires in subscribe mode) and release the client;
+        idempotent."""
         if not self._closed:
             self._closed = True
             self._consumer.close()
