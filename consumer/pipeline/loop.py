@@ -15,7 +15,7 @@ from consumer.batches.changes import table_changes
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.pipeline.bad_rows import BadRowRetry, RowDecoder
-from consumer.pipeline.intake import Batch, DecodedRecord, RecordIntake
+from consumer.pipeline.intake import DecodedRecord, RecordIntake
 from consumer.pipeline.resume import RecordedProgress, later_starts
 from consumer.pipeline.stats import PipelineStats, UnitTally
 from consumer.pipeline.writer import SinkWriter
@@ -43,8 +43,9 @@ class Pipeline(RebalanceListener):
     """Owns the loop. It is its source's rebalance listener: build the pipeline first, then the source with
     `listener=pipeline`, then call `run(source)`.
 
-    Building one does no I/O. `open` reads what the sinks recorded (the schemas learned so far); `run`, and
-    the first assignment, open it. A caller feeding `step_decoded` itself (the Spark engine) calls `open`.
+    Building one reads nothing from the sinks, so it can be built, and handed to a source, before anything
+    is reachable. `open` reads what they recorded (the schemas learned so far); `run`, and the first
+    assignment, open it; a caller feeding `step_decoded` itself (the Spark engine) calls `open` first.
 
     `decode_workers` > 0 runs the stages side by side: that many processes decode values into typed
     columns and a thread applies units to the sinks, while the loop fetches, orders and commits. Call
@@ -197,27 +198,22 @@ class Pipeline(RebalanceListener):
 
         With decode workers, a batch still decoding is left for a later cycle (at most about one cycle's
         records wait so), so the workers decode while this loop fetches and orders the next records."""
-        self._changed = False
         self.stats.records += len(records)
-        self._take(self._intake.decode(records))
+        self._changed = self._intake.take(self._intake.decode(records))
         self._settle()
 
     def step_decoded(self, records: Iterable[DecodedRecord]) -> bool:
         """One cycle over records decoded elsewhere (the Spark engine's executors), in each partition's
         offset order; whether a change record (anything but a WATERMARK) was among them. Call `open` first."""
-        self._changed = False
         batch = self._intake.decoded_elsewhere(records)
         self.stats.records += len(batch.records)
-        self._take(batch)
+        self._changed = self._intake.take(batch)
         self._settle()
         return self._changed
 
     def attach(self, source: Source) -> None:
         """The source `step`/`step_decoded` commit to and take backpressure from (`run` attaches its own)."""
         self._source = source
-
-    def _take(self, batch: Batch) -> None:
-        self._changed = self._intake.take(batch) or self._changed
 
     def _settle(self) -> None:
         """The end of a cycle: apply what resolved, commit, adjust backpressure."""
