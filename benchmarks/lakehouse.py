@@ -224,7 +224,7 @@ def consume(broker: EmbeddedBroker, run: Pass, records: int, inner: Sink | None 
     sink = TimedSink(inner if inner is not None else build_sinks(config)[0])
     pipeline = app.build_pipeline(config, sinks=[sink])
     source = KafkaSource(
-        broker.bootstrap_servers, [TOPIC], group, partitions=ALL_PARTITIONS, on_assign=pipeline.on_assign
+        broker.bootstrap_servers, [TOPIC], group, partitions=ALL_PARTITIONS, listener=pipeline
     )
 
     def stop_when_done(p: Pipeline) -> None:
@@ -293,9 +293,7 @@ def member(servers: str, run: Pass, group: str, shares: dict[int, int], start: A
     )
     sink = TimedSink(DropSink() if run.sink == "drop" else build_sinks(config)[0])
     pipeline = app.build_pipeline(config, sinks=[sink])
-    source = KafkaSource(
-        servers, [TOPIC], group, partitions=[(TOPIC, p) for p in shares], on_assign=pipeline.on_assign
-    )
+    source = KafkaSource(servers, [TOPIC], group, partitions=[(TOPIC, p) for p in shares], listener=pipeline)
     records = sum(shares.values())
 
     def stop_when_done(p: Pipeline) -> None:

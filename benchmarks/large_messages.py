@@ -142,7 +142,7 @@ def consume(broker: EmbeddedBroker, stream: Stream, server_pid: int, concurrency
         [stream.topic],
         group,
         partitions=ALL_PARTITIONS,
-        on_assign=pipeline.on_assign,
+        listener=pipeline,
     )
 
     def stop_when_done(p: Pipeline) -> None:

@@ -106,15 +106,14 @@ def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None, *, pause_
 def build_source(config: RunConfig, pipeline: Pipeline) -> Source:
     url = config.source.url
     if url.startswith("file:"):
-        return FileSource(file_source_path(url), on_assign=pipeline.on_assign)
+        return FileSource(file_source_path(url), listener=pipeline)
     servers, topics = kafka_source_parts(url)
     return KafkaSource(
         servers,
         topics,
         config.source.group,
         config=config.source.kafka,
-        on_assign=pipeline.on_assign,
-        on_revoke=pipeline.on_revoke,
+        listener=pipeline,
         unreachable_timeout=config.source.unreachable_timeout_s,
     )
 

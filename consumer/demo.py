@@ -32,6 +32,7 @@ from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.base import Sink
 from consumer.sinks.delta import DeltaSink
 from consumer.sinks.parquet import ParquetSink
+from consumer.sources.base import FixedStarts
 from consumer.sources.kafka import KafkaSource
 from consumer.spark.readers import read_mirror
 from consumer.spark.session import spark_session
@@ -142,18 +143,12 @@ def _join_mid_stream(
         sink=SinkConfig(url=f"delta:{root}", mode="changelog"),
     )
     pipeline = app.build_pipeline(config)
-
-    def start_late(partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
-        pipeline.on_assign(partitions)
-        return {tp: starts[tp] for tp in partitions}
-
     source = KafkaSource(
         broker.bootstrap_servers,
         [TOPIC],
         LATE_GROUP,
         config=broker.GROUP_CONFIG,
-        on_assign=start_late,
-        on_revoke=pipeline.on_revoke,
+        listener=FixedStarts(starts, then=pipeline),
     )
     try:
         pipeline.run(source, until_idle=IDLE_SECONDS)

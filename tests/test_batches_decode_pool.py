@@ -216,7 +216,7 @@ def _run(capture: Path, root: Path, workers: int) -> tuple[Pipeline, list[Any], 
         decode_workers=workers,
     )
     try:
-        pipeline.run(FileSource(capture, on_assign=pipeline.on_assign), until_idle=0.2)
+        pipeline.run(FileSource(capture, listener=pipeline), until_idle=0.2)
     finally:
         pipeline.close()
     rows = [json.loads(line) for line in (root / "shop" / "people.jsonl").read_text().splitlines()]
@@ -284,7 +284,7 @@ def test_a_failed_write_stops_the_run_with_nothing_after_it_applied_or_committed
         max_batch_records=60,
         decode_workers=1,
     )
-    source = FileSource(capture, on_assign=pipeline.on_assign)
+    source = FileSource(capture, listener=pipeline)
     try:
         with pytest.raises(SinkError, match="went away"):
             pipeline.run(source, until_idle=0.2)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from consumer.sources.base import Partition, Source
+from consumer.sources.base import RebalanceListener, Source
 from consumer.sources.capture import read_capture, write_capture
 from consumer.sources.errors import CaptureFormatError, SourceError
 from consumer.sources.files import FileSource
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource, capture_topic
-from consumer.sources.record import SourceRecord
+from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.pytest_plugin import TopicFactory
 
@@ -163,13 +163,17 @@ def test_file_source_replays_a_capture(tmp_path: Path) -> None:
 def test_file_source_starts_where_on_assign_says(tmp_path: Path) -> None:
     path = tmp_path / "replay.jsonl"
     records = write_sample(path)
-    offered: list[list[Partition]] = []
+    offered: list[list[TopicPartition]] = []
 
-    def start_offsets(partitions: list[Partition]) -> dict[Partition, int]:
-        offered.append(partitions)
-        return {("t", 0): 1, ("u", 0): 6}
+    class StartOffsets(RebalanceListener):
+        def on_assign(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+            offered.append(partitions)
+            return {("t", 0): 1, ("u", 0): 6}
 
-    source = FileSource(path, on_assign=start_offsets)
+        def on_revoke(self, partitions: list[TopicPartition]) -> None:
+            raise AssertionError("a file is never revoked")
+
+    source = FileSource(path, listener=StartOffsets())
     assert offered == [[("t", 0), ("t", 1), ("u", 0)]]
     assert source.poll_batch(10, timeout=0) == [records[2], records[1]]
     assert source.exhausted

@@ -558,6 +558,7 @@ class _FailsOnBatches(TableCodec):
 
 
 def test_a_batch_failing_without_naming_a_row_is_written_row_by_row(tmp_path: Path) -> None:
+    from consumer.batches.changes import table_changes
     from consumer.pipeline import Pipeline
     from consumer.sinks.dead_letter import DeadLetterFile
     from consumer.sinks.jsonl import JsonLinesSink
@@ -574,9 +575,9 @@ def test_a_batch_failing_without_naming_a_row_is_written_row_by_row(tmp_path: Pa
     pipeline = Pipeline(
         group="g", state=ConsumerState(), sinks=[JsonLinesSink(tmp_path / "out")],
         dead_letters=DeadLetterFile(tmp_path / "dead.jsonl"),
+        row_decoder=lambda codec, rows, origins: table_changes(_FailsOnBatches(codec.schema), rows, origins),
     )  # fmt: skip
-    pipeline._codecs[SCHEMA.key] = _FailsOnBatches(SCHEMA)
-    pipeline.run(FileSource(path, on_assign=pipeline.on_assign), until_idle=0.3)
+    pipeline.run(FileSource(path, listener=pipeline), until_idle=0.3)
     pipeline.close()
     rows = [json.loads(line) for line in (tmp_path / "out" / "shop" / "t.jsonl").read_bytes().splitlines()]
     assert [row["id"] for row in rows] == [0, 1, 2]

@@ -27,10 +27,12 @@ from consumer.simulate.truth import differences, load_truth, replay_changelog
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.dead_letter import DeadLetterFile
 from consumer.sinks.jsonl import JsonLinesSink
+from consumer.sources.base import FixedStarts, RebalanceListener
 from consumer.sources.capture import read_capture
 from consumer.sources.errors import SourceError
 from consumer.sources.files import FileSource
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource, capture_topic
+from consumer.sources.record import TopicPartition
 from consumer.state.machine import ConsumerState
 from consumer.testing.broker import EmbeddedBroker
 
@@ -77,18 +79,12 @@ def _consume(
 ) -> Pipeline:
     group = f"{topic}.{group}"  # the broker outlives tests: a group of an earlier test must not interfere
     pipeline = _pipeline(root, group)
-
-    def on_assign(partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
-        pipeline.on_assign(partitions)
-        return starts
-
     source = KafkaSource(
         broker.bootstrap_servers,
         [topic],
         group,
         config=FAST_GROUP,
-        on_assign=on_assign,
-        on_revoke=pipeline.on_revoke,
+        listener=FixedStarts(starts or {}, then=pipeline),
     )
     try:
         pipeline.run(source, until_idle=until_idle)
@@ -185,7 +181,7 @@ def test_capture_then_replay_delivers_the_same_stream_as_kafka(
     capture = tmp_path / "capture.jsonl"
     capture_topic(kafka_broker.bootstrap_servers, topic, capture, idle_seconds=2.0)
     replay = _pipeline(tmp_path / "file", "replay")
-    replay.run(FileSource(capture, on_assign=replay.on_assign), until_idle=0.2)
+    replay.run(FileSource(capture, listener=replay), until_idle=0.2)
     assert _delivered(tmp_path / "file") == _delivered(tmp_path / "kafka")
 
 
@@ -208,18 +204,12 @@ def test_three_members_joining_and_leaving_lose_nothing(
         if index and not joined[index - 1].wait(120):
             return  # reported below: "a member never got partitions"
         pipeline = _pipeline(root, f"{topic}.trio", max_batch_records=300)
-
-        def on_assign(partitions: list[tuple[str, int]]) -> Any:
-            joined[index].set()
-            return pipeline.on_assign(partitions)
-
         source = KafkaSource(
             kafka_broker.bootstrap_servers,
             [topic],
             f"{topic}.trio",
             config=FAST_GROUP,
-            on_assign=on_assign,
-            on_revoke=pipeline.on_revoke,
+            listener=_Joining(pipeline, joined[index]),
         )
 
         def pace_and_maybe_leave(p: Pipeline) -> None:
@@ -250,6 +240,21 @@ def test_three_members_joining_and_leaving_lose_nothing(
     assert all(delivered_by.get(i) for i in range(3)), f"a member delivered nothing: {delivered_by}"
     union = _unique_images(_delivered(root))
     assert differences(replay_changelog(union, _ddls(root)), truth) == []
+
+
+class _Joining(RebalanceListener):
+    """A member's pipeline as its listener, saying when the member first got partitions."""
+
+    def __init__(self, pipeline: Pipeline, joined: threading.Event) -> None:
+        self._pipeline = pipeline
+        self._joined = joined
+
+    def on_assign(self, partitions: list[TopicPartition]) -> Any:
+        self._joined.set()
+        return self._pipeline.on_assign(partitions)
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        self._pipeline.on_revoke(partitions)
 
 
 class _Leave(Exception):
@@ -320,8 +325,7 @@ def test_a_cycle_slower_than_the_poll_interval_costs_the_membership_not_the_run(
         [topic],
         group,
         config={**FAST_GROUP, "max.poll.interval.ms": "3000"},
-        on_assign=pipeline.on_assign,
-        on_revoke=pipeline.on_revoke,
+        listener=pipeline,
     )
     slowed: list[bool] = []
 
@@ -349,7 +353,7 @@ def test_a_permanent_source_error_stops_the_run_without_retrying(
         ["absent"],
         "absent-topic",
         config=FAST_GROUP,
-        on_assign=pipeline.on_assign,
+        listener=pipeline,
     )
     with caplog.at_level("WARNING", logger="consumer.sources.retry"):
         try:

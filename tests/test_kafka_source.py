@@ -10,15 +10,41 @@ from collections.abc import Callable, Iterable
 import pytest
 
 from consumer.kafka_config import REDACTED
-from consumer.sources.base import Partition
+from consumer.sources.base import FixedStarts, RebalanceListener
 from consumer.sources.errors import SourceError
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
-from consumer.sources.record import SourceRecord
+from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.pytest_plugin import TopicFactory
 
 # tansu accepts a 1 s session (Kafka's minimum is 6 s), so a group join takes about half a second.
 FAST_GROUP = {"session.timeout.ms": 1000, "heartbeat.interval.ms": 100}
+
+
+class _Offered(FixedStarts):
+    """Fixed start offsets, noting every assignment offered."""
+
+    def __init__(self, starts: dict[TopicPartition, int]) -> None:
+        super().__init__(starts)
+        self.offered: list[list[TopicPartition]] = []
+
+    def on_assign(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        self.offered.append(partitions)
+        return dict(super().on_assign(partitions) or {})
+
+
+class _Events(RebalanceListener):
+    """Notes every assignment and revocation of member `name` in `events`."""
+
+    def __init__(self, name: str, events: list[tuple[str, str, list[TopicPartition]]]) -> None:
+        self._name = name
+        self._events = events
+
+    def on_assign(self, partitions: list[TopicPartition]) -> None:
+        self._events.append((self._name, "assign", partitions))
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        self._events.append((self._name, "revoke", partitions))
 
 
 def group_id() -> str:
@@ -78,18 +104,14 @@ def test_explicit_partitions_and_on_assign_start_offsets(
 ) -> None:
     topic = kafka_topic(partitions=3)
     fill(kafka_broker, topic, partitions=3, per_partition=5)
-    offered: list[list[Partition]] = []
-
-    def start_at_3(partitions: list[Partition]) -> dict[Partition, int]:
-        offered.append(partitions)
-        return {(topic, 1): 3, (topic, 2): 0}  # entries for unassigned partitions are ignored
+    start_at_3 = _Offered({(topic, 1): 3, (topic, 2): 0})  # entries for unassigned partitions are ignored
 
     with KafkaSource(
-        kafka_broker.bootstrap_servers, [topic], group_id(), partitions=[(topic, 1)], on_assign=start_at_3
+        kafka_broker.bootstrap_servers, [topic], group_id(), partitions=[(topic, 1)], listener=start_at_3
     ) as source:
         records = poll_until([source], lambda got: len(got) >= 2)
         assert source.poll_batch(100, timeout=0.2) == []
-    assert offered == [[(topic, 1)]]
+    assert start_at_3.offered == [[(topic, 1)]]
     assert summary(records) == {(1, 3, b"value-1-3"), (1, 4, b"value-1-4")}
 
 
@@ -148,7 +170,7 @@ def test_two_members_split_the_partitions(kafka_broker: EmbeddedBroker, kafka_to
     topic = kafka_topic(partitions=4)
     expected = fill(kafka_broker, topic, partitions=4, per_partition=2)
     group = group_id()
-    events: list[tuple[str, str, list[Partition]]] = []
+    events: list[tuple[str, str, list[TopicPartition]]] = []
 
     def member(name: str) -> KafkaSource:
         return KafkaSource(
@@ -156,11 +178,10 @@ def test_two_members_split_the_partitions(kafka_broker: EmbeddedBroker, kafka_to
             [topic],
             group,
             config=FAST_GROUP,
-            on_assign=lambda partitions: events.append((name, "assign", partitions)),
-            on_revoke=lambda partitions: events.append((name, "revoke", partitions)),
+            listener=_Events(name, events),
         )
 
-    def seen(name: str, kind: str) -> list[list[Partition]]:
+    def seen(name: str, kind: str) -> list[list[TopicPartition]]:
         return [sorted(parts) for who, what, parts in events if (who, what) == (name, kind)]
 
     with member("a") as a:

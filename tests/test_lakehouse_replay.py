@@ -20,8 +20,11 @@ from consumer.simulate.output import write_capture_file, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.delta import DeltaSink
+from consumer.sources.base import RebalanceListener
 from consumer.sources.capture import read_capture
 from consumer.sources.files import FileSource
+from consumer.sources.record import TopicPartition
+from consumer.state.machine import ConsumerState
 
 TOPIC = "replay"
 GROUP = "replayer"
@@ -49,9 +52,22 @@ def _reread(capture: Path, root: Path, kind: str = "delta") -> None:
     """The same group reading the whole stream again from its first record, whatever was recorded."""
     pipeline = app.build_pipeline(_config(capture, root, kind))
     try:
-        pipeline.run(FileSource(capture, on_assign=pipeline.state.assign), until_idle=0.5)
+        pipeline.run(FileSource(capture, listener=_FromTheStart(pipeline.state)), until_idle=0.5)
     finally:
         pipeline.close()
+
+
+class _FromTheStart(RebalanceListener):
+    """Assigns partitions to the state machine without asking the sinks where to resume."""
+
+    def __init__(self, state: ConsumerState) -> None:
+        self._state = state
+
+    def on_assign(self, partitions: list[TopicPartition]) -> None:
+        self._state.assign(partitions)
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        self._state.revoke(partitions)
 
 
 def test_a_complete_run_records_the_offsets_after_its_last_record(tmp_path: Path) -> None:

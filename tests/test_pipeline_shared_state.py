@@ -113,7 +113,7 @@ def test_the_writer_thread_never_changes_the_totals_the_loop_is_reading(tmp_path
         stop.request("read")
 
     try:
-        source = FileSource(_capture(tmp_path / "c.jsonl", "abc"), on_assign=pipeline.on_assign)
+        source = FileSource(_capture(tmp_path / "c.jsonl", "abc"), listener=pipeline)
         pipeline.run(source, until_idle=20, on_cycle=cycle, stop=stop)
     finally:
         pipeline.close()
@@ -131,7 +131,7 @@ def _collector_during_run(tmp_path: Path, **options: object) -> list[bool]:
     enabled: list[bool] = []
     pipeline = _pipeline(tmp_path, _Sink(), **options)
     try:
-        source = FileSource(_capture(tmp_path / "c.jsonl", "a"), on_assign=pipeline.on_assign)
+        source = FileSource(_capture(tmp_path / "c.jsonl", "a"), listener=pipeline)
         pipeline.run(source, until_idle=0.2, on_cycle=lambda _: enabled.append(gc.isenabled()))
     finally:
         pipeline.close()

@@ -212,6 +212,11 @@ class OnlyCdcUser(IdentityProvider):
         )
 
 
+async def _closed(server: MysqlServer) -> None:
+    server.close()
+    await server.wait_closed()
+
+
 @pytest.fixture(scope="module")
 def tidb() -> Iterator[tuple[Upstream, str]]:
     """A fake TiDB on a loopback port (its event loop in a thread) and the DSN that reaches it."""
@@ -236,8 +241,7 @@ def tidb() -> Iterator[tuple[Upstream, str]]:
     try:
         yield upstream, f"mysql://cdc:{quote(PASSWORD, safe='')}@127.0.0.1:{port}"
     finally:
-        server.close()
-        asyncio.run_coroutine_threadsafe(server.wait_closed(), loop).result(10)
+        asyncio.run_coroutine_threadsafe(_closed(server), loop).result(10)  # asyncio objects: on their loop
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()

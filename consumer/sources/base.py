@@ -1,21 +1,60 @@
-"""The interface a pipeline drives, shared by the live Kafka source and the capture-file replay."""
+"""The interface a pipeline drives, shared by the live Kafka source and the capture-file replay, and the one
+object a source tells about its assignment changing.
+
+Wiring without a construction cycle: the listener (a `Pipeline`) is built first, and its constructor takes
+no source; the source is built second, given the listener once (`listener=`); then `Pipeline.run(source)`
+joins the two. A source fires the listener's methods from inside its own calls (`poll_batch`, `close`) or,
+for a fixed assignment, from its constructor.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from consumer.sources.record import SourceRecord
+from consumer.sources.record import SourceRecord, TopicPartition
 
-Partition = tuple[str, int]
-"""A (topic, partition) pair."""
 
-OnAssign = Callable[[list[Partition]], Mapping[Partition, int] | None]
-"""Called with newly assigned partitions; may return start offsets that override the committed ones
-(so a sink that records its own offsets can resume exactly where it stopped)."""
+class RebalanceListener(Protocol):
+    """Told by a source when partitions are assigned, revoked or lost. Subclass it to inherit `on_lost`'s
+    default (what revocation does); any object with the three methods will do."""
 
-OnRevoke = Callable[[list[Partition]], None]
-"""Called before partitions are taken away, while offsets for them can still be committed."""
+    def on_assign(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int] | None:
+        """Newly assigned partitions; may return start offsets that override the committed ones (so a sink
+        that records its own offsets can resume exactly where it stopped)."""
+        ...
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        """Partitions about to be taken away, while offsets for them can still be committed."""
+        ...
+
+    def on_lost(self, partitions: list[TopicPartition]) -> None:
+        """Partitions already taken away (their offsets can no longer be committed): by default, what
+        revocation does, since the partitions' state must go either way."""
+        self.on_revoke(partitions)
+
+
+class FixedStarts(RebalanceListener):
+    """Starts each partition it names at its offset, whatever the committed offsets say; `then`, if given,
+    is told of every change first (its own start offsets are overruled). For a reader of exact ranges, or a
+    consumer joining a stream at chosen places."""
+
+    def __init__(self, starts: Mapping[TopicPartition, int], then: RebalanceListener | None = None) -> None:
+        self._starts = dict(starts)
+        self._then = then
+
+    def on_assign(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int] | None:
+        if self._then is not None:
+            self._then.on_assign(partitions)
+        return {tp: self._starts[tp] for tp in partitions if tp in self._starts}
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        if self._then is not None:
+            self._then.on_revoke(partitions)
+
+    def on_lost(self, partitions: list[TopicPartition]) -> None:
+        if self._then is not None:
+            self._then.on_lost(partitions)
 
 
 class Source(Protocol):
@@ -25,20 +64,20 @@ class Source(Protocol):
         """Up to `max_records` records; waits until the batch is full or `timeout` seconds have passed."""
         ...
 
-    def commit(self, offsets: Mapping[Partition, int]) -> None:
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Durably record, per partition, the offset of the next record to read."""
         ...
 
-    def committed(self, partitions: Iterable[Partition]) -> dict[Partition, int | None]:
+    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The last committed "next offset" per partition, None where nothing was committed."""
         ...
 
-    def pause(self, partitions: Iterable[Partition]) -> None:
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
         """Stop returning records of these partitions (backpressure) without losing the assignment."""
         ...
 
-    def resume(self, partitions: Iterable[Partition]) -> None: ...
+    def resume(self, partitions: Iterable[TopicPartition]) -> None: ...
 
-    def assignment(self) -> set[Partition]: ...
+    def assignment(self) -> set[TopicPartition]: ...
 
     def close(self) -> None: ...

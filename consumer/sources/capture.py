@@ -1,7 +1,8 @@
 """Capture files: a topic's records frozen as JSON Lines, to replay a pipeline offline or attach to a bug.
 
 One record per line: `{"topic", "partition", "offset", "timestamp", "key", "value"}`, with key and value in
-standard base64 (or null) so arbitrary bytes survive the round trip.
+standard base64 (or null) so arbitrary bytes survive the round trip. `consumer.sources.kafka.capture_topic`
+writes one from a live topic.
 """
 
 from __future__ import annotations

@@ -7,34 +7,35 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 
-from consumer.sources.base import OnAssign, Partition
+from consumer.sources.base import RebalanceListener
 from consumer.sources.capture import read_capture
-from consumer.sources.record import SourceRecord
+from consumer.sources.record import SourceRecord, TopicPartition
 
 
 class FileSource:
     """Serves a capture file's records as if it were a Kafka assignment of every partition in the file.
 
     The file is read up front (the assignment must be known before the first poll). Commits live in memory
-    only, so every FileSource replays from the start unless `on_assign` returns start offsets.
+    only, so every FileSource replays from the start unless `listener.on_assign` returns start offsets. The
+    listener is told of the assignment once, here; a file is never revoked.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, on_assign: OnAssign | None = None) -> None:
-        self._pending: dict[Partition, deque[SourceRecord]] = {}
+    def __init__(self, path: str | os.PathLike[str], *, listener: RebalanceListener | None = None) -> None:
+        self._queued: dict[TopicPartition, deque[SourceRecord]] = {}
         for record in read_capture(path):
-            self._pending.setdefault((record.topic, record.partition), deque()).append(record)
-        starts = (on_assign(list(self._pending)) if on_assign else None) or {}
+            self._queued.setdefault((record.topic, record.partition), deque()).append(record)
+        starts = (listener.on_assign(list(self._queued)) if listener else None) or {}
         for partition, start in starts.items():
-            queue = self._pending.get(partition)
+            queue = self._queued.get(partition)
             while queue and queue[0].offset < start:
                 queue.popleft()
-        self._paused: set[Partition] = set()
-        self._committed: dict[Partition, int] = {}
+        self._paused: set[TopicPartition] = set()
+        self._committed: dict[TopicPartition, int] = {}
 
     @property
     def exhausted(self) -> bool:
         """True once every record (paused partitions included) has been returned."""
-        return not any(self._pending.values())
+        return not any(self._queued.values())
 
     def poll_batch(self, max_records: int, timeout: float) -> list[SourceRecord]:
         """Up to `max_records` records, partition by partition in file order.
@@ -42,7 +43,7 @@ class FileSource:
         With nothing to return it sleeps `timeout` like an idle Kafka poll, so a polling loop does not spin.
         """
         batch: list[SourceRecord] = []
-        for partition, queue in self._pending.items():
+        for partition, queue in self._queued.items():
             if partition in self._paused:
                 continue
             while queue and len(batch) < max_records:
@@ -51,20 +52,20 @@ class FileSource:
             time.sleep(timeout)
         return batch
 
-    def commit(self, offsets: Mapping[Partition, int]) -> None:
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         self._committed.update(offsets)
 
-    def committed(self, partitions: Iterable[Partition]) -> dict[Partition, int | None]:
+    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         return {partition: self._committed.get(partition) for partition in partitions}
 
-    def pause(self, partitions: Iterable[Partition]) -> None:
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
         self._paused.update(partitions)
 
-    def resume(self, partitions: Iterable[Partition]) -> None:
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
         self._paused.difference_update(partitions)
 
-    def assignment(self) -> set[Partition]:
-        return set(self._pending)
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._queued)
 
     def close(self) -> None:
         """Nothing to release: the file was read and closed in the constructor."""

@@ -28,14 +28,14 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
-    TopicPartition,
 )
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from consumer.kafka_config import create_client, redact_config, scrubbed, secret_values
-from consumer.sources.base import OnAssign, OnRevoke, Partition, Source
+from consumer.sources.base import RebalanceListener, Source
 from consumer.sources.capture import write_capture
 from consumer.sources.errors import SourceAuthenticationError, SourceError, SourceUnreachableError
-from consumer.sources.record import SourceRecord
+from consumer.sources.record import SourceRecord, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +78,15 @@ class KafkaSource:
     """Reads records from Kafka in batches, in one of two modes.
 
     - `partitions=None` (default): subscribe to `topics` as a member of consumer group `group_id`; the
-      group coordinator assigns partitions and `on_assign`/`on_revoke`/`on_lost` fire on rebalances
-      (inside `poll_batch` or `close`).
+      group coordinator assigns partitions and `listener`'s `on_assign`/`on_revoke`/`on_lost` fire on
+      rebalances (inside `poll_batch` or `close`).
     - `partitions=[(topic, partition), ...]` or `ALL_PARTITIONS`: read exactly those partitions (or every
       partition of `topics`) without group membership; `group_id` then only names where offsets are
-      committed. `on_assign` is called once, before the assignment, so start offsets can be overridden.
+      committed. `listener.on_assign` is called once, in the constructor, before the assignment, so start
+      offsets can be overridden.
 
-    Start offsets: those returned by `on_assign`, else the group's committed offsets, else the earliest.
-    `on_lost` defaults to `on_revoke`; offsets of lost partitions can no longer be committed.
+    Start offsets: those returned by `listener.on_assign`, else the group's committed offsets, else the
+    earliest. Offsets of lost partitions (`on_lost`) can no longer be committed.
 
     `unreachable_timeout`: seconds every broker may stay unreachable, once connected, before `poll_batch`
     raises `SourceUnreachableError` (before the first connection: `STARTUP_UNREACHABLE_SECONDS`).
@@ -97,11 +98,9 @@ class KafkaSource:
         topics: Sequence[str],
         group_id: str,
         *,
-        partitions: Sequence[Partition] | Literal["all"] | None = None,
+        partitions: Sequence[TopicPartition] | Literal["all"] | None = None,
         config: Mapping[str, object] | None = None,
-        on_assign: OnAssign | None = None,
-        on_revoke: OnRevoke | None = None,
-        on_lost: OnRevoke | None = None,
+        listener: RebalanceListener | None = None,
         metadata_timeout: float = 10.0,
         unreachable_timeout: float = 60.0,
     ) -> None:
@@ -121,9 +120,7 @@ class KafkaSource:
         }
         self._secrets = secret_values(self._config)
         self._topics = list(topics)
-        self._on_assign = on_assign
-        self._on_revoke = on_revoke
-        self._on_lost = on_lost
+        self._listener = listener
         self._cooperative = "cooperative" in str(self._config.get("partition.assignment.strategy", ""))
         self._deferred_error: SourceError | None = None
         self._unreachable_timeout = unreachable_timeout
@@ -148,7 +145,7 @@ class KafkaSource:
             raise
 
     def _start(
-        self, partitions: Sequence[Partition] | Literal["all"] | None, metadata_timeout: float
+        self, partitions: Sequence[TopicPartition] | Literal["all"] | None, metadata_timeout: float
     ) -> None:
         if partitions is None:
             self._consumer.subscribe(
@@ -164,12 +161,12 @@ class KafkaSource:
                 raise ValueError(f"partitions name topics not in {self._topics}: {sorted(strays)}")
         self._consumer.assign(self._positioned(chosen))
 
-    def _all_partitions(self, timeout: float) -> list[Partition]:
+    def _all_partitions(self, timeout: float) -> list[TopicPartition]:
         try:
             metadata = self._consumer.list_topics(timeout=timeout)
         except KafkaException as exc:
             raise self._error("cannot list topics", exc.args[0]) from exc
-        chosen: list[Partition] = []
+        chosen: list[TopicPartition] = []
         for topic in self._topics:
             info = metadata.topics.get(topic)
             if info is None or info.error is not None:
@@ -177,17 +174,17 @@ class KafkaSource:
             chosen.extend((topic, partition) for partition in sorted(info.partitions))
         return chosen
 
-    def _positioned(self, partitions: list[Partition]) -> list[TopicPartition]:
-        """TopicPartitions carrying `on_assign`'s start offsets; the rest start at the committed offset."""
-        starts = (self._on_assign(partitions) if self._on_assign else None) or {}
+    def _positioned(self, partitions: list[TopicPartition]) -> list[KafkaTopicPartition]:
+        """TopicPartitions carrying the listener's start offsets; the rest start at the committed offset."""
+        starts = (self._listener.on_assign(partitions) if self._listener else None) or {}
         return [
-            TopicPartition(topic, partition, starts[topic, partition])
+            KafkaTopicPartition(topic, partition, starts[topic, partition])
             if (topic, partition) in starts
-            else TopicPartition(topic, partition)
+            else KafkaTopicPartition(topic, partition)
             for topic, partition in partitions
         ]
 
-    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _assigned(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         self._reached()
         positioned = self._positioned(_keys(partitions))
         log.info("assigned %s", [(tp.topic, tp.partition, tp.offset) for tp in positioned])
@@ -196,16 +193,15 @@ class KafkaSource:
         else:
             consumer.assign(positioned)
 
-    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _revoked(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         log.info("revoking %s", _keys(partitions))
-        if self._on_revoke:
-            self._on_revoke(_keys(partitions))
+        if self._listener:
+            self._listener.on_revoke(_keys(partitions))
 
-    def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _lost(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
         log.warning("lost %s", _keys(partitions))
-        hook = self._on_lost or self._on_revoke
-        if hook:
-            hook(_keys(partitions))
+        if self._listener:
+            self._listener.on_lost(_keys(partitions))
 
     def redacted_config(self) -> dict[str, object]:
         return redact_config(self._config)
@@ -239,11 +235,13 @@ class KafkaSource:
             raise pending
         return records
 
-    def commit(self, offsets: Mapping[Partition, int]) -> None:
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Synchronously commit, per partition, the offset of the next record to read."""
         if not offsets:
             return
-        request = [TopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()]
+        request = [
+            KafkaTopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()
+        ]
         try:
             result = self._consumer.commit(offsets=request, asynchronous=False)
         except KafkaException as exc:
@@ -254,37 +252,38 @@ class KafkaSource:
         self._reached()
 
     def committed(
-        self, partitions: Iterable[Partition], timeout: float = 10.0
-    ) -> dict[Partition, int | None]:
-        request = [TopicPartition(topic, partition) for topic, partition in partitions]
+        self, partitions: Iterable[TopicPartition], timeout: float = 10.0
+    ) -> dict[TopicPartition, int | None]:
+        request = [KafkaTopicPartition(topic, partition) for topic, partition in partitions]
         try:
             result = self._consumer.committed(request, timeout=timeout)
         except KafkaException as exc:
             raise self._error("cannot read committed offsets", exc.args[0]) from exc
-        offsets: dict[Partition, int | None] = {}
+        offsets: dict[TopicPartition, int | None] = {}
         for tp in result:
             if tp.error is not None:
                 raise self._error(f"cannot read committed offset of {tp.topic}[{tp.partition}]", tp.error)
             offsets[tp.topic, tp.partition] = tp.offset if tp.offset >= 0 else None
         return offsets
 
-    def pause(self, partitions: Iterable[Partition]) -> None:
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
         try:
-            self._consumer.pause([TopicPartition(topic, partition) for topic, partition in partitions])
+            self._consumer.pause([KafkaTopicPartition(topic, partition) for topic, partition in partitions])
         except KafkaException as exc:
             raise self._error("pause failed", exc.args[0]) from exc
 
-    def resume(self, partitions: Iterable[Partition]) -> None:
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
         try:
-            self._consumer.resume([TopicPartition(topic, partition) for topic, partition in partitions])
+            self._consumer.resume([KafkaTopicPartition(topic, partition) for topic, partition in partitions])
         except KafkaException as exc:
             raise self._error("resume failed", exc.args[0]) from exc
 
-    def assignment(self) -> set[Partition]:
+    def assignment(self) -> set[TopicPartition]:
         return set(_keys(self._consumer.assignment()))
 
     def close(self) -> None:
-        """Leave the group (firing `on_revoke` in subscribe mode) and release the client; idempotent."""
+        """Leave the group (the listener's `on_revoke` fires in subscribe mode) and release the client;
+        idempotent."""
         if not self._closed:
             self._closed = True
             self._consumer.close()
@@ -346,7 +345,7 @@ class KafkaSource:
         )
 
 
-def _keys(partitions: list[TopicPartition]) -> list[Partition]:
+def _keys(partitions: list[KafkaTopicPartition]) -> list[TopicPartition]:
     return [(tp.topic, tp.partition) for tp in partitions]
 
 

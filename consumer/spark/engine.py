@@ -302,6 +302,7 @@ class ChangeBatches:
         pipeline.stats = self._stats
         self._source = _SparkOffsets()
         pipeline.attach(self._source)
+        pipeline.open()  # the sinks' recorded schemas first: the carry's are the newer
         if carry is not None and carry.schemas:
             state.learn_schemas(snapshot_schemas(carry.schemas))
         self._pipeline = pipeline

@@ -46,6 +46,7 @@ from pyspark.sql.types import StructType
 from consumer.protocol.codec import EncodingSetting, MessageDecoder
 from consumer.protocol.compression import CompressionSetting
 from consumer.protocol.types import ValuePolicy
+from consumer.sources.base import FixedStarts
 from consumer.sources.errors import SourceError
 from consumer.sources.kafka import KafkaSource
 from consumer.sources.record import SourceRecord, TopicPartition
@@ -313,7 +314,7 @@ def read_range(options: TicdcOptions, part: OffsetRange) -> Iterator[pa.RecordBa
         options.client_group,
         partitions=[(part.topic, part.partition)],
         config=options.kafka,
-        on_assign=lambda _: {(part.topic, part.partition): part.start},
+        listener=FixedStarts({(part.topic, part.partition): part.start}),
     )
     try:
         position = part.start

@@ -1,0 +1,336 @@
+"""The poll loop: source -> `RecordIntake` -> state machine -> `SinkWriter` -> sinks -> offset commits.
+
+Offsets flow back only as confirmations: a unit is confirmed to the state machine after every sink has
+durably applied it, and Kafka is only ever committed to `ConsumerState.committable()`.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from consumer.batches.changes import table_changes
+from consumer.large_messages.resolver import LargeMessageResolver
+from consumer.large_messages.storage import ClaimCheckStore
+from consumer.pipeline.bad_rows import BadRowRetry, RowDecoder
+from consumer.pipeline.intake import DecodedRecord, RecordIntake
+from consumer.pipeline.resume import RecordedProgress, later_starts
+from consumer.pipeline.stats import PipelineStats, UnitTally
+from consumer.pipeline.writer import SinkWriter
+from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.protocols import RecordDecoder
+from consumer.protocol.types import DecodeStats, ValuePolicy
+from consumer.sinks.base import CommitContext, ReportsMetrics, Sink
+from consumer.sinks.dead_letter import DeadLetterQueue
+from consumer.sources.base import RebalanceListener, Source
+from consumer.sources.errors import SourceError
+from consumer.sources.record import SourceRecord, TopicPartition
+from consumer.sources.retry import SourceRetry
+from consumer.state.machine import ConsumerState
+from consumer.stopping import StopRequest
+
+log = logging.getLogger(__name__)
+# Buffered rows are many small objects living about a cycle: the collector's automatic passes re-scan them
+# over and over (a third of the time with Python's default thresholds), and the loop makes next to no
+# reference cycles. With `pause_gc`, a full collection runs this often instead while running.
+GC_EVERY_SECONDS = 30.0
+JOIN_GRACE_SECONDS = 30.0  # an unassigned member waits this much longer before judging the topic idle
+
+
+class Pipeline(RebalanceListener):
+    """Owns the loop. It is its source's rebalance listener: build the pipeline first, then the source with
+    `listener=pipeline`, then call `run(source)`.
+
+    Building one reads nothing from the sinks, so it can be built, and handed to a source, before anything
+    is reachable. `open` reads what they recorded (the schemas learned so far); `run`, and the first
+    assignment, open it; a caller feeding `step_decoded` itself (the Spark engine) calls `open` first.
+
+    `decode_workers` > 0 runs the stages side by side: that many processes decode values into typed
+    columns and a thread applies units to the sinks, while the loop fetches, orders and commits. Call
+    `close` when done (it stops them).
+
+    `large_messages` makes key-only DMLs (spec §7) whole before the state machine sees them; without one,
+    every claim-check is refused and every handle-key-only row goes to the error policy.
+
+    `source_retry`: how often, and how patiently, a transient source error is retried before the run stops
+    on it (a permanent one stops it at once).
+
+    `pause_gc`: while `run` runs, turn the garbage collector's automatic passes off for the whole process
+    and collect every GC_EVERY_SECONDS instead (buffered rows are many short-lived objects the automatic
+    passes re-scan over and over). Process-wide state, so off by default; the `run` command turns it on.
+    """
+
+    def __init__(
+        self,
+        *,
+        group: str,
+        state: ConsumerState,
+        sinks: Sequence[Sink],
+        dead_letters: DeadLetterQueue,
+        decoder: RecordDecoder | None = None,
+        policy: ValuePolicy | None = None,
+        max_batch_records: int = 100_000,
+        poll_timeout: float = 0.2,
+        decode_workers: int = 0,
+        large_messages: LargeMessageResolver | None = None,
+        source_retry: SourceRetry | None = None,
+        pause_gc: bool = False,
+        row_decoder: RowDecoder = table_changes,
+    ) -> None:
+        self.group = group
+        self.source_retry = source_retry or SourceRetry()
+        self.pause_gc = pause_gc
+        self.state = state
+        self.sinks = list(sinks)
+        self.dead_letters = dead_letters
+        self.decoder: RecordDecoder = decoder or MessageDecoder()
+        self.policy = policy or ValuePolicy()
+        self.large_messages = large_messages or LargeMessageResolver(MessageDecoder(), ClaimCheckStore([]))
+        self.row_decoder = row_decoder
+        self.max_batch_records = max_batch_records
+        self.poll_timeout = poll_timeout
+        self.stats = PipelineStats()
+        self.decode_stats = DecodeStats()  # values the policy nulled, images verified (any thread adds)
+        self._intake = RecordIntake(state=state, decoder=self.decoder, large_messages=self.large_messages)
+        self._writer = SinkWriter(
+            state=state,
+            sinks=self.sinks,
+            dead_letters=dead_letters,
+            decoder=self.decoder,
+            policy=self.policy,
+            decode_stats=self.decode_stats,
+            bad_rows=BadRowRetry(
+                error_policy=state.policy, row_decoder=row_decoder, decode_stats=self.decode_stats
+            ),
+            count=self._count,
+            max_batch_records=max_batch_records,
+            decode_workers=decode_workers,
+        )
+        self._progress = RecordedProgress(group=group, state=state, sinks=self.sinks, writer=self._writer)
+        self._opened = False
+        self._source: Source | None = None
+        self._resume: dict[TopicPartition, int] = {}  # the offsets of the last Kafka commit
+        self._paused: set[TopicPartition] = set()
+        self._idle = 0.0  # seconds spent waiting in polls since the last change record
+        self._changed = False  # a change record arrived in the current cycle
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Learn the schemas the sinks recorded, before any record arrives; once (later calls do nothing)."""
+        if not self._opened:
+            self._opened = True
+            self._progress.learn_schemas()
+
+    def run(
+        self,
+        source: Source,
+        *,
+        until_idle: float | None = None,
+        on_cycle: Callable[[Pipeline], None] | None = None,
+        stop: StopRequest | None = None,
+    ) -> PipelineStats:
+        """Consume until `stop` is requested or, with `until_idle`, until no change record arrived for that
+        many seconds (TiCDC keeps broadcasting WATERMARKs while the upstream is idle: those don't count);
+        everything resolved by then is applied and committed. The totals say what was left unapplied."""
+        self.open()
+        self._source = source
+        self._idle = 0.0
+        paused = self.pause_gc and gc.isenabled()
+        if paused:
+            gc.disable()
+        collected = time.monotonic()
+        try:
+            while True:
+                polled = time.monotonic()
+                records = self.source_retry.call(
+                    "poll", lambda: source.poll_batch(self.max_batch_records, self.poll_timeout)
+                )
+                waited = time.monotonic() - polled
+                self.step(records)
+                self._idle = 0.0 if self._changed else self._idle + waited
+                if on_cycle:
+                    on_cycle(self)
+                if stop is not None and stop.requested:
+                    self.stats.stopped_on_request = True
+                    break
+                if until_idle is not None and self._idle_for(source) >= until_idle:
+                    break
+                if paused and polled - collected > GC_EVERY_SECONDS:
+                    gc.collect()
+                    collected = time.monotonic()
+        finally:
+            try:
+                self._flush_and_commit(final=True)
+            finally:
+                self._count_integrity_and_fetches()
+                if paused:
+                    gc.enable()
+        self.stats.unapplied = self.state.unapplied()
+        return self.stats
+
+    def finish(self) -> None:
+        """The last flush and commit of records fed by `step_decoded` (`run` does its own): the sinks record
+        their progress, due or not, so the lake says how far it is consistent."""
+        self._flush_and_commit(final=True)
+        self.stats.unapplied = self.state.unapplied()
+
+    def close(self) -> None:
+        """Release the sinks, the dead-letter destination and the decode workers (after `run` has flushed
+        and committed)."""
+        for sink in self.sinks:
+            sink.close()
+        self.dead_letters.close()
+        self.large_messages.close()
+        self._writer.close()
+
+    def _idle_for(self, source: Source) -> float:
+        """Seconds spent waiting for records without a change record arriving: time spent writing is not
+        idleness (records may have queued meanwhile). While joining a group (no partitions yet) a grace
+        period first applies, so a slow join is not mistaken for an idle topic, but a member never assigned
+        still stops."""
+        return self._idle if source.assignment() else self._idle - JOIN_GRACE_SECONDS
+
+    # -- cycles ----------------------------------------------------------------------------------------
+    def step(self, records: Sequence[SourceRecord]) -> None:
+        """One cycle: ingest, apply what resolved, commit, adjust backpressure.
+
+        With decode workers, a batch still decoding is left for a later cycle (at most about one cycle's
+        records wait so), so the workers decode while this loop fetches and orders the next records."""
+        self.stats.records += len(records)
+        self._changed = self._intake.take(self._intake.decode(records))
+        self._settle()
+
+    def step_decoded(self, records: Iterable[DecodedRecord]) -> bool:
+        """One cycle over records decoded elsewhere (the Spark engine's executors), in each partition's
+        offset order; whether a change record (anything but a WATERMARK) was among them. Call `open` first."""
+        batch = self._intake.decoded_elsewhere(records)
+        self.stats.records += len(batch.records)
+        self._changed = self._intake.take(batch)
+        self._settle()
+        return self._changed
+
+    def attach(self, source: Source) -> None:
+        """The source `step`/`step_decoded` commit to and take backpressure from (`run` attaches its own)."""
+        self._source = source
+
+    def _settle(self) -> None:
+        """The end of a cycle: apply what resolved, commit, adjust backpressure."""
+        self._progress.refresh_schemas_if_due()
+        self._flush_and_commit(drain=not self._writer.concurrent)
+        self._backpressure()
+        self._count_integrity_and_fetches()
+
+    # -- rebalance listener ----------------------------------------------------------------------------
+    def on_assign(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int] | None:
+        """A fresh assignment is a mid-stream join; resume from the sinks' records where they are ahead, and
+        learn the schemas the partitions' previous owner recorded (BOOTSTRAPs only announce the latest)."""
+        self.open()  # a source with a fixed assignment calls this from its constructor, before `run`
+        self.state.assign(partitions)
+        self._idle = 0.0  # joining a group is not idleness
+        recorded = self._progress.assigned()
+        starts = later_starts(partitions, recorded, self._committed(partitions))
+        if starts:
+            log.info("resuming %d partition(s) from sink-recorded offsets: %s", len(starts), starts)
+        return starts or None
+
+    def on_revoke(self, partitions: list[TopicPartition]) -> None:
+        """Flush and commit what can be, then drop the partitions' state (the next owner re-reads it)."""
+        self._flush_and_commit(final=True)
+        self.state.revoke(partitions)
+        for tp in partitions:
+            self._resume.pop(tp, None)
+            self._paused.discard(tp)
+
+    def _committed(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int | None]:
+        source = self._source
+        if source is None:
+            return {}
+        return self.source_retry.call("reading committed offsets", lambda: source.committed(partitions))
+
+    # -- applying and committing -----------------------------------------------------------------------
+    def _flush_and_commit(self, *, drain: bool = True, final: bool = False) -> None:
+        """Apply resolved units in order, then commit what they made durable. Without `drain`, stop at a
+        batch still decoding, unless more than a cycle's records are waiting. `final`: the last before the
+        run ends or partitions go: the sinks record their progress whenever it is due or not."""
+        if self._writer.failed:
+            try:
+                self._writer.confirm_written(wait=True)  # confirms the units before the failed one, raises
+            finally:
+                self._commit(final=final)
+            return  # nothing after a unit that failed to apply may be applied or committed
+        before = self.state.stats()  # rows waiting for a schema may be older than the watermark
+        watermark = before.global_watermark if not before.held_rows else None
+        units = self.state.resolve()
+        if units:
+            self._writer.enqueue(units, self.state.stats().global_watermark or 0)
+        self._writer.write(self._context, drain=drain)
+        try:
+            self._writer.confirm_written(wait=drain)
+            if watermark is not None and self._writer.idle:
+                self._progress.applied_ts = watermark  # every change up to it is applied
+        finally:
+            self._commit(final=final)  # what was applied, even when a later unit failed
+
+    def _count(self, tally: UnitTally) -> None:
+        """What a confirmed unit did, into the totals (on the loop's thread)."""
+        self.stats.add(tally)
+
+    def _context(self, resolved_ts: int) -> CommitContext:
+        """What the sinks record with a commit: the offsets of the last Kafka commit, which are conservative
+        (everything before them is durable; sinks skip replayed rows themselves), and the watermark the
+        applied units were resolved at."""
+        return CommitContext(
+            group=self.group,
+            resume_offsets=dict(self._resume),
+            resolved_ts=resolved_ts,
+            schema_snapshot=self.state.schemas.snapshot(),
+        )
+
+    def _commit(self, *, final: bool = False) -> None:
+        offsets = self.state.committable()
+        self._progress.record(force=final)
+        self._sink_metrics()
+        if not offsets or self._source is None:
+            return
+        try:
+            self._source.commit(offsets)
+        except SourceError as exc:
+            # e.g. a rebalance took the partitions away: the next owner re-reads from the last commit,
+            # so a failed commit can only cause redelivery (recognisable by offset), never loss
+            self.stats.failed_commits += 1
+            self.state.commit_failed(offsets)  # tried again next cycle
+            log.warning("offset commit failed, records after the last commit will be redelivered: %s", exc)
+            return
+        self._resume.update(offsets)
+        self.stats.commits += 1
+
+    def _backpressure(self) -> None:
+        if self._source is None:
+            return
+        wanted = self.state.paused()
+        if wanted - self._paused:
+            self._source.pause(wanted - self._paused)
+        if self._paused - wanted:
+            self._source.resume(self._paused - wanted)
+        self._paused = set(wanted)
+
+    # -- totals the stages keep themselves -------------------------------------------------------------
+    def _count_integrity_and_fetches(self) -> None:
+        """Totals the stages keep themselves (decode workers report theirs through `decode_stats`)."""
+        storage = self.large_messages.store.stats
+        self.stats.verified_images = self.decode_stats.verified
+        self.stats.claim_check_fetches = storage.fetches
+        self.stats.claim_check_bytes = storage.bytes
+        self.stats.claim_check_seconds = storage.seconds
+        upstream = self.large_messages.upstream
+        self.stats.upstream_lookups = upstream.lookups if upstream is not None else 0
+
+    def _sink_metrics(self) -> None:
+        totals: dict[str, int] = {}
+        for sink in self.sinks:
+            if isinstance(sink, ReportsMetrics):
+                for name, value in sink.operation_metrics().items():
+                    totals[name] = totals.get(name, 0) + value
+        self.stats.sink_metrics = totals

@@ -1,0 +1,150 @@
+"""The resume policy: what the sinks record about a group's progress, and what a member reads back from
+them to resume where the group stopped.
+
+Sinks that keep progress (`ProgressRecorder`) record, beside their output, where each owned partition can
+resume, up to which commit ts its changes are applied, and the schemas learned. A member reads that back
+when it opens and when partitions are assigned: it starts a partition at the sink-recorded offset where that
+is ahead of Kafka's commit, resolves partitions that had nothing more to read at once (their recorded
+watermark), and decodes rows of schema versions no BOOTSTRAP will announce again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+
+from consumer.pipeline.writer import SinkWriter
+from consumer.sinks.base import CommitContext, ProgressRecorder, Sink
+from consumer.sources.record import TopicPartition
+from consumer.state.machine import ConsumerState
+from consumer.state.schema_cache import snapshot_schemas
+
+log = logging.getLogger(__name__)
+SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the sinks' records this often
+PROGRESS_SECONDS = 5.0  # sinks keeping progress record it this often, when schemas change, and at the end
+
+
+def later_starts(
+    partitions: Sequence[TopicPartition],
+    recorded: Mapping[TopicPartition, int],
+    committed: Mapping[TopicPartition, int | None],
+) -> dict[TopicPartition, int]:
+    """Start offsets overriding Kafka's: a partition's sink-recorded offset where it is ahead of Kafka's
+    commit, or Kafka has none."""
+    starts = {}
+    for tp in partitions:
+        sink_offset = recorded.get(tp)
+        kafka_offset = committed.get(tp)
+        if sink_offset is not None and (kafka_offset is None or sink_offset > kafka_offset):
+            starts[tp] = sink_offset
+    return starts
+
+
+class RecordedProgress:
+    """Reads the sinks' records of the group's progress into the state machine, and records it.
+
+    A sink is used by one thread at a time: before reading or recording, this waits until the writer's
+    thread holds no unit."""
+
+    def __init__(
+        self, *, group: str, state: ConsumerState, sinks: Sequence[Sink], writer: SinkWriter
+    ) -> None:
+        self.group = group
+        self.state = state
+        self.sinks = sinks
+        self.writer = writer
+        self._recorders = [sink for sink in sinks if isinstance(sink, ProgressRecorder)]
+        # Every change of every owned partition up to `applied_ts` is applied (None until a cycle applied
+        # all it resolved since the last assignment).
+        self.applied_ts: int | None = None
+        self._recorded_at = 0.0
+        self._recorded_schemas = -1  # `SchemaCache.learned` when the sinks last recorded the schemas
+        self._schemas_refreshed = 0.0
+
+    # -- reading back ----------------------------------------------------------------------------------
+    def learn_schemas(self) -> None:
+        """Schemas recorded with the sinks' commits: a restarted or rebalanced member need not wait for the
+        next BOOTSTRAP, and rows written at a version no BOOTSTRAP will announce again still decode."""
+        self._schemas_refreshed = time.monotonic()
+        self.writer.confirm_written(wait=True)
+        recorded = self.state.schemas.learned == self._recorded_schemas
+        for sink in self.sinks:
+            snapshot = sink.recorded_schema_snapshot()
+            if snapshot:
+                self.state.learn_schemas(snapshot_schemas(snapshot))
+        if recorded or self._recorded_schemas < 0:  # what it knows now is what the sinks hold
+            self._recorded_schemas = self.state.schemas.learned
+
+    def refresh_schemas_if_due(self) -> None:
+        """While rows wait for their schema, another member may have recorded it: look every
+        SCHEMA_REFRESH_SECONDS."""
+        if (
+            self.state.stats().held_rows
+            and time.monotonic() - self._schemas_refreshed > SCHEMA_REFRESH_SECONDS
+        ):
+            self.learn_schemas()
+
+    def assigned(self) -> dict[TopicPartition, int]:
+        """Partitions were assigned: learn the schemas their previous owner recorded (BOOTSTRAPs only
+        announce the latest), seed their recorded watermarks, and return the offsets the sinks recorded."""
+        self.applied_ts = None  # not known for the new partitions until a cycle applies all it resolved
+        self.learn_schemas()
+        recorded = self._resume_offsets()
+        self.state.seed_watermarks(self._watermarks())
+        return recorded
+
+    def _resume_offsets(self) -> dict[TopicPartition, int]:
+        """A partition can resume from a sink-recorded offset only if every sink recorded one (the min)."""
+        self.writer.confirm_written(wait=True)
+        if not self.sinks:
+            return {}
+        per_sink = [sink.recorded_offsets(self.group) for sink in self.sinks]
+        common = set(per_sink[0]).intersection(*per_sink[1:])
+        return {tp: min(offsets[tp] for offsets in per_sink) for tp in common}
+
+    def _watermarks(self) -> dict[TopicPartition, int]:
+        """Per partition, a commit ts every sink that keeps progress recorded its changes applied up to."""
+        if not self._recorders:
+            return {}
+        per_sink = [sink.recorded_watermarks(self.group) for sink in self._recorders]
+        common = set(per_sink[0]).intersection(*per_sink[1:])
+        return {tp: min(marks[tp] for marks in per_sink) for tp in common}
+
+    # -- recording -------------------------------------------------------------------------------------
+    def record(self, *, force: bool) -> None:
+        """Let the sinks that keep progress record where each owned partition can resume and up to which
+        commit ts its changes are applied (`CommitContext.applied_ts`): a partition whose every record seen
+        is applied is complete up to its own watermark, the others up to the last watermark whose units all
+        applied. Nothing is claimed while rows wait for their schema. Called before the Kafka commit, so the
+        schemas a resumed member needs are recorded before Kafka moves past the records that told them.
+        Without `force`, only every PROGRESS_SECONDS or when schemas changed."""
+        if not self._recorders or self.writer.failed:
+            return
+        learned = self.state.schemas.learned
+        fresh = learned != self._recorded_schemas
+        if not (force or fresh or time.monotonic() - self._recorded_at >= PROGRESS_SECONDS):
+            return
+        resume: dict[TopicPartition, int] = {}
+        applied: dict[TopicPartition, int] = {}
+        held = self.state.stats().held_rows
+        for tp, partition in self.state.partition_states().items():
+            if partition.resume_offset is None:
+                continue
+            resume[tp] = partition.resume_offset
+            applied_ts = partition.watermark if partition.drained else self.applied_ts
+            if applied_ts is not None and not held:
+                applied[tp] = applied_ts
+        if not resume and not fresh:
+            return
+        self.writer.confirm_written(wait=True)
+        context = CommitContext(
+            group=self.group,
+            resume_offsets=resume,
+            resolved_ts=self.applied_ts or 0,
+            schema_snapshot=self.state.schemas.snapshot() if fresh else b"",
+            applied_ts=applied,
+        )
+        for sink in self._recorders:
+            sink.record_progress(context)
+        self._recorded_at, self._recorded_schemas = time.monotonic(), learned

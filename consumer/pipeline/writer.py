@@ -1,0 +1,232 @@
+"""Applying resolved units to the sinks, in resolve order, and confirming each to the state machine once
+every sink has durably applied it (only confirmed units count towards the offsets committed to Kafka).
+
+With decode workers the stages overlap: a pool of processes types each row batch's values while the loop
+fetches and orders the next records, and one writer thread applies units to the sinks (delta-rs releases
+the GIL). Without them, the loop's thread types and applies each unit itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from consumer.batches.changes import TableChanges
+from consumer.batches.decode_pool import DecodePool, Decoding
+from consumer.errors import DeadLetter, DecodeError
+from consumer.pipeline.bad_rows import BadRowRetry
+from consumer.pipeline.stats import UnitTally
+from consumer.protocol.protocols import RecordDecoder
+from consumer.protocol.rows import TableCodec
+from consumer.protocol.types import DecodeStats, ValuePolicy
+from consumer.sinks.base import CommitContext, DDLEvent, Sink
+from consumer.sinks.dead_letter import DeadLetterQueue
+from consumer.state.machine import ConsumerState
+from consumer.state.units import DDLUnit, RowBatch, Unit
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Queued:
+    """A resolved unit waiting to be applied, with its rows' decoding when a worker does it, and the global
+    watermark it was resolved at: what the commit applying it may claim to be consistent at."""
+
+    unit: Unit
+    resolved_ts: int
+    decoding: Decoding | None = None
+
+    def ready(self) -> bool:
+        return self.decoding is None or self.decoding.done()
+
+
+def _rows(unit: Unit) -> int:
+    return len(unit.rows) if isinstance(unit, RowBatch) else 0
+
+
+class UnitOutput:
+    """One unit's way to the sinks and to the dead-letter destination, counting what it did (the thread
+    applying the unit owns it)."""
+
+    def __init__(self, sinks: Sequence[Sink], dead_letters: DeadLetterQueue, context: CommitContext) -> None:
+        self.tally = UnitTally()
+        self._sinks = sinks
+        self._dead_letters = dead_letters
+        self._context = context
+
+    def deliver(self, changes: TableChanges) -> None:
+        for sink in self._sinks:
+            sink.write(changes, self._context)
+        name, tables = f"{changes.database}.{changes.table}", self.tally.rows_by_table
+        tables[name] = tables.get(name, 0) + changes.changelog.num_rows
+
+    def apply_ddl(self, unit: DDLUnit) -> None:
+        schema = unit.ddl.table_schema
+        event = DDLEvent(unit.ddl, schema.database if schema else None, schema.table if schema else None)
+        for sink in self._sinks:
+            sink.apply_ddl(event, self._context)
+        self.tally.ddls += 1
+
+    def dead_letter(self, letter: DeadLetter) -> None:
+        self._dead_letters.write(letter)
+        self.tally.dead_letters += 1
+        log.warning("dead-lettered %s: %s", letter.location, letter.reason)
+
+    def count_integrity_failures(self, count: int) -> None:
+        self.tally.integrity_failures += count
+
+
+class SinkWriter:
+    """Queues resolved units, applies them in order and confirms them, adding what each did to the totals
+    through `count` (on the loop's thread: the one confirming). `max_batch_records` bounds the rows waiting
+    in each stage: past it, the loop waits instead of running ahead.
+
+    Once a unit failed to apply, nothing after it is applied or confirmed: the failure is raised when the
+    loop confirms that unit (`failed` says it happened)."""
+
+    def __init__(
+        self,
+        *,
+        state: ConsumerState,
+        sinks: Sequence[Sink],
+        dead_letters: DeadLetterQueue,
+        decoder: RecordDecoder,
+        policy: ValuePolicy,
+        decode_stats: DecodeStats,
+        bad_rows: BadRowRetry,
+        count: Callable[[UnitTally], None],
+        max_batch_records: int,
+        decode_workers: int = 0,
+    ) -> None:
+        self.state = state
+        self.sinks = sinks
+        self.dead_letters = dead_letters
+        self.decoder = decoder
+        self.policy = policy
+        self.decode_stats = decode_stats
+        self.bad_rows = bad_rows
+        self.count = count
+        self.max_batch_records = max_batch_records
+        self._pool = (
+            DecodePool(decode_workers, policy, decoder.registry, decode_stats) if decode_workers else None
+        )
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="sink-writer") if decode_workers else None
+        self._queue: deque[_Queued] = deque()  # resolved, not handed to the sinks yet: in resolve order
+        self._queued_rows = 0
+        self._writing: deque[tuple[Unit, Future[UnitTally]]] = deque()  # handed to the writer, unconfirmed
+        self._writing_rows = 0
+        self._write_error: BaseException | None = None  # the unit the writer failed on stops everything
+        self._codecs: dict[tuple[str, str, int], TableCodec] = {}
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether units decode and apply while the loop goes on (with decode workers)."""
+        return self._writer is not None
+
+    @property
+    def failed(self) -> bool:
+        """A unit failed to apply: nothing after it may be applied, committed or recorded."""
+        return self._write_error is not None
+
+    @property
+    def idle(self) -> bool:
+        """Every unit queued so far is applied and confirmed."""
+        return not self._queue and not self._writing
+
+    def enqueue(self, units: Sequence[Unit], resolved_ts: int) -> None:
+        """Units resolved at global watermark `resolved_ts`; row batches start decoding in the pool."""
+        self._queue.extend(self._queued(unit, resolved_ts) for unit in units)
+
+    def write(self, context_for: Callable[[int], CommitContext], *, drain: bool) -> None:
+        """Apply queued units in order (handing them to the writer thread, if any); without `drain`, stop at
+        a batch still decoding, unless more than a cycle's records are waiting. `context_for(resolved_ts)`:
+        what the sinks record with the units resolved at that watermark."""
+        context: CommitContext | None = None
+        while self._queue and (drain or self._queue[0].ready() or self._queued_rows > self.max_batch_records):
+            queued = self._queue.popleft()
+            self._queued_rows -= _rows(queued.unit)
+            if context is None or context.resolved_ts != queued.resolved_ts:
+                context = context_for(queued.resolved_ts)
+            if self._writer:
+                self._writing.append((queued.unit, self._writer.submit(self._write, queued, context)))
+                self._writing_rows += _rows(queued.unit)
+            else:
+                self.count(self._apply(queued, context))
+                self.state.confirm(queued.unit)
+
+    def confirm_written(self, *, wait: bool) -> None:
+        """Confirm, in order, the units the writer has applied, waiting while more than a cycle's records
+        are in its hands (with `wait`, for all of them); a unit that failed to apply raises here."""
+        while self._writing and (
+            wait or self._writing[0][1].done() or self._writing_rows > self.max_batch_records
+        ):
+            unit, writing = self._writing.popleft()
+            self._writing_rows -= _rows(unit)
+            try:
+                tally = writing.result()
+            except BaseException:
+                self._writing.clear()  # the units after it were not applied: never confirmed
+                self._writing_rows = 0
+                raise
+            self.count(tally)
+            self.state.confirm(unit)
+
+    def close(self) -> None:
+        """Stop the decode workers and the writer thread."""
+        if self._pool:
+            self._pool.close()
+        if self._writer:
+            self._writer.shutdown()
+
+    def _queued(self, unit: Unit, resolved_ts: int) -> _Queued:
+        self._queued_rows += _rows(unit)
+        if not isinstance(unit, RowBatch) or self._pool is None:
+            return _Queued(unit, resolved_ts)
+        return _Queued(unit, resolved_ts, self._pool.submit(unit.schema, unit.rows))
+
+    def _write(self, queued: _Queued, context: CommitContext) -> UnitTally:
+        """The writer thread's job; once one unit failed, the later ones are left unapplied."""
+        if self._write_error is not None:
+            return UnitTally()
+        try:
+            return self._apply(queued, context)
+        except BaseException as exc:
+            self._write_error = exc
+            raise
+
+    def _apply(self, queued: _Queued, context: CommitContext) -> UnitTally:
+        """Apply one unit to the sinks; returns what it did, for the loop's thread to add to the totals."""
+        output = UnitOutput(self.sinks, self.dead_letters, context)
+        unit = queued.unit
+        if isinstance(unit, RowBatch):
+            self._write_rows(unit, output, queued.decoding)
+        elif isinstance(unit, DDLUnit):
+            output.apply_ddl(unit)
+        else:
+            output.dead_letter(unit)
+        return output.tally
+
+    def _write_rows(self, unit: RowBatch, output: UnitOutput, decoding: Decoding | None) -> None:
+        """Deliver the worker's decoding, or decode here: without workers, and to apply the error policy to
+        a row that did not decode (a worker only says that one did not)."""
+        decoded = self._pool.result(decoding, unit.schema) if self._pool and decoding else None
+        if decoded is not None:
+            output.deliver(decoded)
+            return
+        try:
+            codec = self._codec(unit)
+        except DecodeError as exc:  # a recorded schema this SDK refuses: no row of that version decodes
+            self.bad_rows.set_aside(list(unit.rows), exc, output)
+            return
+        self.bad_rows.write(codec, unit, output)
+
+    def _codec(self, unit: RowBatch) -> TableCodec:
+        codec = self._codecs.get(unit.schema.key)
+        if codec is None or codec.schema != unit.schema:
+            codec = self._codecs[unit.schema.key] = TableCodec(
+                unit.schema, self.policy, registry=self.decoder.registry, stats=self.decode_stats
+            )
+        return codec
