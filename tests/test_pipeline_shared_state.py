@@ -7,55 +7,19 @@ import gc
 import threading
 from pathlib import Path
 
-import msgspec
 import pytest
+from captures import one_row_per_table
 from click.testing import CliRunner
 
 from consumer.batches.changes import TableChanges
 from consumer.cli import main
 from consumer.pipeline import Pipeline
-from consumer.protocol.codec import MessageEncoder
-from consumer.protocol.model import DML, Bootstrap, Column, DataType, DMLType, Index, TableSchema, Watermark
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sinks.dead_letter import DeadLetterFile
-from consumer.sources.capture import write_capture
 from consumer.sources.files import FileSource
-from consumer.sources.record import SourceRecord, TopicPartition
+from consumer.sources.record import TopicPartition
 from consumer.state.machine import ConsumerState
 from consumer.stopping import StopRequest
-
-TS = 449512873440575500
-SCHEMA = TableSchema(
-    database="shop",
-    table="a",
-    table_id=1,
-    version=1,
-    columns=(Column("id", DataType("bigint", length=20), nullable=False),),
-    indexes=(Index("primary", True, True, False, ("id",)),),
-)
-
-
-def _capture(path: Path, tables: str) -> Path:
-    """One row per table, each table's at a later commit ts, then a WATERMARK past them all."""
-    encoder = MessageEncoder()
-    values = []
-    for n, name in enumerate(tables, start=1):
-        schema = msgspec.structs.replace(SCHEMA, table=name, table_id=n)
-        dml = DML(
-            type=DMLType.INSERT,
-            database="shop",
-            table=name,
-            table_id=n,
-            commit_ts=TS + n,
-            build_ts=0,
-            schema_version=1,
-            data={"id": n},
-        )
-        values += [encoder.encode(Bootstrap(table_schema=schema, build_ts=0)), encoder.encode(dml, schema)]
-    values.append(encoder.encode(Watermark(commit_ts=TS + 100, build_ts=0)))
-    with path.open("wb") as fp:
-        write_capture((SourceRecord("t", 0, offset, value=v) for offset, v in enumerate(values)), fp)
-    return path
 
 
 class _GatedSink:
@@ -113,7 +77,7 @@ def test_the_writer_thread_never_changes_the_totals_the_loop_is_reading(tmp_path
         stop.request("read")
 
     try:
-        source = FileSource(_capture(tmp_path / "c.jsonl", "abc"), listener=pipeline)
+        source = FileSource(one_row_per_table(tmp_path / "c.jsonl", "abc"), listener=pipeline)
         pipeline.run(source, until_idle=20, on_cycle=cycle, stop=stop)
     finally:
         pipeline.close()
@@ -131,7 +95,7 @@ def _collector_during_run(tmp_path: Path, **options: object) -> list[bool]:
     enabled: list[bool] = []
     pipeline = _pipeline(tmp_path, _Sink(), **options)
     try:
-        source = FileSource(_capture(tmp_path / "c.jsonl", "a"), listener=pipeline)
+        source = FileSource(one_row_per_table(tmp_path / "c.jsonl", "a"), listener=pipeline)
         pipeline.run(source, until_idle=0.2, on_cycle=lambda _: enabled.append(gc.isenabled()))
     finally:
         pipeline.close()
@@ -160,7 +124,7 @@ def test_the_run_command_pauses_the_collector(tmp_path: Path, monkeypatch: pytes
         real()
 
     monkeypatch.setattr(gc, "disable", disable)
-    capture = _capture(tmp_path / "c.jsonl", "a")
+    capture = one_row_per_table(tmp_path / "c.jsonl", "a")
     result = CliRunner().invoke(
         main,
         ["run", "--source", f"file:{capture}", "--sink", f"jsonl:{tmp_path / 'out'}", "--until-idle", "0.2"],

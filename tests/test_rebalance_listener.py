@@ -5,56 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from captures import one_row_per_table
+
 from consumer.batches.changes import TableChanges
 from consumer.pipeline import Pipeline
-from consumer.protocol.codec import MessageEncoder
-from consumer.protocol.model import DML, Bootstrap, Column, DataType, DMLType, Index, TableSchema, Watermark
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sinks.dead_letter import DeadLetterFile
 from consumer.sources.base import FixedStarts, RebalanceListener
-from consumer.sources.capture import write_capture
 from consumer.sources.files import FileSource
 from consumer.sources.kafka import KafkaSource
-from consumer.sources.record import SourceRecord, TopicPartition
+from consumer.sources.record import TopicPartition
 from consumer.state.machine import ConsumerState
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.pytest_plugin import TopicFactory
-
-TS = 449512873440575500
-
-
-def _schema(table: str, table_id: int) -> TableSchema:
-    return TableSchema(
-        database="shop",
-        table=table,
-        table_id=table_id,
-        version=1,
-        columns=(Column("id", DataType("bigint", length=20), nullable=False),),
-        indexes=(Index("primary", True, True, False, ("id",)),),
-    )
-
-
-def _capture(path: Path) -> Path:
-    """Partition ("t", 0): for tables a, b, c a BOOTSTRAP and one row each (offsets 0-5), then a WATERMARK."""
-    encoder = MessageEncoder()
-    values = []
-    for n, table in enumerate("abc", start=1):
-        schema = _schema(table, n)
-        row = DML(
-            type=DMLType.INSERT,
-            database="shop",
-            table=table,
-            table_id=n,
-            commit_ts=TS + n,
-            build_ts=0,
-            schema_version=1,
-            data={"id": n},
-        )
-        values += [encoder.encode(Bootstrap(table_schema=schema, build_ts=0)), encoder.encode(row, schema)]
-    values.append(encoder.encode(Watermark(commit_ts=TS + 100, build_ts=0)))
-    with path.open("wb") as fp:
-        write_capture((SourceRecord("t", 0, offset, value=v) for offset, v in enumerate(values)), fp)
-    return path
 
 
 class _Events(RebalanceListener):
@@ -96,7 +59,7 @@ class _ResumingSink:
 
 def test_a_file_source_starts_where_its_listener_says(tmp_path: Path) -> None:
     listener = _Events(starts={("t", 0): 5, ("gone", 0): 1})  # a partition the file lacks is ignored
-    source = FileSource(_capture(tmp_path / "c.jsonl"), listener=listener)
+    source = FileSource(one_row_per_table(tmp_path / "c.jsonl", "abc"), listener=listener)
     assert listener.events == [("assign", [("t", 0)])]
     assert [record.offset for record in source.poll_batch(10, timeout=0)] == [5, 6]
 
@@ -104,7 +67,7 @@ def test_a_file_source_starts_where_its_listener_says(tmp_path: Path) -> None:
 def test_fixed_starts_override_the_listener_they_forward_to(tmp_path: Path) -> None:
     inner = _Events(starts={("t", 0): 1})
     listener = FixedStarts({("t", 0): 3}, then=inner)
-    source = FileSource(_capture(tmp_path / "c.jsonl"), listener=listener)
+    source = FileSource(one_row_per_table(tmp_path / "c.jsonl", "abc"), listener=listener)
     assert [record.offset for record in source.poll_batch(10, timeout=0)] == [3, 4, 5, 6]
     listener.on_revoke([("t", 0)])
     listener.on_lost([("t", 1)])
@@ -126,7 +89,7 @@ def test_a_pipeline_listening_to_a_file_source_resumes_where_its_sink_recorded(t
         dead_letters=DeadLetterFile(tmp_path / "_dead_letters.jsonl"),
     )
     try:
-        source = FileSource(_capture(tmp_path / "c.jsonl"), listener=pipeline)
+        source = FileSource(one_row_per_table(tmp_path / "c.jsonl", "abc"), listener=pipeline)
         assert set(pipeline.state.partition_states()) == {("t", 0)}
         stats = pipeline.run(source, until_idle=0.2)
         assert sink.written == [("c", [5])]  # a and b were applied by the earlier run
