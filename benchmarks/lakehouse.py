@@ -13,7 +13,7 @@ Run: `python benchmarks/lakehouse.py [--rows N] [--batch N] [--batches N,N] [--w
    Timed, not counted.
 2. Consume the same topic once per pass, each with its own consumer group, output directory and pipeline,
    built as `ticdc-consumer run` builds them (`consumer.app.build_pipeline`,
-   `consumer.sinks.configured.build_sinks`), reading every partition without group membership so a group
+   `consumer.configured.build_sinks`), reading every partition without group membership so a group
    join does not blur the figure. Timed: `Pipeline.run` until the last record is applied and committed;
    "in sink" is the time inside the sink's `write` (with decode workers, spent on the writer thread beside
    the loop).
@@ -92,6 +92,7 @@ from consumer.config import (
     SinkConfig,
     SourceConfig,
 )
+from consumer.configured import build_sinks
 from consumer.lakehouse.manifest import manifest_files
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import entry_uri, tables
@@ -101,7 +102,6 @@ from consumer.protocol.model import TableSchema
 from consumer.simulate.output import produce_to_kafka
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.base import CommitContext, DDLEvent, Sink
-from consumer.sinks.configured import build_sinks
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
 from consumer.sources.record import TopicPartition
 from consumer.spark.session import spark_session

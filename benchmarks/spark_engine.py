@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lakehouse  # the stream and the loop engine's passes, as benchmarked there
 
 from consumer.config import BudgetConfig, EngineConfig, RunConfig, SinkConfig, SourceConfig
-from consumer.sinks.configured import build_dead_letters, build_sinks
+from consumer.configured import build_dead_letters, build_sinks
 from consumer.testing.broker import EmbeddedBroker
 
 TARGET_RATIO = 0.5

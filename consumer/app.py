@@ -6,27 +6,19 @@ import logging
 from typing import Any
 
 import msgspec
-import pyarrow as pa
 
 from consumer.config import (
-    ConfigError,
-    DecodeConfig,
     MetricsConfig,
     ParallelismConfig,
     RunConfig,
     file_source_path,
     kafka_source_parts,
 )
-from consumer.large_messages.resolver import LargeMessageResolver
-from consumer.large_messages.storage import ClaimCheckStore
-from consumer.large_messages.upstream import UpstreamLookup
+from consumer.configured import build_dead_letters, build_decoder, build_large_messages, build_sinks
 from consumer.members import GroupMembers, MemberFailed, MemberProcess
 from consumer.pipeline import Pipeline, PipelineStats
-from consumer.protocol.codec import MessageDecoder
-from consumer.protocol.protocols import DecoderSettings, RecordDecoder, record_decoder
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
-from consumer.sinks.configured import build_dead_letters, build_sinks
 from consumer.sources.base import Source
 from consumer.sources.files import FileSource
 from consumer.sources.kafka import KafkaSource
@@ -35,41 +27,6 @@ from consumer.state.machine import ConsumerState
 from consumer.stopping import StopRequest
 
 log = logging.getLogger(__name__)
-
-
-def build_decoder(decode: DecodeConfig, policy: ValuePolicy) -> RecordDecoder:
-    return record_decoder(
-        DecoderSettings(
-            protocol=decode.protocol,
-            encoding=decode.encoding,
-            compression=decode.compression,
-            registry_url=decode.schema_registry,
-            registry_config=decode.registry_config(),
-            policy=policy,
-        )
-    )
-
-
-def build_large_messages(config: RunConfig, policy: ValuePolicy) -> LargeMessageResolver:
-    """What makes key-only DMLs (Simple protocol, spec §7) whole: claim-check storage under the configured
-    roots, and upstream TiDB. A claim-check object is held to the same `DecodeLimits` as a Kafka record."""
-    settings = config.large_messages
-    try:
-        store = ClaimCheckStore.from_uris(
-            settings.claim_check_roots,
-            settings.claim_check_root_override,
-            max_object_bytes=settings.max_object_bytes,
-            retries=settings.fetch_retries,
-        )
-    except (pa.ArrowException, OSError) as exc:  # pyarrow.fs refused a root URI or its options
-        raise ConfigError(f"large_messages.claim_check_roots: {exc}") from exc
-    return LargeMessageResolver(
-        MessageDecoder(config.decode.encoding, config.decode.compression, policy=policy),
-        store,
-        raw_value=settings.claim_check_raw_value,
-        upstream=UpstreamLookup(settings.upstream_dsn) if settings.upstream_dsn else None,
-        concurrency=settings.fetch_concurrency,
-    )
 
 
 def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None, *, pause_gc: bool = False) -> Pipeline:

@@ -13,6 +13,7 @@ import msgspec
 
 from consumer import app
 from consumer.config import ConfigError, DecodeConfig, load_config
+from consumer.configured import build_decoder
 from consumer.errors import ConsumerError
 from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import DEFAULT_MAX_MESSAGE_BYTES, LargeMessageEncoder
@@ -87,7 +88,7 @@ def decode(encoding: str, compression: str, paths: tuple[Path, ...], **protocol:
     try:
         config = msgspec.convert({k: v for k, v in settings.items() if v is not None}, DecodeConfig)
         policy = ValuePolicy(timestamp_location=config.timestamp_zone)
-        stream = _DecodeStream(app.build_decoder(config, policy), policy)
+        stream = _DecodeStream(build_decoder(config, policy), policy)
     except (msgspec.ValidationError, ConsumerError) as exc:
         raise click.UsageError(str(exc)) from exc
     for path in paths:

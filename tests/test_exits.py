@@ -21,13 +21,13 @@ from lakehouse_checks import changelog_rows
 
 from consumer.cli import EXIT_SOURCE_UNAVAILABLE
 from consumer.config import load_config
+from consumer.configured import build_dead_letters
 from consumer.errors import DeadLetter, RecordLocation, SinkError
 from consumer.kafka_config import REDACTED
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML, DMLType
 from consumer.simulate.output import produce_to_kafka, write_capture_file
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.configured import build_dead_letters
 from consumer.sinks.dead_letter import DeadLetterTopic
 from consumer.sources.errors import SourceUnreachableError
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource

@@ -71,6 +71,7 @@ class LargeMessageResolver:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         if self.upstream is not None:
             self.upstream.close()
 

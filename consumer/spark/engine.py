@@ -41,14 +41,15 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from consumer.batches.changes import TableChanges, changelog_schema, table_changes
 from consumer.config import RunConfig, kafka_source_parts
+from consumer.configured import build_dead_letters, build_large_messages, build_sinks
 from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
+from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.pipeline import DecodedRecord, Pipeline, PipelineStats
 from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import RawDML, Watermark
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
-from consumer.sinks.configured import build_dead_letters, build_sinks
 from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import Carry, CarryStore
@@ -157,8 +158,10 @@ class ChangeBatches:
 
     `options`: the source's options (the same map, or `TicdcOptions`); `stateLocation` is required and
     belongs to one checkpoint. `sinks` and `dead_letters` as for a `Pipeline` (e.g.
-    `consumer.sinks.configured.build_sinks`); `on_batch(pipeline)` runs after every batch, on the applying
-    thread (progress display). Call `close` when the query is over: it applies the last batch handed over.
+    `consumer.configured.build_sinks`); `large_messages` makes key-only DMLs whole as the loop engine
+    does (`consumer.configured.build_large_messages`; without one they go to the error policy);
+    `on_batch(pipeline)` runs after every batch, on the applying thread (progress display). Call `close`
+    when the query is over: it applies the last batch handed over.
     """
 
     def __init__(
@@ -167,6 +170,7 @@ class ChangeBatches:
         sinks: Sequence[Sink],
         dead_letters: DeadLetterQueue,
         *,
+        large_messages: LargeMessageResolver | None = None,
         on_batch: Callable[[Pipeline], None] | None = None,
     ) -> None:
         self.options = options if isinstance(options, TicdcOptions) else TicdcOptions.parse(options)
@@ -176,6 +180,7 @@ class ChangeBatches:
             )
         self.sinks = list(sinks)
         self.dead_letters = dead_letters
+        self.large_messages = large_messages
         self.on_batch = on_batch
         self.failure: BaseException | None = None  # what stopped the query, if this function did
         self.changed_batches = 0  # batches with a change record (anything but WATERMARKs)
@@ -237,6 +242,8 @@ class ChangeBatches:
                 for sink in self.sinks:
                     sink.close()
                 self.dead_letters.close()
+                if self.large_messages is not None:
+                    self.large_messages.close()
 
     def _stopped(self, exc: BaseException) -> None:
         """A batch failed: the in-memory state is mid-batch, so the next call starts from the last record."""
@@ -298,6 +305,7 @@ class ChangeBatches:
             decoder=self._decoder,
             policy=policy,
             row_decoder=self._rows,
+            large_messages=self.large_messages,
         )
         pipeline.stats = self._stats
         self._source = _SparkOffsets()
@@ -426,7 +434,14 @@ def run(
     try:
         register(session)
         options = stream_options(config)
-        handler = ChangeBatches(options, build_sinks(config), build_dead_letters(config), on_batch=on_cycle)
+        policy = ValuePolicy(unrepresentable=config.decode.unrepresentable)
+        handler = ChangeBatches(
+            options,
+            build_sinks(config),
+            build_dead_letters(config),
+            large_messages=build_large_messages(config, policy),
+            on_batch=on_cycle,
+        )
         try:
             start = _query_starter(session, options, handler, checkpoint_location(config))
             if until_idle is None:

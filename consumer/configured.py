@@ -1,0 +1,99 @@
+"""What a `RunConfig` names, built: the decoder, the large-message resolver, the sinks and the dead-letter
+queue. One construction for both engines (the loop in `consumer.app`, Spark in `consumer.spark.engine`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from consumer.config import ConfigError, DecodeConfig, RunConfig, kafka_source_parts
+from consumer.large_messages.resolver import LargeMessageResolver
+from consumer.large_messages.storage import ClaimCheckStore
+from consumer.large_messages.upstream import UpstreamLookup
+from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.protocols import DecoderSettings, RecordDecoder, record_decoder
+from consumer.protocol.types import ValuePolicy
+from consumer.sinks.base import Sink
+from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterObjects, DeadLetterQueue, DeadLetterTopic
+
+
+def build_sinks(config: RunConfig) -> list[Sink]:
+    """The configured sink (both engines use these: the Parquet sink writes its files with pyarrow, so it
+    needs no Spark session and any root works)."""
+    kind, _, root = config.sink.url.partition(":")
+    sink = config.sink
+    if kind == "delta":
+        from consumer.sinks.delta import DeltaSink
+
+        return [
+            DeltaSink(
+                root,
+                mode=sink.mode,
+                storage_options=sink.storage_options,
+                target_file_size=sink.target_file_size,
+                allow_unsafe_commits=sink.allow_unsafe_commits,
+            )
+        ]
+    if kind == "parquet":
+        from consumer.sinks.parquet import ParquetSink
+
+        return [
+            ParquetSink(
+                root, storage_options=sink.storage_options, allow_unsafe_commits=sink.allow_unsafe_commits
+            )
+        ]
+    from consumer.sinks.jsonl import JsonLinesSink
+
+    return [JsonLinesSink(root)]
+
+
+def build_dead_letters(config: RunConfig) -> DeadLetterQueue:
+    """`errors.dead_letter`: `file:PATH`, an object-store URI (one object per letter) or a Kafka topic;
+    default: `_dead_letters.jsonl` (a directory on object stores) at the sink's root."""
+    root = config.sink.url.partition(":")[2]
+    default = (
+        f"{root.rstrip('/')}/_dead_letters" if "://" in root else f"file:{Path(root) / '_dead_letters.jsonl'}"
+    )
+    target = config.errors.dead_letter or default
+    if target.startswith("kafka://"):
+        servers, topics = kafka_source_parts(target)
+        return DeadLetterTopic(servers, topics[0], config.errors.kafka)
+    if "://" in target:
+        return DeadLetterObjects(target, config.sink.storage_options)
+    return DeadLetterFile(target.partition(":")[2])
+
+
+def build_decoder(decode: DecodeConfig, policy: ValuePolicy) -> RecordDecoder:
+    return record_decoder(
+        DecoderSettings(
+            protocol=decode.protocol,
+            encoding=decode.encoding,
+            compression=decode.compression,
+            registry_url=decode.schema_registry,
+            registry_config=decode.registry_config(),
+            policy=policy,
+        )
+    )
+
+
+def build_large_messages(config: RunConfig, policy: ValuePolicy) -> LargeMessageResolver:
+    """What makes key-only DMLs (Simple protocol, spec §7) whole: claim-check storage under the configured
+    roots, and upstream TiDB. A claim-check object is held to the same `DecodeLimits` as a Kafka record."""
+    settings = config.large_messages
+    try:
+        store = ClaimCheckStore.from_uris(
+            settings.claim_check_roots,
+            settings.claim_check_root_override,
+            max_object_bytes=settings.max_object_bytes,
+            retries=settings.fetch_retries,
+        )
+    except (pa.ArrowException, OSError) as exc:  # pyarrow.fs refused a root URI or its options
+        raise ConfigError(f"large_messages.claim_check_roots: {exc}") from exc
+    return LargeMessageResolver(
+        MessageDecoder(config.decode.encoding, config.decode.compression, policy=policy),
+        store,
+        raw_value=settings.claim_check_raw_value,
+        upstream=UpstreamLookup(settings.upstream_dsn) if settings.upstream_dsn else None,
+        concurrency=settings.fetch_concurrency,
+    )
