@@ -85,13 +85,13 @@ def run(
     group and starts the others, each a process with its own loop; the totals are every member's,
     `on_cycle` sees this process's member, and a member's failure stops them all. `pause_gc`: see
     `Pipeline` (it changes process-wide state, so only the `run` command turns it on). With `engine.kind`
-    "spark" it runs as a Spark streaming query (`consumer.spark.engine.run`), which Ctrl-C stops.
+    "spark" it runs as a Spark streaming query (`consumer.spark.engine.run`), stopped the same way.
     """
-    if config.engine.kind == "spark":
-        from consumer.spark import engine  # Spark loads only for the Spark engine
-
-        return engine.run(config, until_idle=until_idle, on_cycle=on_cycle)
     with StopRequest.on_signals() as stop:
+        if config.engine.kind == "spark":
+            from consumer.spark import engine  # Spark loads only for the Spark engine
+
+            return engine.run(config, until_idle=until_idle, on_cycle=on_cycle, stop=stop)
         if config.parallelism.processes == 1:
             return _run_member(config, until_idle, on_cycle, stop, pause_gc)
         return _run_group(config, until_idle, on_cycle, stop, pause_gc)

@@ -32,6 +32,10 @@ class StopRequest:
     def requested(self) -> bool:
         return self._event.is_set()
 
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds, cut short by a request; whether one was made."""
+        return self._event.wait(timeout)
+
     def request(self, reason: str) -> None:
         if not self._event.is_set():
             self.reason = reason

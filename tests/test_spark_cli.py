@@ -46,8 +46,10 @@ def _start(
     checkpoint: Path,
     *extra: str,
     env: dict[str, str] | None = None,
+    until_idle: bool = True,
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    """A `run --engine spark` command in its own process group (a kill takes its JVM and workers too)."""
+    """A `run --engine spark` command in its own process group (a kill takes its JVM and workers too);
+    without `until_idle`, a processingTime query that runs until stopped."""
     command = [
         sys.executable,
         "-m",
@@ -63,8 +65,7 @@ def _start(
         f"delta:{root}",
         "--checkpoint",
         str(checkpoint),
-        "--until-idle",
-        "2",
+        *(["--until-idle", "2"] if until_idle else []),
         *extra,
     ]
     log = root.parent / f"run-{time.monotonic_ns()}.log"
@@ -161,6 +162,43 @@ def test_sigkill_around_a_batch_then_restart_is_exact_and_a_new_checkpoint_adds_
     assert changelog_duplicates(root) == 0
     assert changelog_rows(root) == images
     assert differences(delta_mirror_state(root, schemas), truth) == []
+
+
+def test_sigterm_stops_a_running_query_cleanly_and_a_restart_completes_it_exactly(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """SIGTERM to the command alone (a service manager's stop): the query stops, what was handed over is
+    applied, the command exits 0 and its JVM and Python workers end with it."""
+    topic = kafka_topic(3)
+    workload = _produce(kafka_broker, topic, "json", "none", rows=3000)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    root, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
+    process, log = _start(kafka_broker, topic, root, checkpoint, until_idle=False)
+    deadline = time.monotonic() + 300
+    while not _batches(checkpoint):
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "no batch was ever recorded"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(120) == 0, log.read_text()[-4000:]
+    assert "SIGTERM: stopping" in log.read_text()
+    deadline = time.monotonic() + 30
+    while _group_alive(process.pid):
+        assert time.monotonic() < deadline, "the stopped command left processes of its group running"
+        time.sleep(0.1)
+
+    _finish(*_start(kafka_broker, topic, root, checkpoint))
+    assert differences(delta_mirror_state(root, [t.schema for t in workload.tables]), truth) == []
+    assert changelog_duplicates(root) == 0
+    assert changelog_rows(root) == changelog_images(workload.config)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _config(broker: EmbeddedBroker, topic: str, root: Path, checkpoint: Path) -> RunConfig:

@@ -59,11 +59,13 @@ from consumer.spark.source import OffsetRange, TicdcOptions, read_range, registe
 from consumer.state.machine import ConsumerState
 from consumer.state.schema_cache import snapshot_schemas
 from consumer.state.units import RowOrigins, SchemaKey
+from consumer.stopping import StopRequest
 
 log = logging.getLogger(__name__)
 
 STATE_DIRECTORY = "ticdc"  # the engine's record, inside the query's checkpoint directory
 IDLE_POLL_SECONDS = 0.5  # with --until-idle: the pause between availableNow runs that found nothing new
+STOP_POLL_SECONDS = 1  # how often a running query looks at the stop request (whole seconds: the API)
 _CHANGE_ORDER = [(name, "ascending") for name in ("_commit_ts", "_topic", "_partition", "_offset")]
 
 
@@ -423,13 +425,17 @@ def run(
     until_idle: float | None = None,
     on_cycle: Callable[[Pipeline], None] | None = None,
     spark: SparkSession | None = None,
+    stop: StopRequest | None = None,
 ) -> PipelineStats:
     """Run the configured consumer as a Spark streaming query; returns its totals once stopped.
 
     `until_idle`: availableNow runs, one after another, until one found no change record and that many
-    seconds passed since the last that did; else a processingTime query until Ctrl-C. `spark`: a session to
-    use (kept open), else one for `[engine] master` (stopped at the end).
+    seconds passed since the last that did; else a processingTime query until stopped. `stop`: a request
+    (`StopRequest.on_signals`: Ctrl-C, SIGTERM) that stops the query, whether between batches or in one: what
+    was handed over is applied and recorded, nothing past it. `spark`: a session to use (kept open), else one
+    for `[engine] master` (stopped at the end).
     """
+    stop = stop or StopRequest()
     session = spark or spark_session(master=config.engine.master or None)
     try:
         register(session)
@@ -445,11 +451,12 @@ def run(
         try:
             start = _query_starter(session, options, handler, checkpoint_location(config))
             if until_idle is None:
-                _run_continuously(start, config.engine.trigger_seconds, handler)
+                _run_continuously(start, config.engine.trigger_seconds, handler, stop)
             else:
-                _run_until_idle(start, until_idle, handler)
+                _run_until_idle(start, until_idle, handler, stop)
         finally:
             handler.close()
+        handler.stats.stopped_on_request = stop.requested
         return handler.stats
     finally:
         if spark is None:
@@ -470,32 +477,38 @@ def _query_starter(
     return start
 
 
-def _run_until_idle(start: QueryStarter, until_idle: float, handler: ChangeBatches) -> None:
+def _run_until_idle(
+    start: QueryStarter, until_idle: float, handler: ChangeBatches, stop: StopRequest
+) -> None:
     idle_since = time.monotonic()
-    while True:
+    while not stop.requested:
         changed = handler.changed_batches
-        _await(start({"availableNow": True}), handler)
+        _await(start({"availableNow": True}), handler, stop)
         now = time.monotonic()
         if handler.changed_batches != changed:
             idle_since = now
         elif now - idle_since >= until_idle:
             return
         else:
-            time.sleep(min(IDLE_POLL_SECONDS, until_idle - (now - idle_since)))
+            stop.wait(min(IDLE_POLL_SECONDS, until_idle - (now - idle_since)))
 
 
-def _run_continuously(start: QueryStarter, trigger_seconds: float, handler: ChangeBatches) -> None:
+def _run_continuously(
+    start: QueryStarter, trigger_seconds: float, handler: ChangeBatches, stop: StopRequest
+) -> None:
     query = start({"processingTime": f"{trigger_seconds} seconds"})
     try:
-        _await(query, handler)
-    except KeyboardInterrupt:
+        _await(query, handler, stop)
+    except KeyboardInterrupt:  # a second signal, or a Ctrl-C outside `StopRequest.on_signals`
         query.stop()  # between batches or mid-batch: either way the record and the sinks stay exact
 
 
-def _await(query: StreamingQuery, handler: ChangeBatches) -> None:
-    """Until the query ends and its last batch is applied."""
+def _await(query: StreamingQuery, handler: ChangeBatches, stop: StopRequest) -> None:
+    """Until the query ends (or is stopped on request) and its last batch is applied."""
     try:
-        query.awaitTermination()
+        while not query.awaitTermination(STOP_POLL_SECONDS):
+            if stop.requested:
+                query.stop()  # between batches or mid-batch: either way the record and the sinks stay exact
     except StreamingQueryException as exc:
         if handler.failure is not None:
             raise handler.failure from None
