@@ -5,18 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from consumer.errors import ConsumerError, InternalDecodeError, MalformedMessageError, NestingTooDeepError
-from consumer.protocol import confluent_avro
+from consumer.protocol import avro_rows, confluent_avro
 from consumer.protocol.avro_rows import zigzag
-from consumer.protocol.confluent_avro import ConfluentAvroDecoder
+from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroDecoder
 from consumer.protocol.containment import contained, raise_contained
 from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions
+from consumer.protocol.limits import DecodeLimits
 from consumer.protocol.model import DML, Column, DataType, DMLType, Index, TableSchema
 from consumer.protocol.registry import SchemaRegistry
+from consumer.protocol.rows import TableCodec
+from consumer.protocol.types import ValuePolicy, column_type
 from consumer.testing.registry import LocalSchemaRegistry
 from consumer.testing.strategies import (
     avro_changes,
@@ -216,3 +220,49 @@ def test_raise_contained_raises_what_contained_raises(raised: BaseException, exp
         outcomes.append((type(caught.value), str(caught.value), caught.value.__cause__))
     assert outcomes[0] == outcomes[1]
     assert outcomes[0][1] == str(raised) or "testing" in outcomes[0][1]
+
+
+# -- TiCDC Avro: columns ------------------------------------------------------------------------------
+_JSON_TEXTS = st.one_of(
+    st.none(),
+    st.sampled_from(['{"a": [1, 2]}', "[]", "null", "1", "1,2", "[1", "", " ", '"x"', "{}{}", "1e400"]),
+    st.recursive(st.just("1"), lambda inner: inner.map(lambda text: f"[{text}]"), max_leaves=140),
+    st.text(max_size=8),
+)
+
+
+@PROPERTY
+@given(values=st.lists(_JSON_TEXTS, max_size=6), depth=st.sampled_from([3, 128]))
+def test_avro_json_column_checked_in_arrow_is_from_json(values: list[str | None], depth: int) -> None:
+    policy = ValuePolicy(limits=DecodeLimits(max_nesting_depth=depth))
+    column = column_type(Column("j", DataType("json")), policy)
+    array = pa.array(values, pa.string())
+    fast = _outcome(avro_rows._json_documents, column, array)
+    slow = _outcome(column.from_json, values)
+    if isinstance(slow, pa.Array):
+        assert isinstance(fast, pa.Array) and fast.equals(slow)
+    else:
+        assert fast == slow
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_avro_batches_in_change_order_as_before(schema_registry: LocalSchemaRegistry, data: Any) -> None:
+    """A batch of only value-schema rows skips the reordering: the images and their order are those of the
+    general path (`_order` and `take`)."""
+    registry = SchemaRegistry(schema_registry.url)
+    options = data.draw(st.sampled_from([AvroOptions(tidb_extension=True), AvroOptions()]))
+    schema = data.draw(avro_table_schemas(max_columns=4))
+    kinds = data.draw(st.lists(st.sampled_from([DMLType.INSERT, DMLType.UPDATE]), min_size=1, max_size=5))
+    changes = [data.draw(avro_changes(registry, options, schema, kind)) for kind in kinds]
+    decoder = ConfluentAvroDecoder(registry)
+    raws = [decoder.decode_record(change.key, change.value) for change in changes]
+    codec = TableCodec(decoder.described_schema(raws[0].schema_key), registry=registry)  # type: ignore[arg-type, union-attr]
+    rows = codec._foreign_rows("avro-confluent")
+    batch, source, kinds_out, key_only = rows.images(raws)
+    value_rows = list(range(len(raws)))
+    datums = rows._read(rows._values, raws, value_rows)
+    part = rows._typed(datums, rows.layout.columns, value_rows)
+    order, source_slow, kinds_slow, key_only_slow = rows._order(raws, value_rows, [], {"value": 0}, [])
+    assert batch.equals(part.take(pa.array(order, pa.int64())))
+    assert (source, kinds_out, key_only) == (source_slow, kinds_slow, key_only_slow)
