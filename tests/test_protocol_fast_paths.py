@@ -5,12 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumer.errors import ConsumerError, InternalDecodeError, MalformedMessageError, NestingTooDeepError
+from consumer.errors import (
+    ConsumerError,
+    InternalDecodeError,
+    MalformedMessageError,
+    NestingTooDeepError,
+    ValueDecodeError,
+)
 from consumer.protocol import avro_rows, confluent_avro
 from consumer.protocol.avro_rows import zigzag
 from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroDecoder
@@ -266,3 +273,30 @@ def test_avro_batches_in_change_order_as_before(schema_registry: LocalSchemaRegi
     order, source_slow, kinds_slow, key_only_slow = rows._order(raws, value_rows, [], {"value": 0}, [])
     assert batch.equals(part.take(pa.array(order, pa.int64())))
     assert (source, kinds_out, key_only) == (source_slow, kinds_slow, key_only_slow)
+
+
+@PROPERTY
+@given(data=st.data())
+def test_debezium_insert_batches_as_the_general_loop(data: Any) -> None:
+    """A batch of INSERTs skips the per-record loop: the same images as when an UPDATE joins the batch (the
+    loop), and a bad record is named the same way."""
+    options = data.draw(st.sampled_from([DebeziumOptions(tidb_extension=True), DebeziumOptions()]))
+    schema = data.draw(debezium_table_schemas(max_columns=4))
+    inserts = [data.draw(debezium_changes(options, schema, DMLType.INSERT)) for _ in range(3)]
+    update = data.draw(debezium_changes(options, schema, DMLType.UPDATE))
+    decoder = DebeziumDecoder()
+    raws = [decoder.decode_record(change.key, change.value) for change in [*inserts, update]]
+    codec = TableCodec(decoder.described_schema(raws[0].schema_key))  # type: ignore[arg-type, union-attr]
+    rows = codec._foreign_rows("debezium")
+    batch, source, kinds, key_only = rows.images(raws[:3])
+    mixed, mixed_source, mixed_kinds, _ = rows.images(raws)
+    assert batch.equals(mixed.slice(0, 3)) and (source, kinds) == (mixed_source[:3], mixed_kinds[:3])
+    assert key_only == [False] * 3
+    bad = data.draw(st.sampled_from([b"{}", b'{"after":null}', b'{"after":{"id":"x"}}', b"{"]))
+    broken = [*raws[:2], msgspec.structs.replace(raws[2], payload=bad)]  # type: ignore[type-var]
+    errors = []
+    for batch_raws in (broken, [*broken, raws[3]]):
+        with pytest.raises(ValueDecodeError) as caught:
+            rows.images(batch_raws)
+        errors.append((str(caught.value), caught.value.column, caught.value.row))
+    assert errors[0] == errors[1] and errors[0][2] == 2

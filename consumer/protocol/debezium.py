@@ -554,12 +554,22 @@ class DebeziumRows:
 
     def images(self, raws: Sequence[RawDML]) -> tuple[pa.RecordBatch, list[int], list[int], list[bool]]:
         """(rows, source, kinds, key_only) as `AvroRows.images` gives them."""
+        decode = self._decoder.decode
+        try:
+            bodies = [decode(raw.payload) for raw in raws]
+        except _INVALID:
+            bodies = None  # the loop below names the record
+        if bodies is not None and all(raw.type is DMLType.INSERT for raw in raws):
+            inserted = [body.after for body in bodies]
+            if all(image is not None for image in inserted):  # else the loop below names the record
+                count = len(raws)
+                return self._batch(inserted), list(range(count)), [ImageKind.INSERT] * count, [False] * count
         images: list[Any] = []
         source: list[int] = []
         kinds: list[int] = []
         for index, raw in enumerate(raws):
             try:
-                body = self._decoder.decode(raw.payload)
+                body = bodies[index] if bodies is not None else decode(raw.payload)
             except _INVALID as exc:
                 raise ValueDecodeError(str(exc), column=_column_in(str(exc)), row=index) from exc
             if raw.type is DMLType.UPDATE:
