@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import fastavro
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -45,6 +46,7 @@ from consumer.protocol.types import ColumnType, ValuePolicy, in_python_range
 _SYNC = b"ticdc-consumer.."  # 16 bytes: the container's sync marker
 _SENTINEL = os.urandom(8)
 _SENTINEL_FIELD = "ticdc_consumer_row_end_" + _SENTINEL.hex()
+_FRAME_FIELD = "ticdc_consumer_frame_" + _SENTINEL.hex()  # a datum's Confluent frame, read and dropped
 _WIDEST_NATIVE_DECIMAL = 38  # polars panics on wider decimals: those are read as bytes and converted here
 _OPS = {DMLType.INSERT: "c", DMLType.UPDATE: "u", DMLType.DELETE: "d"}
 _NEW_IMAGE = {
@@ -53,6 +55,7 @@ _NEW_IMAGE = {
     DMLType.DELETE: ImageKind.DELETE,
 }
 _U64 = pa.scalar(1 << 64, pa.decimal128(21, 0))
+_JSON_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 _CONVERSION_ERRORS = (pa.ArrowException, ValueError, TypeError, OverflowError, KeyError, ArithmeticError)
 
 
@@ -72,7 +75,8 @@ class _Reader:
     def __init__(self, writer: Any) -> None:
         self.reader_json = _readable(writer)
         sentinel = {"name": _SENTINEL_FIELD, "type": {"type": "fixed", "name": "RowEnd", "size": 8}}
-        framed = {**self.reader_json, "fields": [*self.reader_json["fields"], sentinel]}
+        frame = {"name": _FRAME_FIELD, "type": {"type": "fixed", "name": _FRAME_FIELD, "size": 5}}
+        framed = {**self.reader_json, "fields": [frame, *self.reader_json["fields"], sentinel]}
         text = _json_bytes(framed)
         meta = zigzag(2) + _avro_string(b"avro.schema") + _avro_string(text)
         self.header = (
@@ -81,9 +85,10 @@ class _Reader:
         self.parsed = fastavro.parse_schema(self.reader_json)
 
     def read(self, payloads: Sequence[bytes]) -> pa.RecordBatch:
-        """Columns of the datums (after their 5-byte frames). Errors carry `.row` = index in payloads."""
+        """Columns of the datums (after their 5-byte frames, which must all be the same: the native reader
+        reads them as a field). Errors carry `.row` = index in payloads."""
         count = len(payloads)
-        body = _SENTINEL.join(memoryview(p)[5:] for p in payloads) + _SENTINEL
+        body = _SENTINEL.join(payloads) + _SENTINEL
         container = b"".join((self.header, zigzag(count), zigzag(len(body)), body, _SYNC))
         try:
             batch = _native_block(container, count)
@@ -94,7 +99,7 @@ class _Reader:
         if batch is not None and batch.num_rows == count:
             ends = batch.column(batch.num_columns - 1)
             if pc.all(pc.equal(ends.cast(pa.binary()), pa.scalar(_SENTINEL, pa.binary()))).as_py():
-                return _plain(batch.drop_columns([_SENTINEL_FIELD]))
+                return _plain(batch.drop_columns([_FRAME_FIELD, _SENTINEL_FIELD]))
         return self._read_each(payloads)
 
     def _read_each(self, payloads: Sequence[bytes]) -> pa.RecordBatch:
@@ -264,13 +269,36 @@ def _converter(column: ColumnType, wire: AvroColumn) -> _Converter:
         return lambda values, _: column.from_json(
             [None if b is None else int.from_bytes(b, "big") for b in values.to_pylist()]
         )
-    if kind in ("json", "vector"):
+    if kind == "json":
+        return lambda values, _: _json_documents(column, values)
+    if kind == "vector":
         return lambda values, _: column.from_json(values.to_pylist())
     if kind == "enum":
         return lambda values, _: enum_labels(values, wire.data_type.elements)
     if kind == "set":
         return lambda values, _: set_labels(values, wire.data_type.elements)
     return lambda values, _: values.cast(target)
+
+
+def _json_documents(column: ColumnType, values: pa.Array) -> pa.Array:
+    """`column.from_json(values.to_pylist())` of JSON text, checked in one parse of the documents joined in
+    Arrow, not built as Python strings first (the same parse `JsonColumn` makes). Anything that parse does
+    not settle (a document long enough to nest too deep, an invalid one) takes `from_json`, which names it."""
+    if pa.types.is_string(values.type):
+        documents = values.drop_null()
+        if not len(documents):
+            return values
+        limit = column.policy.limits.max_nesting_depth
+        if (pc.max(pc.binary_length(documents)).as_py() or 0) <= limit:
+            listed = pa.ListArray.from_arrays(pa.array([0, len(documents)], pa.int32()), documents)
+            joined = pc.binary_join(listed, ",")[0].as_buffer()
+            try:
+                parsed = len(_JSON_ARRAY.decode(b"[" + joined.to_pybytes() + b"]"))
+            except msgspec.DecodeError:
+                parsed = -1
+            if parsed == len(documents):
+                return values
+    return column.from_json(values.to_pylist())
 
 
 def _numbers(values: pa.Array) -> pa.Array:
@@ -348,6 +376,7 @@ class AvroRows:
         self._values = _Reader(self.layout.value_json) if self.layout.value_json is not None else None
         self._keys = _Reader(self.layout.key_json) if self.layout.key_json is not None else None
         self._key_names = {c.name for c in self.layout.key_columns}
+        self._frames = (_frame(self.layout.value_id), _frame(self.layout.key_id))
 
     def images(self, raws: Sequence[RawDML]) -> tuple[pa.RecordBatch, list[int], list[int], list[bool]]:
         """(rows, source, kinds, key_only): the images in change order (an UPDATE's old image only when the
@@ -370,6 +399,9 @@ class AvroRows:
             datums = self._read(self._keys, raws, key_rows)
             positions["key"] = sum(p.num_rows for p in parts)
             parts.append(self._typed(datums, self.layout.key_columns, key_rows))
+        if len(parts) == 1 and not key_rows:  # rows of the value schema without before images: in order
+            in_order: list[int] = [_NEW_IMAGE[raw.type] for raw in raws]
+            return parts[0], list(range(len(raws))), in_order, [False] * len(raws)
         order, source, kinds, key_only = self._order(raws, value_rows, key_rows, positions, before_missing)
         table = pa.Table.from_batches(parts, schema=self.image_schema).combine_chunks()
         rows = table.take(pa.array(order, pa.int64())).to_batches()
@@ -377,15 +409,21 @@ class AvroRows:
         return batch, source, kinds, key_only
 
     def _split(self, raws: Sequence[RawDML]) -> tuple[list[int], list[int]]:
+        """(rows framed by the value schema, key-only DELETEs framed by the key schema): so every payload
+        of a part starts with the same 5-byte frame (`_Reader.read`)."""
+        value_frame, key_frame = self._frames
+        if value_frame is not None and all(raw.payload[:5] == value_frame for raw in raws):
+            return list(range(len(raws))), []
         value_rows: list[int] = []
         key_rows: list[int] = []
         for index, raw in enumerate(raws):
-            schema_id = frame_id(raw.payload) if len(raw.payload) >= 5 and raw.payload[0] == 0 else -1
-            if schema_id == self.layout.value_id and self.layout.value_id:
+            frame = raw.payload[:5]
+            if frame == value_frame:
                 value_rows.append(index)
-            elif schema_id == self.layout.key_id and self.layout.key_id and raw.type is DMLType.DELETE:
+            elif frame == key_frame and raw.type is DMLType.DELETE:
                 key_rows.append(index)
             else:
+                schema_id = frame_id(raw.payload) if len(raw.payload) >= 5 and raw.payload[0] == 0 else -1
                 raise ValueDecodeError(
                     f"payload of schema id {schema_id} in a batch of version {self.layout.schema.version}",
                     column="<row>",
@@ -472,6 +510,11 @@ class AvroRows:
             kinds.append(_NEW_IMAGE[raw.type])
             key_only.append(False)
         return order, source, kinds, key_only
+
+
+def _frame(schema_id: int) -> bytes | None:
+    """The Confluent frame of a schema id (0: none)."""
+    return b"\x00" + schema_id.to_bytes(4, "big") if schema_id else None
 
 
 def _struct_batch(values: pa.Array) -> pa.RecordBatch:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import NoReturn
 
 from consumer.errors import ConsumerError, InternalDecodeError, NestingTooDeepError
 
@@ -15,9 +16,16 @@ def contained(what: str) -> Iterator[None]:
     (pyo3's PanicException) is a BaseException, so it is caught too; interrupts are not."""
     try:
         yield
-    except (ConsumerError, KeyboardInterrupt, SystemExit, GeneratorExit):
-        raise
-    except RecursionError as exc:
-        raise NestingTooDeepError(f"nested deeper than Python's recursion limit while {what}") from exc
     except BaseException as exc:
-        raise InternalDecodeError(f"unexpected {type(exc).__name__} {what}: {exc}") from exc
+        raise_contained(exc, what)
+
+
+def raise_contained(exc: BaseException, what: str) -> NoReturn:
+    """What `contained` raises for `exc`, for the per-record hot paths, where a generator-based context
+    manager costs more than the record's routing (`try: ... except BaseException as exc:
+    raise_contained(exc, what)` is free until something is raised)."""
+    if isinstance(exc, ConsumerError | KeyboardInterrupt | SystemExit | GeneratorExit):
+        raise exc
+    if isinstance(exc, RecursionError):
+        raise NestingTooDeepError(f"nested deeper than Python's recursion limit while {what}") from exc
+    raise InternalDecodeError(f"unexpected {type(exc).__name__} {what}: {exc}") from exc

@@ -28,7 +28,7 @@ from msgspec.structs import astuple
 from consumer.errors import MalformedMessageError, UnsupportedTypeError, ValueDecodeError
 from consumer.protocol.checks import MessageChecks
 from consumer.protocol.compression import LZ4_MAGIC, Compression, CompressionSetting, compress, decompress
-from consumer.protocol.containment import contained
+from consumer.protocol.containment import raise_contained
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -157,6 +157,8 @@ _IMAGES = msgspec.json.Decoder(_Images)
 _VALUE_SCHEMA = msgspec.json.Decoder(_ValueSchema)
 _CONNECT_FIELDS = msgspec.json.Decoder(list[_ConnectField])
 _NULL = b"null"
+_PAYLOAD_KEY = b'{"payload":'
+_KNOWN_SCHEMAS = 16  # value schemas `_split_known` matches by their bytes
 # msgspec reports invalid UTF-8 inside a string as UnicodeDecodeError, not as one of its own errors.
 _INVALID = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
@@ -182,31 +184,41 @@ class DebeziumDecoder:
         self._checks = MessageChecks(self.policy.limits, self.policy.unknown_types)
         self._latest: dict[tuple[str, str], _Described] = {}
         self._by_version: dict[tuple[str, str, int], TableSchema] = {}
+        self._suffixes: list[tuple[bytes, bytes]] = []  # (`,"schema":S}`, S) of recent DMLs: `_split_known`
 
     def described_schema(self, key: tuple[str, str, int]) -> TableSchema | None:
         return self._by_version.get(key)
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
-        with contained("decoding a Debezium record"):
+        try:
             return self._decode_record(key, value)
+        except BaseException as exc:
+            raise_contained(exc, "decoding a Debezium record")
 
     def _decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         if not value:
             raise MalformedMessageError("a Debezium record without a value (TiCDC never writes tombstones)")
         value = self._plain(value)
-        try:
-            envelope = _ENVELOPE.decode(value)
-            body = bytes(envelope.payload)
-            payload = _PAYLOAD.decode(body)
-        except _INVALID as exc:
-            raise MalformedMessageError(f"invalid Debezium JSON: {exc}") from exc
+        split = self._split_known(value)
+        if split is not None:
+            body, schema_bytes, payload = split
+        else:
+            try:
+                envelope = _ENVELOPE.decode(value)
+                body = bytes(envelope.payload)
+                payload = _PAYLOAD.decode(body)
+            except _INVALID as exc:
+                raise MalformedMessageError(f"invalid Debezium JSON: {exc}") from exc
+            schema_bytes = bytes(envelope.schema)
+            if payload.op in _OPS:
+                self._remember_suffix(value, schema_bytes)
         source = payload.source
         kind = _OPS.get(payload.op)
         if kind is not None:
             if source is None or not source.table:
                 raise MalformedMessageError("a Debezium DML without source.db/table")
             self._checks.commit_ts(source.commit_ts, "DML")
-            schema = self._described(source, envelope.schema, key, body)
+            schema = self._described(source, schema_bytes, key, body)
             return RawDML(
                 type=kind,
                 database=source.db,
@@ -223,24 +235,55 @@ class DebeziumDecoder:
                 raise MalformedMessageError("a WATERMARK without source.commit_ts")
             return self._checks.message(Watermark(commit_ts=source.commit_ts, build_ts=0))
         if not payload.op and payload.ddl is not None and source is not None:
-            return self._checks.message(_ddl(payload, source, typed=bytes(envelope.schema) != _NULL))
+            return self._checks.message(_ddl(payload, source, typed=schema_bytes != _NULL))
         raise MalformedMessageError(f"unknown Debezium op {payload.op!r}")
+
+    def _split_known(self, value: bytes) -> tuple[bytes, bytes, _Payload] | None:
+        """(payload bytes, schema bytes, payload) of a value laid out as TiCDC writes it,
+        `{"payload":{...},"schema":S}`, whose schema S is one a recent DML carried: the (large) schema is
+        matched by comparing bytes, not scanned as JSON. The payload must decode as exactly one JSON object,
+        so the value is that document. None for anything else (then the whole value is decoded): the same
+        answer either way (a property test), the known schema only saves the scan."""
+        if not value.startswith(_PAYLOAD_KEY):
+            return None
+        for position, (suffix, schema_bytes) in enumerate(self._suffixes):
+            if value.endswith(suffix):
+                body = value[len(_PAYLOAD_KEY) : len(value) - len(suffix)]
+                if body[:1] != b"{" or body[-1:] != b"}":
+                    return None
+                try:
+                    payload = _PAYLOAD.decode(body)
+                except _INVALID:
+                    return None
+                if position:  # most recently used first
+                    self._suffixes.insert(0, self._suffixes.pop(position))
+                return body, schema_bytes, payload
+        return None
+
+    def _remember_suffix(self, value: bytes, schema_bytes: bytes) -> None:
+        """Remember a DML's schema for `_split_known` when the value is laid out as TiCDC writes it."""
+        if schema_bytes == _NULL or not value.startswith(_PAYLOAD_KEY):
+            return
+        suffix = b',"schema":' + schema_bytes + b"}"
+        if value.endswith(suffix) and all(known != suffix for known, _ in self._suffixes):
+            self._suffixes.insert(0, (suffix, schema_bytes))
+            del self._suffixes[_KNOWN_SCHEMAS:]
 
     def _plain(self, value: bytes) -> bytes:
         """Keys and values are JSON: `auto` takes `{` for plain, LZ4's magic for LZ4, anything else for
         snappy (whose first byte, a length, may be any byte)."""
         compression = self.compression
         if compression == "auto":
-            plain = value[:1] == b"{"
-            compression = "none" if plain else "lz4" if value.startswith(LZ4_MAGIC) else "snappy"
+            if value[:1] == b"{":
+                return value
+            compression = "lz4" if value.startswith(LZ4_MAGIC) else "snappy"
+        elif compression == "none":
+            return value
         return decompress(value, compression, self.policy.limits.max_decompressed_bytes)
 
-    def _described(
-        self, source: _Source, schema_raw: msgspec.Raw, key: bytes | None, body: bytes
-    ) -> TableSchema:
+    def _described(self, source: _Source, schema_bytes: bytes, key: bytes | None, body: bytes) -> TableSchema:
         """The record's table version: derived once per distinct (value schema, key) of a table."""
         name = (source.db, source.table)
-        schema_bytes = bytes(schema_raw)
         key_identity, keys = self._key(key)
         if schema_bytes == _NULL:  # schema disabled: the identity is the column names
             try:
@@ -512,12 +555,22 @@ class DebeziumRows:
 
     def images(self, raws: Sequence[RawDML]) -> tuple[pa.RecordBatch, list[int], list[int], list[bool]]:
         """(rows, source, kinds, key_only) as `AvroRows.images` gives them."""
+        decode = self._decoder.decode
+        try:
+            bodies = [decode(raw.payload) for raw in raws]
+        except _INVALID:
+            bodies = None  # the loop below names the record
+        if bodies is not None and all(raw.type is DMLType.INSERT for raw in raws):
+            inserted = [body.after for body in bodies]
+            if all(image is not None for image in inserted):  # else the loop below names the record
+                count = len(raws)
+                return self._batch(inserted), list(range(count)), [ImageKind.INSERT] * count, [False] * count
         images: list[Any] = []
         source: list[int] = []
         kinds: list[int] = []
         for index, raw in enumerate(raws):
             try:
-                body = self._decoder.decode(raw.payload)
+                body = bodies[index] if bodies is not None else decode(raw.payload)
             except _INVALID as exc:
                 raise ValueDecodeError(str(exc), column=_column_in(str(exc)), row=index) from exc
             if raw.type is DMLType.UPDATE:
