@@ -375,7 +375,6 @@ class AvroRows:
         self.image_schema = pa.schema([pa.field(c.name, c.arrow_type) for c in self.columns])
         self._values = _Reader(self.layout.value_json) if self.layout.value_json is not None else None
         self._keys = _Reader(self.layout.key_json) if self.layout.key_json is not None else None
-        self._key_names = {c.name for c in self.layout.key_columns}
         self._frames = (_frame(self.layout.value_id), _frame(self.layout.key_id))
 
     def images(self, raws: Sequence[RawDML]) -> tuple[pa.RecordBatch, list[int], list[int], list[bool]]:

@@ -148,9 +148,6 @@ class AvroLayout:
     checksum: bool
     before: bool
 
-    def avro_column(self, name: str) -> AvroColumn | None:
-        return next((c for c in self.columns if c.name == name), None)
-
 
 _TIDB_TYPES: dict[str, tuple[str, bool]] = {
     "INT": ("int", False),
