@@ -346,10 +346,15 @@ def _typed_schema(database: str, table: str, schema_bytes: bytes, keys: tuple[st
     return _table(database, table, columns, keys, _version(database, table, schema_bytes, *keys))
 
 
+UNTYPED_JSON = DataType("json", collate="debezium-untyped")
+"""The type of a column nothing types (`debezium-disable-schema`): a `json` column holding each value's wire
+JSON. Marked apart from a typed JSON column, whose value is a JSON document sent as a string."""
+
+
 def _untyped_schema(database: str, table: str, names: bytes, keys: tuple[str, ...]) -> TableSchema:
-    """No schema on the wire: each column keeps its raw JSON value (a `json` column)."""
+    """No schema on the wire: each column keeps its raw JSON value."""
     columns = tuple(
-        Column(name, DataType("json"), nullable=name not in keys)
+        Column(name, UNTYPED_JSON, nullable=name not in keys)
         for name in names.decode().split("\0")
         if name
     )
@@ -481,7 +486,7 @@ def _ddl_schema(database: str, table: str, structure: _TableStructure | None, ty
 def _ddl_column(column: _DDLColumn, typed: bool) -> Column:
     name, nullable = column.name, column.optional
     if not typed:
-        return Column(name, DataType("json"), nullable)
+        return Column(name, UNTYPED_JSON, nullable)
     type_name = (column.typeName or "").lower()
     base, _, flags = type_name.partition(" ")
     length = column.length or 0
@@ -528,7 +533,7 @@ class DebeziumRows:
         self.columns = tuple(columns)
         self.policy = policy
         self.image_schema = pa.schema([pa.field(c.name, c.arrow_type) for c in self.columns])
-        self._untyped = bool(self.columns) and all(c.data_type == DataType("json") for c in self.columns)
+        self._untyped = bool(self.columns) and all(c.data_type == UNTYPED_JSON for c in self.columns)
         self._keys = set(schema.handle_key())
         fields = [
             (f"c{i}", msgspec.Raw, msgspec.Raw(_NULL))
