@@ -354,9 +354,7 @@ JSON. Marked apart from a typed JSON column, whose value is a JSON document sent
 def _untyped_schema(database: str, table: str, names: bytes, keys: tuple[str, ...]) -> TableSchema:
     """No schema on the wire: each column keeps its raw JSON value."""
     columns = tuple(
-        Column(name, UNTYPED_JSON, nullable=name not in keys)
-        for name in names.decode().split("\0")
-        if name
+        Column(name, UNTYPED_JSON, nullable=name not in keys) for name in names.decode().split("\0") if name
     )
     return _table(database, table, columns, keys, _version(database, table, b"untyped", names, *keys))
 
