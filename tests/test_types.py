@@ -1,4 +1,5 @@
-"""The package type-checks: `./dev test` (and so CI) runs mypy with the settings in pyproject.toml."""
+"""The code type-checks and is lint-clean: `./dev test` (and so CI) runs mypy and ruff with the settings in
+pyproject.toml."""
 
 from __future__ import annotations
 
@@ -22,3 +23,11 @@ def test_the_package_type_checks() -> None:
     )
     assert checked.returncode == 0, checked.stdout[-5000:]
     assert checked.stdout.startswith("Success: no issues found")
+
+
+@pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["lint", "format"])
+def test_the_code_is_ruff_clean(command: list[str]) -> None:
+    checked = subprocess.run(
+        [sys.executable, "-m", "ruff", *command, "."], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert checked.returncode == 0, checked.stdout[-5000:]
