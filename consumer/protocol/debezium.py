@@ -153,6 +153,7 @@ class _Images(msgspec.Struct, gc=False):
 _ENVELOPE = msgspec.json.Decoder(_Envelope)
 _PAYLOAD = msgspec.json.Decoder(_Payload)
 _KEY = msgspec.json.Decoder(_KeyEnvelope)
+_KEY_PAYLOAD = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _IMAGES = msgspec.json.Decoder(_Images)
 _VALUE_SCHEMA = msgspec.json.Decoder(_ValueSchema)
 _CONNECT_FIELDS = msgspec.json.Decoder(list[_ConnectField])
@@ -170,6 +171,7 @@ class _Described:
     value_schema: bytes
     key_identity: Any
     schema: TableSchema
+    key_suffix: bytes | None = None  # `,"schema":K}` of a key with schema K: `_known_key`
 
 
 class DebeziumDecoder:
@@ -284,6 +286,32 @@ class DebeziumDecoder:
     def _described(self, source: _Source, schema_bytes: bytes, key: bytes | None, body: bytes) -> TableSchema:
         """The record's table version: derived once per distinct (value schema, key) of a table."""
         name = (source.db, source.table)
+        if schema_bytes != _NULL:
+            found = self._latest.get(name)
+            if found is not None and found.value_schema == schema_bytes and self._known_key(found, key):
+                return found.schema
+        return self._derived(name, source, schema_bytes, key, body)
+
+    def _known_key(self, found: _Described, key: bytes | None) -> bool:
+        """Whether the key is laid out as TiCDC writes it, `{"payload":{...},"schema":K}`, with the schema K
+        of the table version `found` was derived with: its payload must decode as one JSON object (so the key
+        is that document), the schema is compared as bytes. False for anything else (then `_key` parses it):
+        the same answer either way (a property test), the known schema only saves the scan."""
+        suffix = found.key_suffix
+        if suffix is None or not key:
+            return False
+        key = self._plain(key)
+        if not key.startswith(_PAYLOAD_KEY) or not key.endswith(suffix):
+            return False
+        try:
+            _KEY_PAYLOAD.decode(key[len(_PAYLOAD_KEY) : len(key) - len(suffix)])
+        except _INVALID:
+            return False
+        return True
+
+    def _derived(
+        self, name: tuple[str, str], source: _Source, schema_bytes: bytes, key: bytes | None, body: bytes
+    ) -> TableSchema:
         key_identity, keys = self._key(key)
         if schema_bytes == _NULL:  # schema disabled: the identity is the column names
             try:
@@ -300,7 +328,10 @@ class DebeziumDecoder:
         derive = _typed_schema if typed else _untyped_schema
         table = derive(source.db, source.table, schema_bytes, keys)
         validate_schema(table, self.policy.unknown_types)
-        self._latest[name] = _Described(schema_bytes, key_identity, table)
+        key_suffix = None
+        if isinstance(key_identity, bytes):
+            key_suffix = b',"schema":' + key_identity + b"}"
+        self._latest[name] = _Described(schema_bytes, key_identity, table, key_suffix)
         self._by_version[table.key] = table
         return table
 
@@ -354,9 +385,7 @@ JSON. Marked apart from a typed JSON column, whose value is a JSON document sent
 def _untyped_schema(database: str, table: str, names: bytes, keys: tuple[str, ...]) -> TableSchema:
     """No schema on the wire: each column keeps its raw JSON value."""
     columns = tuple(
-        Column(name, UNTYPED_JSON, nullable=name not in keys)
-        for name in names.decode().split("\0")
-        if name
+        Column(name, UNTYPED_JSON, nullable=name not in keys) for name in names.decode().split("\0") if name
     )
     return _table(database, table, columns, keys, _version(database, table, b"untyped", names, *keys))
 
@@ -553,14 +582,34 @@ class DebeziumRows:
         # Without a Struct, rows decode as dicts of raw JSON, each column's values then as its wire kind.
         self._values = [msgspec.json.Decoder(_wire_kind(c) | None) for c in self.columns]
         image = row if row is not None else dict[str, msgspec.Raw]
-        payload = msgspec.defstruct(
-            "Payload", [("before", image | None, None), ("after", image | None, None)]
-        )
-        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(payload)
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_payload_struct(image))
+        # TIMESTAMP columns read as text, parsed by Arrow (`_stamps_of_text`): pyarrow is slow to take
+        # zone-aware datetimes. Only for the Struct: the dict path is the fallback's fallback.
+        self._text_decoder: msgspec.json.Decoder[Any] | None = None
+        if row is not None and not self._untyped and any(_is_stamp(c) for c in self.columns):
+            text_row = msgspec.defstruct(
+                f"DebeziumText_{schema.table}",
+                [
+                    (f"c{i}", (str if _is_stamp(c) else _wire_kind(c)) | None, None)
+                    for i, c in enumerate(self.columns)
+                ],
+                rename={f"c{i}": c.name for i, c in enumerate(self.columns)},
+            )
+            self._text_decoder = msgspec.json.Decoder(_payload_struct(text_row))
 
     def images(self, raws: Sequence[RawDML]) -> tuple[pa.RecordBatch, list[int], list[int], list[bool]]:
         """(rows, source, kinds, key_only) as `AvroRows.images` gives them."""
-        decode = self._decoder.decode
+        if self._text_decoder is not None:
+            try:
+                return self._images(raws, self._text_decoder, text=True)
+            except Exception:  # whatever the text path does not settle, the general path does
+                pass  # ... giving the same rows, or naming the bad record, row and column (a property test)
+        return self._images(raws, self._decoder, text=False)
+
+    def _images(
+        self, raws: Sequence[RawDML], decoder: msgspec.json.Decoder[Any], *, text: bool
+    ) -> tuple[pa.RecordBatch, list[int], list[int], list[bool]]:
+        decode = decoder.decode
         try:
             bodies = [decode(raw.payload) for raw in raws]
         except _INVALID:
@@ -569,7 +618,12 @@ class DebeziumRows:
             inserted = [body.after for body in bodies]
             if all(image is not None for image in inserted):  # else the loop below names the record
                 count = len(raws)
-                return self._batch(inserted), list(range(count)), [ImageKind.INSERT] * count, [False] * count
+                return (
+                    self._batch(inserted, text),
+                    list(range(count)),
+                    [ImageKind.INSERT] * count,
+                    [False] * count,
+                )
         images: list[Any] = []
         source: list[int] = []
         kinds: list[int] = []
@@ -597,14 +651,14 @@ class DebeziumRows:
                     f"a Debezium {raw.type.value} without its row image", column="<row>", row=index
                 )
         try:
-            batch = self._batch(images)
+            batch = self._batch(images, text)
         except ValueDecodeError as exc:
             if exc.row is not None:
                 exc.row = source[exc.row]
             raise
         return batch, source, kinds, [False] * len(images)
 
-    def _batch(self, images: list[Any]) -> pa.RecordBatch:
+    def _batch(self, images: list[Any], text: bool = False) -> pa.RecordBatch:
         if self._row is not None and self.columns:
             values: list[Sequence[Any]] = (
                 list(zip(*map(astuple, images), strict=True)) if images else [()] * len(self.columns)
@@ -616,7 +670,9 @@ class DebeziumRows:
                     _wire_values(c, d, v) for c, d, v in zip(self.columns, self._values, values, strict=True)
                 ]
         arrays = [
-            self._typed(column, list(column_values))
+            _stamps_of_text(list(column_values))
+            if text and _is_stamp(column)
+            else self._typed(column, list(column_values))
             for column, column_values in zip(self.columns, values, strict=True)
         ]
         if not self.columns:
@@ -641,6 +697,36 @@ class DebeziumRows:
                         row=row,
                     ) from bad
             raise ValueDecodeError(str(exc), column=column.name) from exc
+
+
+def _payload_struct(image: Any) -> Any:
+    return msgspec.defstruct("Payload", [("before", image | None, None), ("after", image | None, None)])
+
+
+def _is_stamp(column: ColumnType) -> bool:
+    return column.data_type.mysql_type == "timestamp"
+
+
+class _Unsettled(Exception):
+    """A fast path's input it does not decide on: the general path decodes it."""
+
+
+# ZonedTimestamp text as TiCDC writes it (`wire_value`), years 0001-9999: within it, Arrow's parse accepts
+# what msgspec's RFC 3339 parse accepts (both reject Feb 30, 24:00, leap seconds) with the same instant.
+_STAMP_TEXT = (
+    r"^(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-[0-9]{2}-[0-9]{2}"
+    r"T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z$"
+)
+_UTC_US = pa.timestamp("us", tz="UTC")
+
+
+def _stamps_of_text(values: list[str | None]) -> pa.Array:
+    """A TIMESTAMP column's wire text -> timestamp[us, UTC], as `_typed_values` makes of msgspec's datetimes;
+    `_Unsettled` (or Arrow's error) for text outside `_STAMP_TEXT` or that Arrow does not parse."""
+    texts = pa.array(values, pa.string())
+    if pc.all(pc.match_substring_regex(texts, _STAMP_TEXT)).as_py() is False:
+        raise _Unsettled("a TIMESTAMP not in TiCDC's layout")
+    return in_python_range(texts.cast(_UTC_US))
 
 
 def _wire_values(column: ColumnType, decoder: msgspec.json.Decoder[Any], raws: Sequence[Any]) -> list[Any]:
