@@ -153,7 +153,6 @@ class _Images(msgspec.Struct, gc=False):
 _ENVELOPE = msgspec.json.Decoder(_Envelope)
 _PAYLOAD = msgspec.json.Decoder(_Payload)
 _KEY = msgspec.json.Decoder(_KeyEnvelope)
-_KEY_PAYLOAD = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _IMAGES = msgspec.json.Decoder(_Images)
 _VALUE_SCHEMA = msgspec.json.Decoder(_ValueSchema)
 _CONNECT_FIELDS = msgspec.json.Decoder(list[_ConnectField])
@@ -171,7 +170,7 @@ class _Described:
     value_schema: bytes
     key_identity: Any
     schema: TableSchema
-    key_suffix: bytes | None = None  # `,"schema":K}` of a key with schema K: `_known_key`
+    key_raw: msgspec.Raw | None = None  # the key's schema when it has one, to compare with a parsed key's
 
 
 class DebeziumDecoder:
@@ -200,7 +199,8 @@ class DebeziumDecoder:
     def _decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         if not value:
             raise MalformedMessageError("a Debezium record without a value (TiCDC never writes tombstones)")
-        value = self._plain(value)
+        if self.compression != "auto" or value[:1] != b"{":  # else plain JSON, as `_plain` would say
+            value = self._plain(value)
         split = self._split_known(value)
         if split is not None:
             body, schema_bytes, payload = split
@@ -251,7 +251,7 @@ class DebeziumDecoder:
         for position, (suffix, schema_bytes) in enumerate(self._suffixes):
             if value.endswith(suffix):
                 body = value[len(_PAYLOAD_KEY) : len(value) - len(suffix)]
-                if body[:1] != b"{" or body[-1:] != b"}":
+                if not body.startswith(b"{") or not body.endswith(b"}"):
                     return None
                 try:
                     payload = _PAYLOAD.decode(body)
@@ -286,33 +286,22 @@ class DebeziumDecoder:
     def _described(self, source: _Source, schema_bytes: bytes, key: bytes | None, body: bytes) -> TableSchema:
         """The record's table version: derived once per distinct (value schema, key) of a table."""
         name = (source.db, source.table)
-        if schema_bytes != _NULL:
+        parsed = self._parsed_key(key)
+        if parsed is not None and schema_bytes != _NULL:  # the latest version's, `_key` without copies
             found = self._latest.get(name)
-            if found is not None and found.value_schema == schema_bytes and self._known_key(found, key):
+            if found is not None and found.value_schema == schema_bytes and parsed.schema == found.key_raw:
                 return found.schema
-        return self._derived(name, source, schema_bytes, key, body)
-
-    def _known_key(self, found: _Described, key: bytes | None) -> bool:
-        """Whether the key is laid out as TiCDC writes it, `{"payload":{...},"schema":K}`, with the schema K
-        of the table version `found` was derived with: its payload must decode as one JSON object (so the key
-        is that document), the schema is compared as bytes. False for anything else (then `_key` parses it):
-        the same answer either way (a property test), the known schema only saves the scan."""
-        suffix = found.key_suffix
-        if suffix is None or not key:
-            return False
-        key = self._plain(key)
-        if not key.startswith(_PAYLOAD_KEY) or not key.endswith(suffix):
-            return False
-        try:
-            _KEY_PAYLOAD.decode(key[len(_PAYLOAD_KEY) : len(key) - len(suffix)])
-        except _INVALID:
-            return False
-        return True
+        return self._derived(name, source, schema_bytes, parsed, body)
 
     def _derived(
-        self, name: tuple[str, str], source: _Source, schema_bytes: bytes, key: bytes | None, body: bytes
+        self,
+        name: tuple[str, str],
+        source: _Source,
+        schema_bytes: bytes,
+        key: _KeyEnvelope | None,
+        body: bytes,
     ) -> TableSchema:
-        key_identity, keys = self._key(key)
+        key_identity, keys = _key_of(key)
         if schema_bytes == _NULL:  # schema disabled: the identity is the column names
             try:
                 images = _IMAGES.decode(body)
@@ -328,25 +317,29 @@ class DebeziumDecoder:
         derive = _typed_schema if typed else _untyped_schema
         table = derive(source.db, source.table, schema_bytes, keys)
         validate_schema(table, self.policy.unknown_types)
-        key_suffix = None
-        if isinstance(key_identity, bytes):
-            key_suffix = b',"schema":' + key_identity + b"}"
-        self._latest[name] = _Described(schema_bytes, key_identity, table, key_suffix)
+        key_raw = msgspec.Raw(key_identity) if isinstance(key_identity, bytes) else None
+        self._latest[name] = _Described(schema_bytes, key_identity, table, key_raw)
         self._by_version[table.key] = table
         return table
 
-    def _key(self, key: bytes | None) -> tuple[Any, tuple[str, ...]]:
-        """(identity, key column names): the identity is the key schema's bytes, or the names when the
-        schema is disabled. The key is compressed as the value is (spec §2)."""
+    def _parsed_key(self, key: bytes | None) -> _KeyEnvelope | None:
+        """The key, compressed as the value is (spec §2); None for none."""
         if not key:
-            return (), ()
+            return None
         try:
-            parsed = _KEY.decode(self._plain(key))
+            return _KEY.decode(self._plain(key))
         except _INVALID as exc:
             raise MalformedMessageError(f"invalid Debezium key: {exc}") from exc
-        names = tuple(parsed.payload)
-        schema = bytes(parsed.schema)
-        return (schema if schema != _NULL else names), names
+
+
+def _key_of(parsed: _KeyEnvelope | None) -> tuple[Any, tuple[str, ...]]:
+    """(identity, key column names): the identity is the key schema's bytes, or the names when the schema is
+    disabled."""
+    if parsed is None:
+        return (), ()
+    names = tuple(parsed.payload)
+    schema = bytes(parsed.schema)
+    return (schema if schema != _NULL else names), names
 
 
 def _length(text: str, name: str) -> int:
