@@ -125,9 +125,13 @@ def test_avro_records_decode_the_same_with_the_previous_layout_kept(
 
 # -- Debezium: values whose schema is matched by its bytes ----------------------------------------------
 class _ScanningDebeziumDecoder(DebeziumDecoder):
-    """Scans every value's schema as JSON, as before schemas were matched by their bytes."""
+    """Scans every value's schema as JSON, as before schemas were matched by their bytes, and decodes every
+    DML through the general path."""
 
     def _split_known(self, value: bytes) -> Any:
+        return None
+
+    def _known_dml(self, key: bytes | None, split: Any) -> Any:
         return None
 
 
