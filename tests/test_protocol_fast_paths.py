@@ -131,7 +131,7 @@ class _ScanningDebeziumDecoder(DebeziumDecoder):
     def _split_known(self, value: bytes) -> Any:
         return None
 
-    def _known_dml(self, key: bytes | None, split: Any) -> Any:
+    def _known_dml(self, key: bytes | None, value: bytes | None) -> Any:
         return None
 
 
@@ -195,9 +195,10 @@ def test_debezium_a_known_schema_is_matched_for_every_op() -> None:
     )  # fmt: skip
     encoder = DebeziumEncoder(DebeziumOptions(tidb_extension=True))
     decoder = DebeziumDecoder()
-    calls = []
-    split = decoder._split_known
+    calls, built = [], []
+    split, known = decoder._split_known, decoder._known_dml
     decoder._split_known = lambda value: calls.append(split(value)) or calls[-1]  # type: ignore[method-assign]
+    decoder._known_dml = lambda key, value: built.append(known(key, value)) or built[-1]  # type: ignore[method-assign]
     for kind in DMLType:
         data = None if kind is DMLType.DELETE else {"id": 1, "a": "x"}
         old = None if kind is DMLType.INSERT else {"id": 1, "a": "y"}
@@ -207,6 +208,7 @@ def test_debezium_a_known_schema_is_matched_for_every_op() -> None:
         )  # fmt: skip
         decoder.decode_record(*encoder.encode_dml(dml, schema))
     assert calls[0] is None and all(found is not None for found in calls[1:])
+    assert len(built) == len(DMLType) - 1 and all(found is not None for found in built)  # built in one step
 
 
 # -- containment ------------------------------------------------------------------------------------

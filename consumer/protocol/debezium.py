@@ -192,18 +192,33 @@ class DebeziumDecoder:
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         try:
-            return self._decode_record(key, value)
+            known = self._known_dml(key, value) if self._suffixes else None
+            return known if known is not None else self._decode_record(key, value)
         except BaseException as exc:
             raise_contained(exc, "decoding a Debezium record")
 
-    def _known_dml(self, key: bytes | None, split: tuple[bytes, bytes, _Payload]) -> RawDML | None:
-        """The rest of `_decode_record` for a value `_split_known` split, when it is a DML of the latest
-        version of its table: a plain key laid out as TiCDC writes it, whose schema that version was derived
-        with, a commit ts already known plausible. None for anything else, and never an error: then
-        `_decode_record` goes on (the same message, a property test)."""
-        if not key or key[:1] != b"{" or self.compression not in ("auto", "none"):
+    def _known_dml(self, key: bytes | None, value: bytes | None) -> RawDML | None:
+        """`_decode_record` in one step for a DML of the latest version of its table: plain JSON key and
+        value laid out as TiCDC writes them, the value's schema one of `_split_known`'s (compared as bytes),
+        the key's schema the one that version was derived with, a commit ts already
+        known plausible. None for anything else, and never an error: then `_decode_record` decodes the
+        record (the same message, a property test)."""
+        if not key or not value or self.compression not in ("auto", "none"):
             return None
-        body, schema_bytes, payload = split
+        if not value.startswith(_PAYLOAD_KEY) or key[:1] != b"{":
+            return None
+        for suffix, schema_bytes in self._suffixes:  # noqa: B007 - the pair found is read after the loop
+            if value.endswith(suffix):
+                break
+        else:
+            return None
+        body = value[len(_PAYLOAD_KEY) : len(value) - len(suffix)]
+        if not body.startswith(b"{") or not body.endswith(b"}"):
+            return None
+        try:
+            payload = _PAYLOAD.decode(body)
+        except _INVALID:
+            return None
         kind = _OPS.get(payload.op)
         source = payload.source
         if kind is None or source is None or not source.table:
@@ -240,9 +255,6 @@ class DebeziumDecoder:
             value = self._plain(value)
         split = self._split_known(value)
         if split is not None:
-            known = self._known_dml(key, split)
-            if known is not None:
-                return known
             body, schema_bytes, payload = split
         else:
             try:
