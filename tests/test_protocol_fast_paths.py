@@ -3,6 +3,7 @@ fallback: the same message, or the same error, for valid records and for bytes m
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import msgspec
@@ -22,9 +23,9 @@ from consumer.protocol import avro_rows, confluent_avro
 from consumer.protocol.avro_rows import zigzag
 from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroDecoder
 from consumer.protocol.containment import contained, raise_contained
-from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions
+from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions, DebeziumRows
 from consumer.protocol.limits import DecodeLimits
-from consumer.protocol.model import DML, Column, DataType, DMLType, Index, TableSchema
+from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy, column_type
@@ -124,9 +125,13 @@ def test_avro_records_decode_the_same_with_the_previous_layout_kept(
 
 # -- Debezium: values whose schema is matched by its bytes ----------------------------------------------
 class _ScanningDebeziumDecoder(DebeziumDecoder):
-    """Scans every value's schema as JSON, as before schemas were matched by their bytes."""
+    """Scans every value's schema as JSON, as before schemas were matched by their bytes, and decodes every
+    DML through the general path."""
 
     def _split_known(self, value: bytes) -> Any:
+        return None
+
+    def _known_dml(self, key: bytes | None, value: bytes | None) -> Any:
         return None
 
 
@@ -150,8 +155,8 @@ def _mangled(value: bytes, how: str, noise: bytes) -> bytes:
 @PROPERTY
 @given(data=st.data())
 def test_debezium_records_decode_the_same_with_the_schema_matched_by_bytes(data: Any) -> None:
-    """Records of two tables, the same table's schema twice, and values made to look like TiCDC's layout
-    around a known schema: matching the schema by its bytes gives what scanning it gives."""
+    """Records of two tables, the same table's schema twice, and values and keys made to look like TiCDC's
+    layout around a known schema: matching the schema by its bytes gives what scanning it gives."""
     options = data.draw(st.sampled_from([DebeziumOptions(tidb_extension=True), DebeziumOptions()]))
     schemas = [data.draw(debezium_table_schemas(max_columns=4)) for _ in range(2)]
     hows = ["none", "whitespace", "extra-field", "two-payloads", "concatenated", "truncated", "noise"]
@@ -161,7 +166,10 @@ def test_debezium_records_decode_the_same_with_the_schema_matched_by_bytes(data:
         assert change.value is not None
         how = data.draw(st.sampled_from([*hows, "schema-changed"]))
         noise = data.draw(st.sampled_from([b"", b"\xff", b'"', b"}", b",1", b' "a"']))
-        records.append((change.key, _mangled(change.value, how, noise)))
+        key = change.key
+        if key is not None and data.draw(st.booleans()):  # keys too: a known key schema
+            key = _mangled(key, data.draw(st.sampled_from([*hows, "schema-changed"])), noise)
+        records.append((key, _mangled(change.value, how, noise)))
     fast, slow = DebeziumDecoder(), _ScanningDebeziumDecoder()
     for key, value in records:
         assert _outcome(fast.decode_record, key, value) == _outcome(slow.decode_record, key, value)
@@ -187,9 +195,10 @@ def test_debezium_a_known_schema_is_matched_for_every_op() -> None:
     )  # fmt: skip
     encoder = DebeziumEncoder(DebeziumOptions(tidb_extension=True))
     decoder = DebeziumDecoder()
-    calls = []
-    split = decoder._split_known
+    calls, built = [], []
+    split, known = decoder._split_known, decoder._known_dml
     decoder._split_known = lambda value: calls.append(split(value)) or calls[-1]  # type: ignore[method-assign]
+    decoder._known_dml = lambda key, value: built.append(known(key, value)) or built[-1]  # type: ignore[method-assign]
     for kind in DMLType:
         data = None if kind is DMLType.DELETE else {"id": 1, "a": "x"}
         old = None if kind is DMLType.INSERT else {"id": 1, "a": "y"}
@@ -199,6 +208,7 @@ def test_debezium_a_known_schema_is_matched_for_every_op() -> None:
         )  # fmt: skip
         decoder.decode_record(*encoder.encode_dml(dml, schema))
     assert calls[0] is None and all(found is not None for found in calls[1:])
+    assert len(built) == len(DMLType) - 1 and all(found is not None for found in built)  # built in one step
 
 
 # -- containment ------------------------------------------------------------------------------------
@@ -300,3 +310,96 @@ def test_debezium_insert_batches_as_the_general_loop(data: Any) -> None:
             rows.images(batch_raws)
         errors.append((str(caught.value), caught.value.column, caught.value.row))
     assert errors[0] == errors[1] and errors[0][2] == 2
+
+
+# -- Debezium: TIMESTAMP columns read as text and parsed by Arrow ----------------------------------------
+_STAMP_SCHEMA = TableSchema(
+    "db", "stamps", 1, 1,
+    columns=(
+        Column("id", DataType("int"), nullable=False),
+        Column("ts", DataType("timestamp", decimal=6)),
+        Column("ts0", DataType("timestamp")),
+    ),
+    indexes=(Index("primary", True, True, False, ("id",)),),
+)  # fmt: skip
+_ODD_STAMPS = [
+    "0000-01-01T00:00:00Z", "0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z", "2020-02-29T00:00:00Z",
+    "2021-02-29T00:00:00Z", "2020-02-30T12:00:00Z", "2020-04-31T00:00:00Z", "2020-13-01T00:00:00Z",
+    "2020-00-10T00:00:00Z", "2020-01-00T00:00:00Z", "2020-01-01T24:00:00Z", "2020-01-01T23:59:60Z",
+    "2020-01-01T23:60:00Z", "2020-01-01T00:00:00.1234567Z", "2020-01-01T00:00:00.Z", "2020-01-01T00:00:00z",
+    "2020-01-01t00:00:00Z", "2020-01-01 00:00:00Z", "2020-01-01T00:00:00+01:00", "2020-01-01T00:00:00-00:30",
+    "2020-01-01T00:00:00", "2020-01-01T00:00Z", "+2020-01-01T00:00:00Z", "2020-1-01T00:00:00Z",
+    "\uff12\uff10\uff12\uff10-01-01T00:00:00Z", "2020-01-01T00:00:00.5Z", "", "Z",
+]  # fmt: skip
+
+
+@st.composite
+def _stamp_json(draw: st.DrawFn) -> bytes:
+    """A TIMESTAMP's wire JSON: as TiCDC writes it (any fsp), made odd, escaped, or not a string at all."""
+    instant = draw(st.datetimes(dt.datetime(1, 1, 1), dt.datetime(9999, 12, 31, 23, 59, 59, 999_999)))
+    fsp = draw(st.integers(0, 6))
+    text = instant.strftime("%Y-%m-%dT%H:%M:%S") + (f".{instant.microsecond:06d}"[: fsp + 1] if fsp else "")
+    text = f"{instant.year:04d}" + text[text.index("-") :] + "Z"
+    how = draw(st.sampled_from(["wire", "wire", "wire", "odd", "escaped", "edited", "other"]))
+    if how == "odd":
+        text = draw(st.sampled_from(_ODD_STAMPS))
+    elif how == "edited":
+        at = draw(st.integers(0, len(text)))
+        text = text[:at] + draw(st.text(max_size=2)) + text[at + draw(st.integers(0, 2)) :]
+    if how == "other":
+        return draw(st.sampled_from([b"null", b"0", b"1.5", b"true", b"[]", b'{"a":1}', b'"\\ud800"']))
+    if how == "escaped":
+        return b'"' + "".join(f"\\u{ord(c):04x}" for c in text).encode() + b'"'
+    return msgspec.json.encode(text)
+
+
+@PROPERTY
+@given(data=st.data())
+def test_debezium_timestamps_read_as_text_as_the_general_path(data: Any) -> None:
+    """TIMESTAMP values read as text and parsed by Arrow behind a strict layout check give what msgspec's
+    datetimes give: the same column, or (through the general path) the same error naming row and column."""
+    kinds = [data.draw(st.sampled_from(["c", "u", "d"])) for _ in range(data.draw(st.integers(1, 4)))]
+    raws = []
+    for index, op in enumerate(kinds):
+        image = b'{"id":%d,"ts":%s,"ts0":%s}' % (index, data.draw(_stamp_json()), data.draw(_stamp_json()))
+        before, after = (b"null", image) if op == "c" else (image, b"null") if op == "d" else (image, image)
+        raws.append(
+            RawDML(
+                type={"c": DMLType.INSERT, "u": DMLType.UPDATE, "d": DMLType.DELETE}[op],
+                database="db",
+                table="stamps",
+                table_id=1,
+                commit_ts=1,
+                build_ts=0,
+                schema_version=1,
+                payload=b'{"before":%s,"after":%s}' % (before, after),
+                encoding="debezium",
+            )
+        )
+    columns = [column_type(c, ValuePolicy()) for c in _STAMP_SCHEMA.columns]
+    fast, slow = (
+        DebeziumRows(_STAMP_SCHEMA, columns, ValuePolicy()),
+        DebeziumRows(_STAMP_SCHEMA, columns, ValuePolicy()),
+    )
+    slow._text_decoder = None
+    expected = _outcome(slow.images, raws)
+    assert _outcome(fast.images, raws) == expected
+    if not isinstance(expected, tuple) or not isinstance(expected[0], pa.RecordBatch):
+        return
+    assert expected[0].schema == fast.image_schema
+
+
+def test_debezium_timestamps_of_ticdc_are_read_as_text() -> None:
+    """The layout TiCDC writes is settled by the text path, not handed to the general one."""
+    columns = [column_type(c, ValuePolicy()) for c in _STAMP_SCHEMA.columns]
+    rows = DebeziumRows(_STAMP_SCHEMA, columns, ValuePolicy())
+    payload = b'{"after":{"id":1,"ts":"2020-10-03T13:38:32.5Z","ts0":"0001-01-01T00:00:00Z"}}'
+    raw = RawDML(
+        type=DMLType.INSERT, database="db", table="stamps", table_id=1, commit_ts=1, build_ts=0,
+        schema_version=1, payload=payload, encoding="debezium",
+    )  # fmt: skip
+    general = rows._images
+    rows._images = lambda raws, decoder, *, text: general(raws, decoder, text=text) if text else pytest.fail()  # type: ignore[method-assign]
+    batch = rows.images([raw])[0]
+    assert batch.column("ts").to_pylist() == [dt.datetime(2020, 10, 3, 13, 38, 32, 500_000, tzinfo=dt.UTC)]
+    assert batch.column("ts0").to_pylist() == [dt.datetime(1, 1, 1, tzinfo=dt.UTC)]

@@ -170,6 +170,7 @@ class _Described:
     value_schema: bytes
     key_identity: Any
     schema: TableSchema
+    key_raw: msgspec.Raw | None = None  # the key's schema when it has one, to compare with a parsed key's
 
 
 class DebeziumDecoder:
@@ -191,14 +192,67 @@ class DebeziumDecoder:
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         try:
-            return self._decode_record(key, value)
+            known = self._known_dml(key, value) if self._suffixes else None
+            return known if known is not None else self._decode_record(key, value)
         except BaseException as exc:
             raise_contained(exc, "decoding a Debezium record")
+
+    def _known_dml(self, key: bytes | None, value: bytes | None) -> RawDML | None:
+        """`_decode_record` in one step for a DML of the latest version of its table: plain JSON key and
+        value laid out as TiCDC writes them, the value's schema one of `_split_known`'s (compared as bytes),
+        the key's schema the one that version was derived with, a commit ts already
+        known plausible. None for anything else, and never an error: then `_decode_record` decodes the
+        record (the same message, a property test)."""
+        if not key or not value or self.compression not in ("auto", "none"):
+            return None
+        if not value.startswith(_PAYLOAD_KEY) or key[:1] != b"{":
+            return None
+        for suffix, schema_bytes in self._suffixes:  # noqa: B007 - the pair found is read after the loop
+            if value.endswith(suffix):
+                break
+        else:
+            return None
+        body = value[len(_PAYLOAD_KEY) : len(value) - len(suffix)]
+        if not body.startswith(b"{") or not body.endswith(b"}"):
+            return None
+        try:
+            payload = _PAYLOAD.decode(body)
+        except _INVALID:
+            return None
+        kind = _OPS.get(payload.op)
+        source = payload.source
+        if kind is None or source is None or not source.table:
+            return None
+        commit_ts = source.commit_ts
+        if not 0 < commit_ts <= self._checks.ceiling:  # `MessageChecks.commit_ts`'s own shortcut
+            return None
+        found = self._latest.get((source.db, source.table))
+        if found is None or found.key_raw is None or found.value_schema != schema_bytes:
+            return None
+        try:
+            parsed = _KEY.decode(key)
+        except _INVALID:
+            return None
+        if parsed.schema != found.key_raw:
+            return None
+        schema = found.schema
+        return RawDML(
+            type=kind,
+            database=source.db,
+            table=source.table,
+            table_id=schema.table_id,
+            commit_ts=commit_ts,
+            build_ts=0,
+            schema_version=schema.version,
+            payload=body,
+            encoding=ENCODING,
+        )
 
     def _decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         if not value:
             raise MalformedMessageError("a Debezium record without a value (TiCDC never writes tombstones)")
-        value = self._plain(value)
+        if self.compression != "auto" or value[:1] != b"{":  # else plain JSON, as `_plain` would say
+            value = self._plain(value)
         split = self._split_known(value)
         if split is not None:
             body, schema_bytes, payload = split
@@ -249,7 +303,7 @@ class DebeziumDecoder:
         for position, (suffix, schema_bytes) in enumerate(self._suffixes):
             if value.endswith(suffix):
                 body = value[len(_PAYLOAD_KEY) : len(value) - len(suffix)]
-                if body[:1] != b"{" or body[-1:] != b"}":
+                if not body.startswith(b"{") or not body.endswith(b"}"):
                     return None
                 try:
                     payload = _PAYLOAD.decode(body)
@@ -284,7 +338,22 @@ class DebeziumDecoder:
     def _described(self, source: _Source, schema_bytes: bytes, key: bytes | None, body: bytes) -> TableSchema:
         """The record's table version: derived once per distinct (value schema, key) of a table."""
         name = (source.db, source.table)
-        key_identity, keys = self._key(key)
+        parsed = self._parsed_key(key)
+        if parsed is not None and schema_bytes != _NULL:  # the latest version's, `_key` without copies
+            found = self._latest.get(name)
+            if found is not None and found.value_schema == schema_bytes and parsed.schema == found.key_raw:
+                return found.schema
+        return self._derived(name, source, schema_bytes, parsed, body)
+
+    def _derived(
+        self,
+        name: tuple[str, str],
+        source: _Source,
+        schema_bytes: bytes,
+        key: _KeyEnvelope | None,
+        body: bytes,
+    ) -> TableSchema:
+        key_identity, keys = _key_of(key)
         if schema_bytes == _NULL:  # schema disabled: the identity is the column names
             try:
                 images = _IMAGES.decode(body)
@@ -300,22 +369,29 @@ class DebeziumDecoder:
         derive = _typed_schema if typed else _untyped_schema
         table = derive(source.db, source.table, schema_bytes, keys)
         validate_schema(table, self.policy.unknown_types)
-        self._latest[name] = _Described(schema_bytes, key_identity, table)
+        key_raw = msgspec.Raw(key_identity) if isinstance(key_identity, bytes) else None
+        self._latest[name] = _Described(schema_bytes, key_identity, table, key_raw)
         self._by_version[table.key] = table
         return table
 
-    def _key(self, key: bytes | None) -> tuple[Any, tuple[str, ...]]:
-        """(identity, key column names): the identity is the key schema's bytes, or the names when the
-        schema is disabled. The key is compressed as the value is (spec §2)."""
+    def _parsed_key(self, key: bytes | None) -> _KeyEnvelope | None:
+        """The key, compressed as the value is (spec §2); None for none."""
         if not key:
-            return (), ()
+            return None
         try:
-            parsed = _KEY.decode(self._plain(key))
+            return _KEY.decode(self._plain(key))
         except _INVALID as exc:
             raise MalformedMessageError(f"invalid Debezium key: {exc}") from exc
-        names = tuple(parsed.payload)
-        schema = bytes(parsed.schema)
-        return (schema if schema != _NULL else names), names
+
+
+def _key_of(parsed: _KeyEnvelope | None) -> tuple[Any, tuple[str, ...]]:
+    """(identity, key column names): the identity is the key schema's bytes, or the names when the schema is
+    disabled."""
+    if parsed is None:
+        return (), ()
+    names = tuple(parsed.payload)
+    schema = bytes(parsed.schema)
+    return (schema if schema != _NULL else names), names
 
 
 def _length(text: str, name: str) -> int:
@@ -551,14 +627,34 @@ class DebeziumRows:
         # Without a Struct, rows decode as dicts of raw JSON, each column's values then as its wire kind.
         self._values = [msgspec.json.Decoder(_wire_kind(c) | None) for c in self.columns]
         image = row if row is not None else dict[str, msgspec.Raw]
-        payload = msgspec.defstruct(
-            "Payload", [("before", image | None, None), ("after", image | None, None)]
-        )
-        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(payload)
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(_payload_struct(image))
+        # TIMESTAMP columns read as text, parsed by Arrow (`_stamps_of_text`): pyarrow is slow to take
+        # zone-aware datetimes. Only for the Struct: the dict path is the fallback's fallback.
+        self._text_decoder: msgspec.json.Decoder[Any] | None = None
+        if row is not None and not self._untyped and any(_is_stamp(c) for c in self.columns):
+            text_row = msgspec.defstruct(
+                f"DebeziumText_{schema.table}",
+                [
+                    (f"c{i}", (str if _is_stamp(c) else _wire_kind(c)) | None, None)
+                    for i, c in enumerate(self.columns)
+                ],
+                rename={f"c{i}": c.name for i, c in enumerate(self.columns)},
+            )
+            self._text_decoder = msgspec.json.Decoder(_payload_struct(text_row))
 
     def images(self, raws: Sequence[RawDML]) -> tuple[pa.RecordBatch, list[int], list[int], list[bool]]:
         """(rows, source, kinds, key_only) as `AvroRows.images` gives them."""
-        decode = self._decoder.decode
+        if self._text_decoder is not None:
+            try:
+                return self._images(raws, self._text_decoder, text=True)
+            except Exception:  # whatever the text path does not settle, the general path does
+                pass  # ... giving the same rows, or naming the bad record, row and column (a property test)
+        return self._images(raws, self._decoder, text=False)
+
+    def _images(
+        self, raws: Sequence[RawDML], decoder: msgspec.json.Decoder[Any], *, text: bool
+    ) -> tuple[pa.RecordBatch, list[int], list[int], list[bool]]:
+        decode = decoder.decode
         try:
             bodies = [decode(raw.payload) for raw in raws]
         except _INVALID:
@@ -567,7 +663,12 @@ class DebeziumRows:
             inserted = [body.after for body in bodies]
             if all(image is not None for image in inserted):  # else the loop below names the record
                 count = len(raws)
-                return self._batch(inserted), list(range(count)), [ImageKind.INSERT] * count, [False] * count
+                return (
+                    self._batch(inserted, text),
+                    list(range(count)),
+                    [ImageKind.INSERT] * count,
+                    [False] * count,
+                )
         images: list[Any] = []
         source: list[int] = []
         kinds: list[int] = []
@@ -595,14 +696,14 @@ class DebeziumRows:
                     f"a Debezium {raw.type.value} without its row image", column="<row>", row=index
                 )
         try:
-            batch = self._batch(images)
+            batch = self._batch(images, text)
         except ValueDecodeError as exc:
             if exc.row is not None:
                 exc.row = source[exc.row]
             raise
         return batch, source, kinds, [False] * len(images)
 
-    def _batch(self, images: list[Any]) -> pa.RecordBatch:
+    def _batch(self, images: list[Any], text: bool = False) -> pa.RecordBatch:
         if self._row is not None and self.columns:
             values: list[Sequence[Any]] = (
                 list(zip(*map(astuple, images), strict=True)) if images else [()] * len(self.columns)
@@ -614,7 +715,9 @@ class DebeziumRows:
                     _wire_values(c, d, v) for c, d, v in zip(self.columns, self._values, values, strict=True)
                 ]
         arrays = [
-            self._typed(column, list(column_values))
+            _stamps_of_text(list(column_values))
+            if text and _is_stamp(column)
+            else self._typed(column, list(column_values))
             for column, column_values in zip(self.columns, values, strict=True)
         ]
         if not self.columns:
@@ -639,6 +742,36 @@ class DebeziumRows:
                         row=row,
                     ) from bad
             raise ValueDecodeError(str(exc), column=column.name) from exc
+
+
+def _payload_struct(image: Any) -> Any:
+    return msgspec.defstruct("Payload", [("before", image | None, None), ("after", image | None, None)])
+
+
+def _is_stamp(column: ColumnType) -> bool:
+    return column.data_type.mysql_type == "timestamp"
+
+
+class _Unsettled(Exception):
+    """A fast path's input it does not decide on: the general path decodes it."""
+
+
+# ZonedTimestamp text as TiCDC writes it (`wire_value`), years 0001-9999: within it, Arrow's parse accepts
+# what msgspec's RFC 3339 parse accepts (both reject Feb 30, 24:00, leap seconds) with the same instant.
+_STAMP_TEXT = (
+    r"^(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-[0-9]{2}-[0-9]{2}"
+    r"T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z$"
+)
+_UTC_US = pa.timestamp("us", tz="UTC")
+
+
+def _stamps_of_text(values: list[str | None]) -> pa.Array:
+    """A TIMESTAMP column's wire text -> timestamp[us, UTC], as `_typed_values` makes of msgspec's datetimes;
+    `_Unsettled` (or Arrow's error) for text outside `_STAMP_TEXT` or that Arrow does not parse."""
+    texts = pa.array(values, pa.string())
+    if pc.all(pc.match_substring_regex(texts, _STAMP_TEXT)).as_py() is False:
+        raise _Unsettled("a TIMESTAMP not in TiCDC's layout")
+    return in_python_range(texts.cast(_UTC_US))
 
 
 def _wire_values(column: ColumnType, decoder: msgspec.json.Decoder[Any], raws: Sequence[Any]) -> list[Any]:
