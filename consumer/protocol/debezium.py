@@ -203,22 +203,12 @@ class DebeziumDecoder:
         the key's schema the one that version was derived with, a commit ts already
         known plausible. None for anything else, and never an error: then `_decode_record` decodes the
         record (the same message, a property test)."""
-        if not key or not value or self.compression not in ("auto", "none"):
+        if not key or not value or self.compression not in ("auto", "none") or key[:1] != b"{":
             return None
-        if not value.startswith(_PAYLOAD_KEY) or key[:1] != b"{":
+        split = self._split_known(value)
+        if split is None:
             return None
-        for suffix, schema_bytes in self._suffixes:  # noqa: B007 - the pair found is read after the loop
-            if value.endswith(suffix):
-                break
-        else:
-            return None
-        body = value[len(_PAYLOAD_KEY) : len(value) - len(suffix)]
-        if not body.startswith(b"{") or not body.endswith(b"}"):
-            return None
-        try:
-            payload = _PAYLOAD.decode(body)
-        except _INVALID:
-            return None
+        body, schema_bytes, payload = split
         kind = _OPS.get(payload.op)
         source = payload.source
         if kind is None or source is None or not source.table:
