@@ -113,14 +113,15 @@ def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML | KeyOnlyDML:
     """Read only the DML's routing fields (and whether it carries only its handle key); values are decoded
     later, once the schema is known."""
     reader = _HeaderReader(payload, 2)
-    if reader.long() != 3:
+    long = reader.long
+    if long() != 3:
         raise MalformedMessageError("Avro Message of type DML does not carry a DML payload")
-    reader.long()  # version
-    database, table, table_id = reader.string(), reader.string(), reader.long()
-    kind = reader.long()
+    long()  # version
+    database, table, table_id = reader.string(), reader.string(), long()
+    kind = long()
     if not 0 <= kind < len(_DML_TYPES):
         raise MalformedMessageError(f"unknown DMLType index {kind}")
-    commit_ts, build_ts, schema_version = reader.long(), reader.long(), reader.long()
+    commit_ts, build_ts, schema_version = long(), long(), long()
     if not 0 < commit_ts <= checks.ceiling:
         checks.commit_ts(commit_ts, "DML")
     if not 0 <= schema_version <= MAX_TSO:  # a TSO beyond 2^63 reads back negative from an Avro long
@@ -136,6 +137,10 @@ def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML | KeyOnlyDML:
         payload=payload,
         encoding="avro",
     )
+    position = reader.position
+    if payload[position : position + 2] == b"\x00\x00":  # neither claimCheckLocation nor handleKeyOnly
+        reader.position = position + 2
+        return raw
     location = reader.string() if reader.branch() else ""  # claimCheckLocation: [null, string]
     key_only = reader.branch() and reader.boolean()  # handleKeyOnly: [null, boolean]
     return KeyOnlyDML(raw, location) if key_only or location else raw
@@ -148,22 +153,26 @@ class _HeaderReader:
 
     def long(self) -> int:
         position = self.position
-        if position < len(self.buffer) and self.buffer[position] < 0x80:  # one-byte varint: most fields
+        buffer = self.buffer
+        if position < len(buffer) and buffer[position] < 0x80:  # one-byte varint: most fields
             self.position = position + 1
-            byte = self.buffer[position]
+            byte = buffer[position]
             return (byte >> 1) ^ -(byte & 1)
-        result = shift = 0
-        while True:
-            if self.position >= len(self.buffer) or shift > 63:
-                raise MalformedMessageError("truncated or corrupt Avro DML header")
-            byte = self.buffer[self.position]
-            self.position += 1
-            result |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                if result >> 64:  # a tenth byte carrying more than the 64th bit: no Avro long
-                    raise MalformedMessageError("Avro long beyond 64 bits in the DML header")
-                return (result >> 1) ^ -(result & 1)
+        # Several bytes (commitTs, schemaVersion...): at most 10, compacted from 7-bit groups at once
+        window = int.from_bytes(buffer[position : position + 10], "little")
+        stops = ~window & _STOP_BITS[min(10, len(buffer) - position)]
+        if not stops:  # no final byte within 10 bytes (or the buffer)
+            raise MalformedMessageError("truncated or corrupt Avro DML header")
+        last = stops & -stops
+        result = window & ((last << 1) - 1) & _LOW_7
+        result = (result & _LANES_16) | ((result >> 8) & _LANES_16) << 7
+        result = (result & _LANES_32) | ((result >> 16) & _LANES_32) << 14
+        result = (result & _LANES_64) | ((result >> 32) & _LANES_64) << 28
+        result = (result & _LANE_128) | ((result >> 64) & _LANE_128) << 56
+        if result >> 64:  # a tenth byte carrying more than the 64th bit: no Avro long
+            raise MalformedMessageError("Avro long beyond 64 bits in the DML header")
+        self.position = position + last.bit_length() // 8
+        return (result >> 1) ^ -(result & 1)
 
     def branch(self) -> int:
         """The index of a [null, T] union: 0 or 1."""
@@ -181,6 +190,7 @@ class _HeaderReader:
     def string(self) -> str:
         size = self.long()
         end = self.position + size
+
         if size < 0 or end > len(self.buffer):
             raise MalformedMessageError("truncated Avro DML header string")
         try:
@@ -189,6 +199,20 @@ class _HeaderReader:
             raise MalformedMessageError(f"invalid UTF-8 in Avro DML header: {exc}") from exc
         self.position = end
         return text
+
+
+def _repeated(lane: int, width: int, count: int) -> int:
+    return sum(lane << (width * i) for i in range(count))
+
+
+# Varint compaction masks: the continuation bits of the first n bytes; each byte's 7 payload bits; the payload
+# of pairs of bytes (16-bit lanes), of pairs of pairs... (a 10-byte varint has at most 70 payload bits)
+_STOP_BITS = tuple(_repeated(0x80, 8, n) for n in range(11))
+_LOW_7 = _repeated(0x7F, 8, 16)
+_LANES_16 = _repeated(0x7F, 16, 8)
+_LANES_32 = _repeated(0x3FFF, 32, 4)
+_LANES_64 = _repeated(0xFFFFFFF, 64, 2)
+_LANE_128 = (1 << 56) - 1
 
 
 def _schema_or_watermark(message: dict[str, Any]) -> Watermark | Bootstrap | DDL:
