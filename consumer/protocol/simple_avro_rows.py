@@ -1,10 +1,8 @@
 """Columnar decoding of Simple-protocol Avro DML rows (`encoding = avro`), straight into Arrow.
 
-A chunk's DML datums are framed as one in-memory Avro object container file (as `avro_rows` does for TiCDC
-Avro: the 3 prefix bytes of each value read as a `fixed` field, an 8-byte sentinel after each datum to catch
-a datum longer or shorter than its schema) and polars-avro's native reader turns them into Arrow: `data`
-and `old` become map arrays of the value union. Each column's values are gathered from the union's branch
-they all come from, and converted by the column's own vectorized conversion.
+A chunk's DML datums are read columnar through `avro_container` (the 3 prefix bytes of each value read as a
+`fixed` field): `data` and `old` become map arrays of the value union. Each column's values are gathered
+from the union's branch they all come from, and converted by the column's own vectorized conversion.
 
 This path only settles what it can prove equal to the per-datum path (`rows.TableCodec._wire_body`,
 fastavro): `read` returns None for anything else (the native reader's failure or panic, a misaligned datum,
@@ -15,10 +13,6 @@ itself, which applies the policy or names the row.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumer.protocol import avro_codec
+from consumer.protocol.avro_container import DatumContainer, private_field
 from consumer.protocol.model import Checksum, RawDML
 from consumer.protocol.types import (
     _CONVERSION_ERRORS,
@@ -46,29 +41,12 @@ from consumer.protocol.types import (
     in_python_range,
 )
 
-_SYNC = b"simple-avro-rows"  # 16 bytes: the container's sync marker
-_SENTINEL = os.urandom(8)
-_SENTINEL_FIELD = "ticdc_consumer_row_end_" + _SENTINEL.hex()
-_PREFIX_FIELD = "ticdc_consumer_prefix_" + _SENTINEL.hex()  # Message branch, MessageType.DML, DML branch
+_PREFIX_FIELD = private_field("prefix")  # Message branch, MessageType.DML, DML branch
 _TEXT_FAMILIES = (DecimalColumn, DateColumn, DateTimeColumn, TimeColumn)  # string wire, `_from_text`
 
 
-def _zigzag(number: int) -> bytes:
-    encoded = (number << 1) ^ (number >> 63)
-    out = bytearray()
-    while encoded >= 0x80:
-        out.append((encoded & 0x7F) | 0x80)
-        encoded >>= 7
-    out.append(encoded)
-    return bytes(out)
-
-
-def _avro_string(data: bytes) -> bytes:
-    return _zigzag(len(data)) + data
-
-
 def _reader_schema() -> dict[str, Any]:
-    """The DML record with its named types inlined, framed by the prefix and sentinel fields."""
+    """The DML record with its named types inlined, after a field for the prefix."""
     schema = avro_codec.writer_schema_json()
     named = {t["name"]: t for t in schema}
 
@@ -90,27 +68,10 @@ def _reader_schema() -> dict[str, Any]:
 
     dml = inline(named["DML"], set())
     prefix = {"name": _PREFIX_FIELD, "type": {"type": "fixed", "name": "Prefix", "size": 3}}
-    sentinel = {"name": _SENTINEL_FIELD, "type": {"type": "fixed", "name": "RowEnd", "size": 8}}
-    return {**dml, "fields": [prefix, *dml["fields"], sentinel]}
+    return {**dml, "fields": [prefix, *dml["fields"]]}
 
 
-_HEADER = (
-    b"Obj\x01"
-    + _zigzag(1)
-    + _avro_string(b"avro.schema")
-    + _avro_string(json.dumps(_reader_schema(), separators=(",", ":")).encode())
-    + b"\x00"
-    + _SYNC
-)
-
-
-def _native_block(container: bytes, count: int) -> pa.RecordBatch:
-    # As in `avro_rows`: the native source gives one batch of exactly `count` rows (the public readers hang
-    # on a short block)
-    from polars_avro._avro_rs import AvroSource
-
-    source = AvroSource([lambda: contextlib.nullcontext(io.BytesIO(container))], False, False)
-    return pa.record_batch(next(iter(source.batch_iter(count, None))))
+_CONTAINER = DatumContainer(_reader_schema())
 
 
 class AvroChunk:
@@ -182,25 +143,13 @@ class AvroChunk:
 
 def read(columns: Sequence[ColumnType], raws: Sequence[RawDML]) -> AvroChunk | None:
     """The chunk read columnar, or None where only the per-datum path can settle it."""
-    count = len(raws)
-    if not count or not columns:
+    if not raws or not columns:
         return None
-    body = _SENTINEL.join([raw.payload for raw in raws]) + _SENTINEL
-    container = b"".join((_HEADER, _zigzag(count), _zigzag(len(body)), body, _SYNC))
-    try:
-        batch = _native_block(container, count)
-    except BaseException as exc:  # an error, or a panic of the native code
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
+    batch = _CONTAINER.read([raw.payload for raw in raws])
+    if batch is None:
         return None
-    if batch.num_rows != count:
-        return None
-    ends = batch.column(_SENTINEL_FIELD).cast(pa.binary())
     prefixes = batch.column(_PREFIX_FIELD).cast(pa.binary())
-    if not (
-        pc.all(pc.equal(ends, pa.scalar(_SENTINEL, pa.binary()))).as_py()
-        and pc.all(pc.equal(prefixes, pa.scalar(avro_codec.DML_PREFIX, pa.binary()))).as_py()
-    ):
+    if not pc.all(pc.equal(prefixes, pa.scalar(avro_codec.DML_PREFIX, pa.binary()))).as_py():
         return None
     try:
         chunk = AvroChunk(columns, batch)
