@@ -20,7 +20,7 @@ from consumer.errors import (
     ValueDecodeError,
 )
 from consumer.protocol import avro_rows, confluent_avro
-from consumer.protocol.avro_rows import zigzag
+from consumer.protocol.avro_container import zigzag
 from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroDecoder
 from consumer.protocol.containment import contained, raise_contained
 from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions, DebeziumRows

@@ -18,7 +18,7 @@ from consumer.errors import (
     UnsupportedTypeError,
     ValueDecodeError,
 )
-from consumer.protocol.avro_rows import zigzag
+from consumer.protocol.avro_container import zigzag
 from consumer.protocol.compression import Compression
 from consumer.protocol.confluent_avro import (
     AvroOptions,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import fastavro
 import msgspec
@@ -112,33 +113,80 @@ def _read_exactly(stream: io.BytesIO, schema: Any, size: int) -> Any:
 def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML | KeyOnlyDML:
     """Read only the DML's routing fields (and whether it carries only its handle key); values are decoded
     later, once the schema is known."""
+    known = _known_header(payload, checks)
+    if known is not None:
+        return known
     reader = _HeaderReader(payload, 2)
-    if reader.long() != 3:
+    long = reader.long
+    if long() != 3:
         raise MalformedMessageError("Avro Message of type DML does not carry a DML payload")
-    reader.long()  # version
-    database, table, table_id = reader.string(), reader.string(), reader.long()
-    kind = reader.long()
+    long()  # version
+    database, table, table_id = reader.string(), reader.string(), long()
+    kind = long()
     if not 0 <= kind < len(_DML_TYPES):
         raise MalformedMessageError(f"unknown DMLType index {kind}")
-    commit_ts, build_ts, schema_version = reader.long(), reader.long(), reader.long()
+    route = _Route(_DML_TYPES[kind], database, table, table_id)
+    prefix = payload[: reader.position]
+    raw = _raw_dml(payload, route, long(), long(), long(), checks)
+    _ROUTES.setdefault(len(prefix), {})[prefix] = route
+    if sum(map(len, _ROUTES.values())) > _MAX_ROUTES:  # hostile variety: start again rather than grow
+        _ROUTES.clear()
+    position = reader.position
+    if payload[position : position + 2] == b"\x00\x00":  # neither claimCheckLocation nor handleKeyOnly
+        return raw
+    location = reader.string() if reader.branch() else ""  # claimCheckLocation: [null, string]
+    key_only = reader.branch() and reader.boolean()  # handleKeyOnly: [null, boolean]
+    return KeyOnlyDML(raw, location) if key_only or location else raw
+
+
+class _Route(NamedTuple):
+    type: DMLType
+    database: str
+    table: str
+    table_id: int
+
+
+# A table's DMLs repeat their first header bytes (up to the payload's version, database, table, tableID and
+# type): those bytes, once read, are recognised instead of read again. By length, then bytes.
+_ROUTES: dict[int, dict[bytes, _Route]] = {}
+_MAX_ROUTES = 4096
+# What follows them in a full DML: commitTs, buildTs, schemaVersion, and two null unions (no claim check)
+_TIMES = re.compile(
+    rb"([\x80-\xff]{0,9}[\x00-\x7f])([\x80-\xff]{0,9}[\x00-\x7f])([\x80-\xff]{0,9}[\x00-\x7f])\x00\x00"
+)
+
+
+def _known_header(payload: bytes, checks: MessageChecks) -> RawDML | None:
+    """The header of a full DML whose routing bytes were read before, or None (then read it in full)."""
+    for length, routes in _ROUTES.items():
+        route = routes.get(payload[:length])
+        if route is not None:
+            times = _TIMES.match(payload, length)
+            if times is None:
+                return None
+            commit_ts, build_ts, schema_version = map(_varint, times.groups())
+            return _raw_dml(payload, route, commit_ts, build_ts, schema_version, checks)
+    return None
+
+
+def _raw_dml(
+    payload: bytes, route: _Route, commit_ts: int, build_ts: int, schema_version: int, checks: MessageChecks
+) -> RawDML:
     if not 0 < commit_ts <= checks.ceiling:
         checks.commit_ts(commit_ts, "DML")
     if not 0 <= schema_version <= MAX_TSO:  # a TSO beyond 2^63 reads back negative from an Avro long
         raise MalformedMessageError(f"DML schemaVersion {schema_version} is no TSO")
-    raw = RawDML(
-        type=_DML_TYPES[kind],
-        database=database,
-        table=table,
-        table_id=table_id,
+    return RawDML(
+        type=route.type,
+        database=route.database,
+        table=route.table,
+        table_id=route.table_id,
         commit_ts=commit_ts,
         build_ts=build_ts,
         schema_version=schema_version,
         payload=payload,
         encoding="avro",
     )
-    location = reader.string() if reader.branch() else ""  # claimCheckLocation: [null, string]
-    key_only = reader.branch() and reader.boolean()  # handleKeyOnly: [null, boolean]
-    return KeyOnlyDML(raw, location) if key_only or location else raw
 
 
 class _HeaderReader:
@@ -148,22 +196,19 @@ class _HeaderReader:
 
     def long(self) -> int:
         position = self.position
-        if position < len(self.buffer) and self.buffer[position] < 0x80:  # one-byte varint: most fields
+        buffer = self.buffer
+        if position < len(buffer) and buffer[position] < 0x80:  # one-byte varint: most fields
             self.position = position + 1
-            byte = self.buffer[position]
+            byte = buffer[position]
             return (byte >> 1) ^ -(byte & 1)
-        result = shift = 0
-        while True:
-            if self.position >= len(self.buffer) or shift > 63:
-                raise MalformedMessageError("truncated or corrupt Avro DML header")
-            byte = self.buffer[self.position]
-            self.position += 1
-            result |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                if result >> 64:  # a tenth byte carrying more than the 64th bit: no Avro long
-                    raise MalformedMessageError("Avro long beyond 64 bits in the DML header")
-                return (result >> 1) ^ -(result & 1)
+        # Several bytes (commitTs, schemaVersion...): at most 10
+        window = int.from_bytes(buffer[position : position + 10], "little")
+        stops = ~window & _STOP_BITS[min(10, len(buffer) - position)]
+        if not stops:  # no final byte within 10 bytes (or the buffer)
+            raise MalformedMessageError("truncated or corrupt Avro DML header")
+        last = stops & -stops
+        self.position = position + last.bit_length() // 8
+        return _varint_value(window & ((last << 1) - 1))
 
     def branch(self) -> int:
         """The index of a [null, T] union: 0 or 1."""
@@ -181,6 +226,7 @@ class _HeaderReader:
     def string(self) -> str:
         size = self.long()
         end = self.position + size
+
         if size < 0 or end > len(self.buffer):
             raise MalformedMessageError("truncated Avro DML header string")
         try:
@@ -189,6 +235,47 @@ class _HeaderReader:
             raise MalformedMessageError(f"invalid UTF-8 in Avro DML header: {exc}") from exc
         self.position = end
         return text
+
+
+def _varint(group: bytes) -> int:
+    """The long whose whole varint is `group` (at most 10 bytes). A stream repeats its schema versions, build
+    times and a transaction's commitTs: values are remembered by their bytes."""
+    value = _LONGS.get(group)
+    if value is None:
+        value = _varint_value(int.from_bytes(group, "little"))
+        if len(_LONGS) >= _MAX_ROUTES:
+            _LONGS.clear()
+        _LONGS[group] = value
+    return value
+
+
+_LONGS: dict[bytes, int] = {}
+
+
+def _varint_value(window: int) -> int:
+    """The long of a varint's bytes read as one little-endian int: its 7-bit groups compacted at once."""
+    result = window & _LOW_7
+    result = (result & _LANES_16) | ((result >> 8) & _LANES_16) << 7
+    result = (result & _LANES_32) | ((result >> 16) & _LANES_32) << 14
+    result = (result & _LANES_64) | ((result >> 32) & _LANES_64) << 28
+    result = (result & _LANE_128) | ((result >> 64) & _LANE_128) << 56
+    if result >> 64:  # a tenth byte carrying more than the 64th bit: no Avro long
+        raise MalformedMessageError("Avro long beyond 64 bits in the DML header")
+    return (result >> 1) ^ -(result & 1)
+
+
+def _repeated(lane: int, width: int, count: int) -> int:
+    return sum(lane << (width * i) for i in range(count))
+
+
+# Varint compaction masks: the continuation bits of the first n bytes; each byte's 7 payload bits; the payload
+# of pairs of bytes (16-bit lanes), of pairs of pairs... (a 10-byte varint has at most 70 payload bits)
+_STOP_BITS = tuple(_repeated(0x80, 8, n) for n in range(11))
+_LOW_7 = _repeated(0x7F, 8, 16)
+_LANES_16 = _repeated(0x7F, 16, 8)
+_LANES_32 = _repeated(0x3FFF, 32, 4)
+_LANES_64 = _repeated(0xFFFFFFF, 64, 2)
+_LANE_128 = (1 << 56) - 1
 
 
 def _schema_or_watermark(message: dict[str, Any]) -> Watermark | Bootstrap | DDL:

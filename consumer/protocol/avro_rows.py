@@ -1,23 +1,14 @@
 """Columnar decoding of TiCDC Avro rows, straight into the SDK's typed Arrow columns.
 
-A batch's datums of one writer schema are framed as one in-memory Avro object container file (the header
-names the schema, one block holds the datums back to back, which is all a block is), and polars-avro's
-native reader turns the block into Arrow columns; vectorized casts then give each column its SDK type.
-That is ~10x faster than fastavro's generic reader (benchmarks/decode.py), which stays as the checker:
-
-- polars-avro's reader loops forever on bytes left in a block after its rows, so only its first batch of
-  exactly the block's row count is taken; and a datum longer or shorter than its schema would shift every
-  later row, so each datum is followed by an 8-byte sentinel (random per process) that the reader schema
-  reads back as a `fixed` field: a row whose sentinel differs is misaligned.
-- Any failure there (or a panic of the native code) makes fastavro read the datums one by one, strictly
-  (no byte may be left over), which names the bad row, or builds the columns when all are valid.
+A batch's datums of one writer schema are read columnar through `avro_container` (~10x faster than fastavro's
+generic reader, benchmarks/decode.py); vectorized casts then give each column its SDK type. Where the
+container cannot settle the datums, fastavro reads them one by one, strictly (no byte may be left over),
+which names the bad row, or builds the columns when all are valid.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumer.errors import MalformedMessageError, ValueDecodeError
+from consumer.protocol.avro_container import DatumContainer, private_field
 from consumer.protocol.confluent_avro import (
     BEFORE_FIELD,
     COMMIT_TS,
@@ -43,10 +35,7 @@ from consumer.protocol.rows import ImageKind
 from consumer.protocol.self_described import enum_labels, set_labels
 from consumer.protocol.types import ColumnType, ValuePolicy, in_python_range
 
-_SYNC = b"ticdc-consumer.."  # 16 bytes: the container's sync marker
-_SENTINEL = os.urandom(8)
-_SENTINEL_FIELD = "ticdc_consumer_row_end_" + _SENTINEL.hex()
-_FRAME_FIELD = "ticdc_consumer_frame_" + _SENTINEL.hex()  # a datum's Confluent frame, read and dropped
+_FRAME_FIELD = private_field("frame")  # a datum's Confluent frame, read and dropped
 _WIDEST_NATIVE_DECIMAL = 38  # polars panics on wider decimals: those are read as bytes and converted here
 _OPS = {DMLType.INSERT: "c", DMLType.UPDATE: "u", DMLType.DELETE: "d"}
 _NEW_IMAGE = {
@@ -59,47 +48,21 @@ _JSON_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 _CONVERSION_ERRORS = (pa.ArrowException, ValueError, TypeError, OverflowError, KeyError, ArithmeticError)
 
 
-def zigzag(number: int) -> bytes:
-    encoded = (number << 1) ^ (number >> 63)
-    out = bytearray()
-    while encoded >= 0x80:
-        out.append((encoded & 0x7F) | 0x80)
-        encoded >>= 7
-    out.append(encoded)
-    return bytes(out)
-
-
 class _Reader:
     """Datums of one writer schema -> Arrow columns (see the module docstring)."""
 
     def __init__(self, writer: Any) -> None:
         self.reader_json = _readable(writer)
-        sentinel = {"name": _SENTINEL_FIELD, "type": {"type": "fixed", "name": "RowEnd", "size": 8}}
         frame = {"name": _FRAME_FIELD, "type": {"type": "fixed", "name": _FRAME_FIELD, "size": 5}}
-        framed = {**self.reader_json, "fields": [frame, *self.reader_json["fields"], sentinel]}
-        text = _json_bytes(framed)
-        meta = zigzag(2) + _avro_string(b"avro.schema") + _avro_string(text)
-        self.header = (
-            b"Obj\x01" + meta + _avro_string(b"avro.codec") + _avro_string(b"null") + b"\x00" + _SYNC
-        )
+        self.container = DatumContainer({**self.reader_json, "fields": [frame, *self.reader_json["fields"]]})
         self.parsed = fastavro.parse_schema(self.reader_json)
 
     def read(self, payloads: Sequence[bytes]) -> pa.RecordBatch:
         """Columns of the datums (after their 5-byte frames, which must all be the same: the native reader
         reads them as a field). Errors carry `.row` = index in payloads."""
-        count = len(payloads)
-        body = _SENTINEL.join(payloads) + _SENTINEL
-        container = b"".join((self.header, zigzag(count), zigzag(len(body)), body, _SYNC))
-        try:
-            batch = _native_block(container, count)
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                raise
-            batch = None
-        if batch is not None and batch.num_rows == count:
-            ends = batch.column(batch.num_columns - 1)
-            if pc.all(pc.equal(ends.cast(pa.binary()), pa.scalar(_SENTINEL, pa.binary()))).as_py():
-                return _plain(batch.drop_columns([_FRAME_FIELD, _SENTINEL_FIELD]))
+        batch = self.container.read(payloads)
+        if batch is not None:
+            return _plain(batch.drop_columns([_FRAME_FIELD]))
         return self._read_each(payloads)
 
     def _read_each(self, payloads: Sequence[bytes]) -> pa.RecordBatch:
@@ -129,25 +92,6 @@ class _Reader:
             except _CONVERSION_ERRORS as exc:
                 raise ValueDecodeError(f"invalid Avro datum: {exc}", column="<row>", row=index) from exc
         raise ValueDecodeError(f"invalid Avro datums: {first}", column="<row>") from first
-
-
-def _native_block(container: bytes, count: int) -> pa.RecordBatch:
-    # polars-avro's public readers iterate until the source is exhausted (and hang on a short block): its
-    # native source gives one batch of exactly `count` rows
-    from polars_avro._avro_rs import AvroSource
-
-    source = AvroSource([lambda: contextlib.nullcontext(io.BytesIO(container))], False, False)
-    return pa.record_batch(next(iter(source.batch_iter(count, None))))
-
-
-def _avro_string(data: bytes) -> bytes:
-    return zigzag(len(data)) + data
-
-
-def _json_bytes(schema: Any) -> bytes:
-    import json
-
-    return json.dumps(schema, separators=(",", ":")).encode()
 
 
 def _readable(schema: Any) -> Any:

@@ -27,7 +27,7 @@ from consumer.errors import (
     ValueDecodeError,
     ValueTooLargeError,
 )
-from consumer.protocol import avro_codec
+from consumer.protocol import avro_codec, simple_avro_rows
 from consumer.protocol.containment import contained
 from consumer.protocol.model import DML, Checksum, DMLType, RawDML, TableSchema
 from consumer.protocol.types import ColumnType, DecodeStats, ValuePolicy, column_type
@@ -178,17 +178,17 @@ class TableCodec:
         return chunks
 
     def _decode_chunk(self, raws: Sequence[RawDML]) -> RowImages:
-        datas, olds, _, longest = self._wire_images(raws)
+        datas, olds, _, longest, columnar = self._wire_images(raws)
         avro = bool(raws) and raws[0].encoding == "avro"
         return RowImages(
-            data=self._image(datas, avro, longest),
-            old=self._image(olds, avro, longest),
+            data=self._image(datas, avro, longest, columnar),
+            old=self._image(olds, avro, longest, columnar),
             has_data=[d is not None or r.type in _HAS_DATA for d, r in zip(datas, raws, strict=True)],
             has_old=[o is not None or r.type in _HAS_OLD for o, r in zip(olds, raws, strict=True)],
         )
 
     def _changes_chunk(self, raws: Sequence[RawDML]) -> ChangeImages:
-        datas, olds, checksums, longest = self._wire_images(raws)
+        datas, olds, checksums, longest, columnar = self._wire_images(raws)
         images: list[Any] = []
         source: list[int] = []
         kinds: list[int] = []
@@ -206,32 +206,40 @@ class TableCodec:
                 source.append(row)
                 kinds.append(ImageKind.DELETE)
         try:
-            rows = self._image(images, bool(raws) and raws[0].encoding == "avro", longest)
+            rows = self._image(images, bool(raws) and raws[0].encoding == "avro", longest, columnar)
         except ValueDecodeError as exc:
             if exc.row is not None:
                 exc.row = source[exc.row]
             raise
         return ChangeImages(rows, source, kinds, checksums)
 
-    def _wire_images(self, raws: Sequence[RawDML]) -> tuple[list[Any], list[Any], list[Checksum | None], int]:
-        """The chunk's `data` and `old` wire images, its checksums, and its longest payload (no value is
-        longer)."""
+    def _wire_images(
+        self, raws: Sequence[RawDML]
+    ) -> tuple[list[Any], list[Any], list[Checksum | None], int, simple_avro_rows.AvroChunk | None]:
+        """The chunk's `data` and `old` wire images, its checksums, its longest payload (no value is
+        longer), and, where Avro rows were read columnar, their columns (the images are then indexes into
+        them)."""
         payloads = list(map(_PAYLOAD, raws))
         longest = max(map(len, payloads), default=0)
         if raws and raws[0].encoding == "json":
             try:  # the fast path decodes the whole chunk at once; the per-row loop only names a bad row
                 bodies = list(map(self._batch_body.decode, payloads))
                 checksums = [b.checksum for b in bodies]
-                return [b.data for b in bodies], [b.old for b in bodies], checksums, longest
+                return [b.data for b in bodies], [b.old for b in bodies], checksums, longest, None
             except (*_INVALID_JSON, AttributeError, RecursionError):
                 pass
         if len(set(map(_ENCODING, raws))) > 1:  # an Avro payload fails the JSON path: settled here
             raise _MixedEncodings
+        if raws and raws[0].encoding == "avro":
+            columnar = simple_avro_rows.read(self.columns, raws)
+            if columnar is not None:
+                return columnar.datas, columnar.olds, columnar.checksums, longest, columnar
         bodies = [self._wire_body(raw, row, self._batch_body) for row, raw in enumerate(raws)]
         if raws and raws[0].encoding == "avro":
             checksums = [_avro_checksum(b["checksum"]) for b in bodies]
-            return [b["data"] for b in bodies], [b["old"] for b in bodies], checksums, longest
-        return [b.data for b in bodies], [b.old for b in bodies], [b.checksum for b in bodies], longest
+            return [b["data"] for b in bodies], [b["old"] for b in bodies], checksums, longest, None
+        checksums = [b.checksum for b in bodies]
+        return [b.data for b in bodies], [b.old for b in bodies], checksums, longest, None
 
     def _wire_body(self, raw: RawDML, row: int, decoder: msgspec.json.Decoder) -> Any:
         if raw.encoding == "avro":
@@ -247,20 +255,30 @@ class TableCodec:
             message = "message nests deeper than Python's recursion limit"
             raise DocumentTooDeepError(message, column="<row>", row=row) from exc
 
-    def _image(self, images: list[Any], avro: bool, longest: int) -> pa.RecordBatch:
-        """One image of each row as a typed record batch; `longest`: the longest payload they came from."""
+    def _image(
+        self,
+        images: list[Any],
+        avro: bool,
+        longest: int,
+        columnar: simple_avro_rows.AvroChunk | None = None,
+    ) -> pa.RecordBatch:
+        """One image of each row as a typed record batch; `longest`: the longest payload they came from;
+        `columnar`: the Avro chunk the images index into, where it was read columnar."""
         if not self.columns:
             return pa.RecordBatch.from_pylist([{}] * len(images), schema=self._image_schema)
         if images.count(None) == len(images):  # e.g. the `old` image of a batch of INSERTs
             return pa.RecordBatch.from_arrays(
                 [pa.nulls(len(images), c.arrow_type) for c in self.columns], schema=self._image_schema
             )
-        wire_columns = (
-            self._json_columns(images) if self._fields and not avro else self._mapped_columns(images)
-        )
-        arrays = []
-        for column, values in zip(self.columns, wire_columns, strict=True):
-            arrays.append(column.from_avro(values) if avro else column.from_json(values))
+        if columnar is not None:
+            arrays = columnar.typed(images)
+        else:
+            wire_columns = (
+                self._json_columns(images) if self._fields and not avro else self._mapped_columns(images)
+            )
+            arrays = []
+            for column, values in zip(self.columns, wire_columns, strict=True):
+                arrays.append(column.from_avro(values) if avro else column.from_json(values))
         if longest > self.policy.limits.max_value_bytes:
             _check_value_sizes(self.columns, arrays, self.policy.limits.max_value_bytes)
         return pa.RecordBatch.from_arrays(arrays, schema=self._image_schema)

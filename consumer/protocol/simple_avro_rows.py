@@ -1,0 +1,222 @@
+"""Columnar decoding of Simple-protocol Avro DML rows (`encoding = avro`), straight into Arrow.
+
+A chunk's DML datums are read columnar through `avro_container` (the 3 prefix bytes of each value read as a
+`fixed` field): `data` and `old` become map arrays of the value union. Each column's values are gathered
+from the union's branch they all come from, and converted by the column's own vectorized conversion.
+
+This path only settles what it can prove equal to the per-datum path (`rows.TableCodec._wire_body`,
+fastavro): `read` returns None for anything else (the native reader's failure or panic, a misaligned datum,
+a map naming a column twice), and the chunk is decoded datum by datum. A column whose values do not convert
+on the fast path is converted from the Python values fastavro would have given, by `ColumnType.from_avro`
+itself, which applies the policy or names the row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from consumer.protocol import avro_codec
+from consumer.protocol.avro_container import DatumContainer, private_field
+from consumer.protocol.model import Checksum, RawDML
+from consumer.protocol.types import (
+    _CONVERSION_ERRORS,
+    BinaryColumn,
+    ColumnType,
+    DateColumn,
+    DateTimeColumn,
+    DecimalColumn,
+    EnumColumn,
+    FloatColumn,
+    IntegerColumn,
+    TextColumn,
+    TimeColumn,
+    TimestampColumn,
+    YearColumn,
+    _zone_name,
+    in_python_range,
+)
+
+_PREFIX_FIELD = private_field("prefix")  # Message branch, MessageType.DML, DML branch
+_TEXT_FAMILIES = (DecimalColumn, DateColumn, DateTimeColumn, TimeColumn)  # string wire, `_from_text`
+
+
+def _reader_schema() -> dict[str, Any]:
+    """The DML record with its named types inlined, after a field for the prefix."""
+    schema = avro_codec.writer_schema_json()
+    named = {t["name"]: t for t in schema}
+
+    def inline(node: Any, seen: set[str]) -> Any:
+        if isinstance(node, str):
+            if node in named and node not in seen:
+                seen.add(node)
+                return inline(named[node], seen)
+            return node
+        if isinstance(node, list):
+            return [inline(branch, seen) for branch in node]
+        out = dict(node)
+        if "fields" in node:
+            out["fields"] = [{**f, "type": inline(f["type"], seen)} for f in node["fields"]]
+        for key in ("values", "items"):
+            if key in node:
+                out[key] = inline(node[key], seen)
+        return out
+
+    dml = inline(named["DML"], set())
+    prefix = {"name": _PREFIX_FIELD, "type": {"type": "fixed", "name": "Prefix", "size": 3}}
+    return {**dml, "fields": [prefix, *dml["fields"]]}
+
+
+_CONTAINER = DatumContainer(_reader_schema())
+
+
+class AvroChunk:
+    """A chunk's `data` and `old` maps, read columnar. An image is named by an int: `row` for the `data`
+    map of DML `row`, `rows + row` for its `old` map (None: no map)."""
+
+    def __init__(self, columns: Sequence[ColumnType], batch: pa.RecordBatch) -> None:
+        self.columns = columns
+        rows = batch.num_rows
+        data, old = batch.column("data"), batch.column("old")
+        self.datas: list[int | None] = [None if null else row for row, null in enumerate(_nulls(data))]
+        self.olds: list[int | None] = [None if null else rows + r for r, null in enumerate(_nulls(old))]
+        self.checksums = _checksums(batch.column("checksum"))
+        self.union = pa.concat_arrays([data.items, old.items])
+        union_type = self.union.type
+        self.branch_of_code = np.full(128, -1, np.int64)
+        for index, code in enumerate(union_type.type_codes):
+            self.branch_of_code[code] = index
+        self.branch_names = [union_type.field(i).name for i in range(union_type.num_fields)]
+        self.codes = np.asarray(self.union.type_codes)
+        self.offsets = np.asarray(self.union.offsets)
+        # table[image, column]: the entry (index into the union) holding that column's value, -1 if none;
+        # its last row (image None) holds none
+        names = {column.name: index for index, column in enumerate(columns)}
+        keys = pa.concat_arrays([data.keys, old.keys]).dictionary_encode()
+        column_of_key = np.array([names.get(k, -1) for k in keys.dictionary.to_pylist()] + [-1], np.int64)
+        column_of_entry = column_of_key[np.asarray(keys.indices)]
+        map_of_entry = np.concatenate(
+            (
+                np.repeat(np.arange(rows), np.diff(np.asarray(data.offsets))),
+                np.repeat(np.arange(rows, 2 * rows), np.diff(np.asarray(old.offsets))),
+            )
+        )
+        known = np.nonzero(column_of_entry >= 0)[0]
+        self.table = np.full((2 * rows + 1, len(columns)), -1, np.int64)
+        self.table[map_of_entry[known], column_of_entry[known]] = known
+        self.unique = int(np.count_nonzero(self.table >= 0)) == len(known)  # no map names a column twice
+
+    def typed(self, images: Sequence[int | None]) -> list[pa.Array]:
+        """Each column of these images as its typed Arrow array (errors name the index in `images`)."""
+        last = len(self.table) - 1
+        picked = np.fromiter((last if i is None else i for i in images), np.int64, len(images))
+        entries = self.table[picked]
+        return [self._typed(column, entries[:, index]) for index, column in enumerate(self.columns)]
+
+    def _typed(self, column: ColumnType, entries: np.ndarray) -> pa.Array:
+        present = entries >= 0
+        branches = np.where(present, self.branch_of_code[self.codes[entries]], -1)
+        found = [int(b) for b in np.unique(branches) if b >= 0 and self.branch_names[b] != "null"]
+        if len(found) == 1:
+            (branch,) = found
+            mask = branches != branch
+            values = self.union.field(branch).take(pa.array(self.offsets[entries], pa.int32(), mask=mask))
+            try:
+                fast = _fast(column, self.branch_names[branch], values)
+            except _CONVERSION_ERRORS:
+                fast = None
+            if fast is not None:
+                return fast
+            return column.from_avro(values.to_pylist())
+        python: list[Any] = [None] * len(entries)
+        for branch in found:  # only hostile input mixes branches in a column: fastavro's values, exactly
+            where = np.nonzero(branches == branch)[0]
+            values = self.union.field(branch).take(pa.array(self.offsets[entries[where]], pa.int32()))
+            for position, value in zip(where.tolist(), values.to_pylist(), strict=True):
+                python[position] = value
+        return column.from_avro(python)
+
+
+def read(columns: Sequence[ColumnType], raws: Sequence[RawDML]) -> AvroChunk | None:
+    """The chunk read columnar, or None where only the per-datum path can settle it."""
+    if not raws or not columns:
+        return None
+    batch = _CONTAINER.read([raw.payload for raw in raws])
+    if batch is None:
+        return None
+    prefixes = batch.column(_PREFIX_FIELD).cast(pa.binary())
+    if not pc.all(pc.equal(prefixes, pa.scalar(avro_codec.DML_PREFIX, pa.binary()))).as_py():
+        return None
+    try:
+        chunk = AvroChunk(columns, batch)
+    except (pa.ArrowException, ValueError, TypeError, KeyError, IndexError):
+        return None
+    return chunk if chunk.unique else None
+
+
+def _nulls(array: pa.Array) -> list[bool]:
+    if array.null_count == 0:
+        return [False] * len(array)
+    return list(array.is_null().to_pylist())
+
+
+def _checksums(array: pa.Array) -> list[Checksum | None]:
+    if array.null_count == len(array):
+        return [None] * len(array)
+    return [None if record is None else Checksum(**record) for record in array.to_pylist()]
+
+
+def _fast(column: ColumnType, branch: str, values: pa.Array) -> pa.Array | None:
+    """`column.from_avro(values.to_pylist())` where a vectorized conversion gives the same; None elsewhere.
+    Raises on a value that does not convert (the caller then takes `from_avro`'s path)."""
+    kind = type(column)
+    if branch == "long":
+        if kind is IntegerColumn:
+            assert isinstance(column, IntegerColumn)
+            if column.data_type.unsigned and column._bits == 64:
+                return None
+            return column._checked(pc.cast(values, column._exact_type()))
+        if kind is YearColumn:
+            return pc.cast(values, pa.int32())
+        if kind is EnumColumn:
+            assert isinstance(column, EnumColumn)
+            return column._from_index(values)
+        return None
+    if branch == "string":
+        if kind is TextColumn:
+            return values.cast(pa.string())
+        if kind in _TEXT_FAMILIES:
+            return column._from_text(values.cast(pa.string()))
+        return None
+    if branch in ("float", "double"):
+        if kind is FloatColumn and (branch == "float" or pa.types.is_float64(column.arrow_type)):
+            return values.cast(column.arrow_type)
+        return None
+    if branch == "bytes":
+        return values.cast(pa.binary()) if kind is BinaryColumn else None
+    if branch.endswith(".UnsignedBigint") and kind is IntegerColumn:
+        assert isinstance(column, IntegerColumn)
+        if not (column.data_type.unsigned and column._bits == 64):
+            return None
+        (signed,) = values.flatten()
+        return column._checked(signed.view(pa.uint64()))
+    if branch.endswith(".Timestamp") and kind is TimestampColumn:
+        return _timestamps(column, values)
+    return None
+
+
+def _timestamps(column: ColumnType, values: pa.Array) -> pa.Array | None:
+    """`TimestampColumn._utc` for one zone (the usual case); None for several."""
+    locations, texts = values.flatten()
+    zones = pc.unique(locations.drop_null()).to_pylist()
+    naive = pc.cast(texts.cast(pa.string()), pa.timestamp("us"))
+    if set(zones) <= {"UTC"}:
+        return in_python_range(naive.cast(column.arrow_type))
+    if len(zones) != 1:
+        return None
+    local = pc.assume_timezone(naive, _zone_name(zones[0]), ambiguous="earliest", nonexistent="earliest")
+    return in_python_range(local.cast(column.arrow_type))

@@ -1,0 +1,189 @@
+"""Simple-protocol Avro's fast paths give exactly what the general paths give, which stay as their fallbacks:
+rows read columnar (`simple_avro_rows`) the same change images and row images as the per-datum fastavro path,
+or the same error naming the same row and column; a DML header whose routing bytes were seen before the same
+`RawDML` (or error) as one read field by field. For valid DMLs of every column type and bytes mangled from
+them."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from consumer.errors import ConsumerError, MalformedMessageError, ValueDecodeError
+from consumer.protocol import avro_codec, simple_avro_rows
+from consumer.protocol.avro_codec import _HeaderReader
+from consumer.protocol.checks import MessageChecks
+from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.model import RawDML
+from consumer.protocol.rows import TableCodec
+from consumer.protocol.types import ValuePolicy
+from consumer.testing.strategies import TSO, dml_messages, table_schemas
+
+PROPERTY = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def _outcome(decode: Any, *args: Any) -> Any:
+    try:
+        result = decode(*args)
+    except ConsumerError as exc:
+        row = exc.row if isinstance(exc, ValueDecodeError) else None
+        column = exc.column if isinstance(exc, ValueDecodeError) else None
+        return type(exc), re.sub(" at 0x[0-9a-f]+", "", str(exc)), row, column  # fastavro names its stream
+    if hasattr(result, "rows"):
+        return result.rows, result.source, result.kinds, result.checksums
+    return result.data, result.old, result.has_data, result.has_old
+
+
+def _both(codec: TableCodec, method: str, raws: list[RawDML], monkeypatch: pytest.MonkeyPatch) -> Any:
+    fast = _outcome(getattr(codec, method), raws)
+    with monkeypatch.context() as patched:
+        patched.setattr(simple_avro_rows, "read", lambda columns, raws: None)
+        slow = _outcome(getattr(codec, method), raws)
+    return fast, slow
+
+
+def _equal(fast: Any, slow: Any) -> bool:
+    if len(fast) == 4 and hasattr(fast[0], "equals") and hasattr(slow[0], "equals"):
+        return bool(fast[0].equals(slow[0]) and fast[1:] == slow[1:])
+    return bool(fast == slow)
+
+
+@st.composite
+def _mangled(draw: st.DrawFn, payload: bytes) -> bytes:
+    """The payload, or bytes made from it: flipped, cut short, lengthened, a value's union branch changed."""
+    how = draw(st.sampled_from(["same", "same", "flip", "cut", "append", "splice"]))
+    if how == "same" or len(payload) < 4:
+        return payload
+    at = draw(st.integers(3, len(payload) - 1))
+    if how == "flip":
+        return payload[:at] + bytes([draw(st.integers(0, 255))]) + payload[at + 1 :]
+    if how == "cut":
+        return payload[:at]
+    if how == "append":
+        return payload + draw(st.binary(min_size=1, max_size=4))
+    return payload[:at] + draw(st.binary(max_size=6)) + payload[at:]
+
+
+@PROPERTY
+@given(data=st.data())
+def test_columnar_rows_decode_as_the_per_datum_path(data: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    schema = data.draw(table_schemas(max_columns=6))
+    tz = data.draw(st.sampled_from(["UTC", "Asia/Shanghai", "America/New_York"]))
+    policy = ValuePolicy(timestamp_location=tz)
+    encoder = MessageEncoder("avro", policy=policy, variant=data.draw(st.sampled_from(["ticdc", "tiflow"])))
+    messages = data.draw(st.lists(dml_messages(schema), min_size=1, max_size=6))
+    mangle = data.draw(st.booleans())
+    raws = []
+    for message in messages:
+        payload = encoder.encode(message, schema)
+        if mangle:
+            payload = data.draw(_mangled(payload))
+        with contextlib.suppress(MalformedMessageError):  # dead-lettered before any table codec sees it
+            header = avro_codec.decode(payload)
+            if isinstance(header, RawDML):
+                raws.append(header)
+    if not raws:
+        return
+    codec = TableCodec(schema, policy)
+    for method in ("decode_changes", "decode_batch"):
+        fast, slow = _both(codec, method, raws, monkeypatch)
+        assert _equal(fast, slow), (method, fast, slow)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_valid_rows_are_read_columnar(data: Any) -> None:
+    """The fast path is taken (not only fallen back from) for valid rows."""
+    schema = data.draw(table_schemas(max_columns=6))
+    message = data.draw(dml_messages(schema))
+    raw = avro_codec.decode(MessageEncoder("avro").encode(message, schema))
+    assert isinstance(raw, RawDML)
+    assert simple_avro_rows.read(TableCodec(schema).columns, [raw, raw]) is not None
+
+
+def _varint_each(buffer: bytes) -> Any:
+    """The byte-by-byte reading the packed one replaced."""
+    result = shift = position = 0
+    while True:
+        if position >= len(buffer) or shift > 63:
+            return "truncated or corrupt Avro DML header"
+        byte = buffer[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            if result >> 64:
+                return "Avro long beyond 64 bits in the DML header"
+            return (result >> 1) ^ -(result & 1), position
+
+
+@settings(max_examples=500)
+@given(
+    st.binary(max_size=13) | st.lists(st.sampled_from([0x80, 0xFF, 0x7F, 0x01, 0x00]), max_size=12).map(bytes)
+)
+def test_header_varint_packed_is_the_byte_by_byte_reading(buffer: bytes) -> None:
+    reader = _HeaderReader(buffer, 0)
+    try:
+        got: Any = (reader.long(), reader.position)
+    except MalformedMessageError as exc:
+        got = exc.reason
+    assert got == _varint_each(buffer)
+
+
+def _header(payload: bytes) -> Any:
+    try:
+        return avro_codec.decode(payload)
+    except ConsumerError as exc:
+        return type(exc), str(exc)
+
+
+@st.composite
+def _key_only(draw: st.DrawFn, message: Any) -> Any:
+    """The message, or its key-only form (claim-check location and/or handle-key-only flag)."""
+    how = draw(st.sampled_from(["full", "full", "claim-check", "handle-key-only"]))
+    if how == "claim-check":
+        return msgspec.structs.replace(message, claim_check_location=draw(st.text(max_size=20)))
+    if how == "handle-key-only":
+        return msgspec.structs.replace(message, handle_key_only=True)
+    return message
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_a_header_of_known_routing_bytes_reads_as_the_full_header(data: Any) -> None:
+    schema = data.draw(table_schemas(max_columns=3))
+    encoder = MessageEncoder("avro")
+    first = data.draw(dml_messages(schema))
+    message = data.draw(_key_only(msgspec.structs.replace(first, commit_ts=data.draw(TSO))))
+    payload = data.draw(_mangled(encoder.encode(message, schema)))
+    avro_codec._ROUTES.clear()
+    known = avro_codec.decode(encoder.encode(first, schema))  # its routing bytes are known from here on
+    assert isinstance(known, RawDML)
+    fast = _header(payload)
+    avro_codec._ROUTES.clear()
+    assert fast == _header(payload)
+
+
+@settings(max_examples=3, deadline=None)
+@given(data=st.data())
+def test_known_routing_bytes_are_recognised_and_bounded(data: Any) -> None:
+    schema = data.draw(table_schemas(max_columns=2))
+    message = data.draw(dml_messages(schema))
+    encoder = MessageEncoder("avro")
+    avro_codec._ROUTES.clear()
+    avro_codec.decode(encoder.encode(message, schema))
+    later = msgspec.structs.replace(message, commit_ts=message.commit_ts // 2 + 1)
+    assert avro_codec._known_header(encoder.encode(later, schema), MessageChecks()) == avro_codec.decode(
+        encoder.encode(later, schema)
+    )
+    for table in range(avro_codec._MAX_ROUTES + 10):  # a stream of ever new tables: the memory stays bounded
+        avro_codec.decode(encoder.encode(msgspec.structs.replace(message, table=f"t{table}"), schema))
+    assert 0 < sum(map(len, avro_codec._ROUTES.values())) <= avro_codec._MAX_ROUTES
