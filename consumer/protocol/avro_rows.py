@@ -33,7 +33,7 @@ from consumer.protocol.model import DMLType, RawDML, TableSchema
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import ImageKind
 from consumer.protocol.self_described import enum_labels, set_labels
-from consumer.protocol.types import ColumnType, ValuePolicy, in_python_range
+from consumer.protocol.types import CONVERSION_ERRORS, ColumnType, ValuePolicy, in_python_range
 
 _FRAME_FIELD = private_field("frame")  # a datum's Confluent frame, read and dropped
 _WIDEST_NATIVE_DECIMAL = 38  # polars panics on wider decimals: those are read as bytes and converted here
@@ -45,7 +45,6 @@ _NEW_IMAGE = {
 }
 _U64 = pa.scalar(1 << 64, pa.decimal128(21, 0))
 _JSON_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
-_CONVERSION_ERRORS = (pa.ArrowException, ValueError, TypeError, OverflowError, KeyError, ArithmeticError)
 
 
 class _Reader:
@@ -84,12 +83,12 @@ class _Reader:
         schema = _arrow_schema(self.reader_json)
         try:
             return pa.RecordBatch.from_pylist(rows, schema=schema)
-        except _CONVERSION_ERRORS as exc:
+        except CONVERSION_ERRORS as exc:
             first: BaseException = exc
         for index, row in enumerate(rows):  # fastavro does not check an int's range: name the row
             try:
                 pa.RecordBatch.from_pylist([row], schema=schema)
-            except _CONVERSION_ERRORS as exc:
+            except CONVERSION_ERRORS as exc:
                 raise ValueDecodeError(f"invalid Avro datum: {exc}", column="<row>", row=index) from exc
         raise ValueDecodeError(f"invalid Avro datums: {first}", column="<row>") from first
 
@@ -167,7 +166,7 @@ def typed_column(column: ColumnType, wire: AvroColumn, values: pa.Array, policy:
         return _converter(column, wire)(values, policy)
     except ValueDecodeError:
         raise
-    except _CONVERSION_ERRORS as exc:
+    except CONVERSION_ERRORS as exc:
         first = exc
     for row in range(len(values)):  # name the first value that does not convert
         try:
@@ -175,7 +174,7 @@ def typed_column(column: ColumnType, wire: AvroColumn, values: pa.Array, policy:
         except ValueDecodeError as exc:
             exc.row = row
             raise
-        except _CONVERSION_ERRORS as exc:
+        except CONVERSION_ERRORS as exc:
             shown = repr(values[row].as_py())[:80]
             raise ValueDecodeError(
                 f"value {shown} is not a valid {wire.data_type.mysql_type}: {exc}",

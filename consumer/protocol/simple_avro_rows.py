@@ -24,25 +24,11 @@ from consumer.protocol import avro_codec
 from consumer.protocol.avro_container import DatumContainer, private_field
 from consumer.protocol.model import Checksum, RawDML
 from consumer.protocol.types import (
-    _CONVERSION_ERRORS,
-    BinaryColumn,
+    CONVERSION_ERRORS,
     ColumnType,
-    DateColumn,
-    DateTimeColumn,
-    DecimalColumn,
-    EnumColumn,
-    FloatColumn,
-    IntegerColumn,
-    TextColumn,
-    TimeColumn,
-    TimestampColumn,
-    YearColumn,
-    _zone_name,
-    in_python_range,
 )
 
 _PREFIX_FIELD = private_field("prefix")  # Message branch, MessageType.DML, DML branch
-_TEXT_FAMILIES = (DecimalColumn, DateColumn, DateTimeColumn, TimeColumn)  # string wire, `_from_text`
 
 
 def _reader_schema() -> dict[str, Any]:
@@ -126,8 +112,8 @@ class AvroChunk:
             mask = branches != branch
             values = self.union.field(branch).take(pa.array(self.offsets[entries], pa.int32(), mask=mask))
             try:
-                fast = _fast(column, self.branch_names[branch], values)
-            except _CONVERSION_ERRORS:
+                fast = column.from_avro_branch(self.branch_names[branch], values)
+            except CONVERSION_ERRORS:
                 fast = None
             if fast is not None:
                 return fast
@@ -168,55 +154,3 @@ def _checksums(array: pa.Array) -> list[Checksum | None]:
     if array.null_count == len(array):
         return [None] * len(array)
     return [None if record is None else Checksum(**record) for record in array.to_pylist()]
-
-
-def _fast(column: ColumnType, branch: str, values: pa.Array) -> pa.Array | None:
-    """`column.from_avro(values.to_pylist())` where a vectorized conversion gives the same; None elsewhere.
-    Raises on a value that does not convert (the caller then takes `from_avro`'s path)."""
-    kind = type(column)
-    if branch == "long":
-        if kind is IntegerColumn:
-            assert isinstance(column, IntegerColumn)
-            if column.data_type.unsigned and column._bits == 64:
-                return None
-            return column._checked(pc.cast(values, column._exact_type()))
-        if kind is YearColumn:
-            return pc.cast(values, pa.int32())
-        if kind is EnumColumn:
-            assert isinstance(column, EnumColumn)
-            return column._from_index(values)
-        return None
-    if branch == "string":
-        if kind is TextColumn:
-            return values.cast(pa.string())
-        if kind in _TEXT_FAMILIES:
-            return column._from_text(values.cast(pa.string()))
-        return None
-    if branch in ("float", "double"):
-        if kind is FloatColumn and (branch == "float" or pa.types.is_float64(column.arrow_type)):
-            return values.cast(column.arrow_type)
-        return None
-    if branch == "bytes":
-        return values.cast(pa.binary()) if kind is BinaryColumn else None
-    if branch.endswith(".UnsignedBigint") and kind is IntegerColumn:
-        assert isinstance(column, IntegerColumn)
-        if not (column.data_type.unsigned and column._bits == 64):
-            return None
-        (signed,) = values.flatten()
-        return column._checked(signed.view(pa.uint64()))
-    if branch.endswith(".Timestamp") and kind is TimestampColumn:
-        return _timestamps(column, values)
-    return None
-
-
-def _timestamps(column: ColumnType, values: pa.Array) -> pa.Array | None:
-    """`TimestampColumn._utc` for one zone (the usual case); None for several."""
-    locations, texts = values.flatten()
-    zones = pc.unique(locations.drop_null()).to_pylist()
-    naive = pc.cast(texts.cast(pa.string()), pa.timestamp("us"))
-    if set(zones) <= {"UTC"}:
-        return in_python_range(naive.cast(column.arrow_type))
-    if len(zones) != 1:
-        return None
-    local = pc.assume_timezone(naive, _zone_name(zones[0]), ambiguous="earliest", nonexistent="earliest")
-    return in_python_range(local.cast(column.arrow_type))
