@@ -19,7 +19,7 @@ from consumer.errors import (
 )
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.compression import compress
-from consumer.protocol.model import Column, DataType, DMLType, RawDML, TableSchema, Watermark
+from consumer.protocol.model import DML, Column, DataType, DMLType, RawDML, TableSchema, Watermark
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
 
@@ -133,6 +133,35 @@ def test_wrong_avro_branch_for_a_column_names_it() -> None:
     with pytest.raises(ValueDecodeError) as caught:
         _typed(wrong)
     assert caught.value.column == "id"
+
+
+def test_a_cut_avro_row_gives_the_same_reason_each_time() -> None:
+    """fastavro's error on a cut double names its stream object; a reason must not carry that address."""
+    schema = TableSchema(
+        "d", "t", 1, 7, (Column("id", DataType("int", length=11)), Column("x", DataType("double")))
+    )
+    full = MessageEncoder("avro").encode(
+        DML(
+            type=DMLType.INSERT,
+            database="d",
+            table="t",
+            table_id=1,
+            commit_ts=5,
+            build_ts=1,
+            schema_version=7,
+            data={"id": 3, "x": 0.5},
+        ),
+        schema,
+    )
+    raw = MessageDecoder().decode(full[: full.index(b"\x02x") + 6])  # inside the double's 8 bytes
+    assert isinstance(raw, RawDML)
+    reasons = set()
+    for _ in range(2):
+        with pytest.raises(ValueDecodeError) as caught:
+            TableCodec(schema).decode(raw)
+        reasons.add(str(caught.value))
+    (reason,) = reasons
+    assert reason == "column '<row>': invalid Avro datum: EOFError: cannot read double from the datum"
 
 
 def test_zero_date_is_null_and_counted_by_default_or_raises_on_request() -> None:

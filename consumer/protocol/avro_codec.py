@@ -16,6 +16,7 @@ import fastavro
 import msgspec
 
 from consumer.errors import MalformedMessageError
+from consumer.protocol.avro_container import datum_error
 from consumer.protocol.checks import MessageChecks
 from consumer.protocol.limits import MAX_TSO
 from consumer.protocol.model import (
@@ -104,7 +105,7 @@ def _read_exactly(stream: io.BytesIO, schema: Any, size: int) -> Any:
     try:
         datum = fastavro.schemaless_reader(stream, schema, None)
     except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError... for corrupt input
-        raise MalformedMessageError(f"invalid Avro datum: {type(exc).__name__}: {exc}") from exc
+        raise MalformedMessageError(datum_error(exc)) from exc
     if stream.tell() != size:
         raise MalformedMessageError(f"{size - stream.tell()} bytes of garbage after the Avro datum")
     return datum

@@ -21,6 +21,7 @@ import contextlib
 import io
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,15 @@ def zigzag(number: int) -> bytes:
         encoded >>= 7
     out.append(encoded)
     return bytes(out)
+
+
+def datum_error(exc: Exception) -> str:
+    """A reason for fastavro's error on a bad datum, without the address of its stream it names: the same
+    bytes must give the same reason."""
+    return "invalid Avro datum: " + _STREAM.sub("the datum", f"{type(exc).__name__}: {exc}")
+
+
+_STREAM = re.compile(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 
 
 def private_field(name: str) -> str:

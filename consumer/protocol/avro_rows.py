@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumer.errors import MalformedMessageError, ValueDecodeError
-from consumer.protocol.avro_container import DatumContainer, private_field
+from consumer.protocol.avro_container import DatumContainer, datum_error, private_field
 from consumer.protocol.confluent_avro import (
     BEFORE_FIELD,
     COMMIT_TS,
@@ -72,9 +72,7 @@ class _Reader:
             try:
                 rows.append(fastavro.schemaless_reader(stream, self.parsed, None))
             except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError... on corrupt input
-                raise ValueDecodeError(
-                    f"invalid Avro datum: {type(exc).__name__}: {exc}", column="<row>", row=index
-                ) from exc
+                raise ValueDecodeError(datum_error(exc), column="<row>", row=index) from exc
             if stream.tell() != len(payload):
                 left = len(payload) - stream.tell()
                 raise ValueDecodeError(
