@@ -7,6 +7,7 @@ them."""
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
@@ -19,7 +20,7 @@ from consumer.protocol import avro_codec, simple_avro_rows
 from consumer.protocol.avro_codec import _HeaderReader
 from consumer.protocol.checks import MessageChecks
 from consumer.protocol.codec import MessageEncoder
-from consumer.protocol.model import RawDML
+from consumer.protocol.model import DML, Column, DataType, DMLType, RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.testing.strategies import TSO, dml_messages, table_schemas
@@ -164,11 +165,11 @@ def test_a_header_of_known_routing_bytes_reads_as_the_full_header(data: Any) -> 
     first = data.draw(dml_messages(schema))
     message = data.draw(_key_only(msgspec.structs.replace(first, commit_ts=data.draw(TSO))))
     payload = data.draw(_mangled(encoder.encode(message, schema)))
-    avro_codec._ROUTES.clear()
+    avro_codec._ROUTES = avro_codec._Routes()
     known = avro_codec.decode(encoder.encode(first, schema))  # its routing bytes are known from here on
     assert isinstance(known, RawDML)
     fast = _header(payload)
-    avro_codec._ROUTES.clear()
+    avro_codec._ROUTES = avro_codec._Routes()
     assert fast == _header(payload)
 
 
@@ -178,12 +179,44 @@ def test_known_routing_bytes_are_recognised_and_bounded(data: Any) -> None:
     schema = data.draw(table_schemas(max_columns=2))
     message = data.draw(dml_messages(schema))
     encoder = MessageEncoder("avro")
-    avro_codec._ROUTES.clear()
+    avro_codec._ROUTES = avro_codec._Routes()
     avro_codec.decode(encoder.encode(message, schema))
     later = msgspec.structs.replace(message, commit_ts=message.commit_ts // 2 + 1)
     assert avro_codec._known_header(encoder.encode(later, schema), MessageChecks()) == avro_codec.decode(
         encoder.encode(later, schema)
     )
-    for table in range(avro_codec._MAX_ROUTES + 10):  # a stream of ever new tables: the memory stays bounded
+    for table in range(
+        avro_codec._MAX_REMEMBERED + 10
+    ):  # a stream of ever new tables: the memory stays bounded
         avro_codec.decode(encoder.encode(msgspec.structs.replace(message, table=f"t{table}"), schema))
-    assert 0 < sum(map(len, avro_codec._ROUTES.values())) <= avro_codec._MAX_ROUTES
+    assert 0 < len(avro_codec._ROUTES) <= avro_codec._MAX_REMEMBERED
+
+
+def test_routing_bytes_of_many_lengths_read_right_from_many_threads() -> None:
+    """Claim-check threads decode at once: tables whose names give ever new prefix lengths (past the bound
+    on lengths) and known ones, decoded from 4 threads, each as the full header read says."""
+    encoder = MessageEncoder("avro")
+    schema = TableSchema("d", "t", 1, 7, (Column("id", DataType("int", length=11)),))
+    payloads = [
+        encoder.encode(
+            DML(
+                type=DMLType.INSERT,
+                database="d",
+                table="t" * (1 + n % 40),
+                table_id=1,
+                commit_ts=5 + n,
+                build_ts=1,
+                schema_version=7,
+                data={"id": n},
+            ),
+            schema,
+        )
+        for n in range(400)
+    ]
+    avro_codec._ROUTES = avro_codec._Routes()
+    expected = [avro_codec.decode(p) for p in payloads]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            avro_codec._ROUTES = avro_codec._Routes()
+            assert list(pool.map(avro_codec.decode, payloads)) == expected
+    assert len(avro_codec._ROUTES._lengths) <= avro_codec._MAX_LENGTHS

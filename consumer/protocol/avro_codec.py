@@ -129,9 +129,7 @@ def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML | KeyOnlyDML:
     route = _Route(_DML_TYPES[kind], database, table, table_id)
     prefix = payload[: reader.position]
     raw = _raw_dml(payload, route, long(), long(), long(), checks)
-    _ROUTES.setdefault(len(prefix), {})[prefix] = route
-    if sum(map(len, _ROUTES.values())) > _MAX_ROUTES:  # hostile variety: start again rather than grow
-        _ROUTES.clear()
+    _ROUTES.add(prefix, route)
     position = reader.position
     if payload[position : position + 2] == b"\x00\x00":  # neither claimCheckLocation nor handleKeyOnly
         return raw
@@ -147,11 +145,46 @@ class _Route(NamedTuple):
     table_id: int
 
 
-# A table's DMLs repeat their first header bytes (up to the payload's version, database, table, tableID and
-# type): those bytes, once read, are recognised instead of read again. By length, then bytes.
-_ROUTES: dict[int, dict[bytes, _Route]] = {}
-_MAX_ROUTES = 4096
-# What follows them in a full DML: commitTs, buildTs, schemaVersion, and two null unions (no claim check)
+class _Routes:
+    """A table's DMLs repeat their first header bytes (up to the payload's version, database, table, tableID
+    and type): those bytes, once read, are recognised instead of read again.
+
+    Bounded against a hostile variety of prefixes (then it starts again), and safe for the claim-check
+    threads that decode at once: a lookup iterates a tuple of lengths that is replaced, never changed.
+    """
+
+    def __init__(self) -> None:
+        self._by_bytes: dict[bytes, _Route] = {}
+        self._lengths: tuple[int, ...] = ()
+
+    def find(self, payload: bytes) -> tuple[int, _Route] | None:
+        """The known routing bytes `payload` starts with: their length, and what they say."""
+        by_bytes = self._by_bytes
+        for length in self._lengths:
+            route = by_bytes.get(payload[:length])
+            if route is not None:
+                return length, route
+        return None
+
+    def add(self, prefix: bytes, route: _Route) -> None:
+        lengths = self._lengths
+        if len(self._by_bytes) >= _MAX_REMEMBERED or (
+            len(prefix) not in lengths and len(lengths) >= _MAX_LENGTHS
+        ):
+            self._by_bytes, lengths = {}, ()
+        self._by_bytes[prefix] = route
+        if len(prefix) not in lengths:
+            self._lengths = (*lengths, len(prefix))
+
+    def __len__(self) -> int:
+        return len(self._by_bytes)
+
+
+_MAX_REMEMBERED = 4096
+_MAX_LENGTHS = 32  # each costs a lookup when a header is not known
+_ROUTES = _Routes()
+# What follows the routing bytes in a full DML: commitTs, buildTs, schemaVersion, and two null unions (no
+# claim check)
 _TIMES = re.compile(
     rb"([\x80-\xff]{0,9}[\x00-\x7f])([\x80-\xff]{0,9}[\x00-\x7f])([\x80-\xff]{0,9}[\x00-\x7f])\x00\x00"
 )
@@ -159,15 +192,15 @@ _TIMES = re.compile(
 
 def _known_header(payload: bytes, checks: MessageChecks) -> RawDML | None:
     """The header of a full DML whose routing bytes were read before, or None (then read it in full)."""
-    for length, routes in _ROUTES.items():
-        route = routes.get(payload[:length])
-        if route is not None:
-            times = _TIMES.match(payload, length)
-            if times is None:
-                return None
-            commit_ts, build_ts, schema_version = map(_varint, times.groups())
-            return _raw_dml(payload, route, commit_ts, build_ts, schema_version, checks)
-    return None
+    known = _ROUTES.find(payload)
+    if known is None:
+        return None
+    length, route = known
+    times = _TIMES.match(payload, length)
+    if times is None:
+        return None
+    commit_ts, build_ts, schema_version = map(_varint, times.groups())
+    return _raw_dml(payload, route, commit_ts, build_ts, schema_version, checks)
 
 
 def _raw_dml(
@@ -244,7 +277,7 @@ def _varint(group: bytes) -> int:
     value = _LONGS.get(group)
     if value is None:
         value = _varint_value(int.from_bytes(group, "little"))
-        if len(_LONGS) >= _MAX_ROUTES:
+        if len(_LONGS) >= _MAX_REMEMBERED:
             _LONGS.clear()
         _LONGS[group] = value
     return value
