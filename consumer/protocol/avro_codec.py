@@ -260,7 +260,6 @@ class _HeaderReader:
     def string(self) -> str:
         size = self.long()
         end = self.position + size
-
         if size < 0 or end > len(self.buffer):
             raise MalformedMessageError("truncated Avro DML header string")
         try:
