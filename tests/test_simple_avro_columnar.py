@@ -220,3 +220,59 @@ def test_routing_bytes_of_many_lengths_read_right_from_many_threads() -> None:
             avro_codec._ROUTES = avro_codec._Routes()
             assert list(pool.map(avro_codec.decode, payloads)) == expected
     assert len(avro_codec._ROUTES._lengths) <= avro_codec._MAX_LENGTHS
+
+
+def test_a_chunk_whose_maps_hold_no_value_reads_as_nulls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every column absent from every image (a union with no entry at all): NULLs, as fastavro's gives."""
+    schema = TableSchema("d", "t", 1, 7, (Column("id", DataType("int", length=11)),))
+    encoder = MessageEncoder("avro")
+    raws = [
+        avro_codec.decode(
+            encoder.encode(
+                DML(
+                    type=kind,
+                    database="d",
+                    table="t",
+                    table_id=1,
+                    commit_ts=5,
+                    build_ts=1,
+                    schema_version=7,
+                    data=None if kind is DMLType.DELETE else {},
+                    old=None if kind is DMLType.INSERT else {},
+                ),
+                schema,
+            )
+        )
+        for kind in DMLType
+    ]
+    codec = TableCodec(schema)
+    for method in ("decode_changes", "decode_batch"):
+        fast, slow = _both(codec, method, raws, monkeypatch)
+        assert _equal(fast, slow), (method, fast, slow)
+    assert codec.decode_batch(raws).data.column("id").to_pylist() == [None, None, None]
+
+
+def test_long_routing_bytes_are_read_each_time_and_any_bytes_like_value_decodes() -> None:
+    """A 600-character table name is not remembered (a hostile stream of long names cannot fill memory);
+    a bytearray value decodes as its bytes do."""
+    schema = TableSchema("d", "t", 1, 7, (Column("id", DataType("int", length=11)),))  # DMLs carry no schema
+    message = DML(
+        type=DMLType.INSERT,
+        database="d",
+        table="t" * 600,
+        table_id=1,
+        commit_ts=5,
+        build_ts=1,
+        schema_version=7,
+        data={"id": 1},
+    )
+    payload = MessageEncoder("avro").encode(message, schema)
+    avro_codec._ROUTES = avro_codec._Routes()
+    first = avro_codec.decode(payload)
+    assert isinstance(first, RawDML) and first.table == "t" * 600
+    assert len(avro_codec._ROUTES) == 0
+    assert avro_codec.decode(bytearray(payload)) == first
+    short = MessageEncoder("avro").encode(msgspec.structs.replace(message, table="t"), schema)
+    assert (
+        avro_codec.decode(bytearray(short)) == avro_codec.decode(bytearray(short)) == avro_codec.decode(short)
+    )

@@ -80,7 +80,7 @@ def decode(payload: bytes, checks: MessageChecks = _DEFAULT_CHECKS) -> DecodedMe
         first = f"0x{payload[0]:02x}" if payload else "nothing"
         raise MalformedMessageError(f"not a Simple Avro message: starts with {first}, expected 0x16")
     if payload[1] == _DML_KIND:
-        return _dml_header(payload, checks)
+        return _dml_header(bytes(payload) if type(payload) is not bytes else payload, checks)  # hashable
     return checks.message(_schema_or_watermark(read_datum(payload)))
 
 
@@ -129,7 +129,8 @@ def _dml_header(payload: bytes, checks: MessageChecks) -> RawDML | KeyOnlyDML:
     route = _Route(_DML_TYPES[kind], database, table, table_id)
     prefix = payload[: reader.position]
     raw = _raw_dml(payload, route, long(), long(), long(), checks)
-    _ROUTES.add(prefix, route)
+    if len(prefix) <= _MAX_PREFIX:  # longer names take this path each time: the memory stays small
+        _ROUTES.add(prefix, route)
     position = reader.position
     if payload[position : position + 2] == b"\x00\x00":  # neither claimCheckLocation nor handleKeyOnly
         return raw
@@ -181,6 +182,7 @@ class _Routes:
 
 
 _MAX_REMEMBERED = 4096
+_MAX_PREFIX = 512
 _MAX_LENGTHS = 32  # each costs a lookup when a header is not known
 _ROUTES = _Routes()
 # What follows the routing bytes in a full DML: commitTs, buildTs, schemaVersion, and two null unions (no

@@ -105,7 +105,8 @@ class AvroChunk:
 
     def _typed(self, column: ColumnType, entries: np.ndarray) -> pa.Array:
         present = entries >= 0
-        branches = np.where(present, self.branch_of_code[self.codes[entries]], -1)
+        branches = np.full(len(entries), -1, np.int64)  # -1: no value (the union may hold none at all)
+        branches[present] = self.branch_of_code[self.codes[entries[present]]]
         found = [int(b) for b in np.unique(branches) if b >= 0 and self.branch_names[b] != "null"]
         if len(found) == 1:
             (branch,) = found
