@@ -276,3 +276,30 @@ def test_long_routing_bytes_are_read_each_time_and_any_bytes_like_value_decodes(
     assert (
         avro_codec.decode(bytearray(short)) == avro_codec.decode(bytearray(short)) == avro_codec.decode(short)
     )
+
+
+def test_a_sliced_chunk_is_refused_rather_than_mapped_from_the_wrong_entries() -> None:
+    schema = TableSchema("d", "t", 1, 7, (Column("id", DataType("int", length=11)),))
+    encoder = MessageEncoder("avro")
+    payloads = [
+        encoder.encode(
+            DML(
+                type=DMLType.INSERT,
+                database="d",
+                table="t",
+                table_id=1,
+                commit_ts=5,
+                build_ts=1,
+                schema_version=7,
+                data={"id": n},
+            ),
+            schema,
+        )
+        for n in range(3)
+    ]
+    batch = simple_avro_rows._CONTAINER.read(payloads)
+    assert batch is not None
+    columns = TableCodec(schema).columns
+    assert simple_avro_rows.AvroChunk(columns, batch).typed([0, 1, 2])[0].to_pylist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="slice"):
+        simple_avro_rows.AvroChunk(columns, batch.slice(1))

@@ -68,6 +68,8 @@ class AvroChunk:
         self.columns = columns
         rows = batch.num_rows
         data, old = batch.column("data"), batch.column("old")
+        if not (_whole(data) and _whole(old)):  # the entries below are mapped to rows from offset 0
+            raise ValueError("map array is a slice of its entries")
         self.datas: list[int | None] = [None if null else row for row, null in enumerate(_nulls(data))]
         self.olds: list[int | None] = [None if null else rows + r for r, null in enumerate(_nulls(old))]
         self.checksums = _checksums(batch.column("checksum"))
@@ -143,6 +145,11 @@ def read(columns: Sequence[ColumnType], raws: Sequence[RawDML]) -> AvroChunk | N
     except (pa.ArrowException, ValueError, TypeError, KeyError, IndexError):
         return None
     return chunk if chunk.unique else None
+
+
+def _whole(maps: pa.MapArray) -> bool:
+    offsets = maps.offsets
+    return offsets[0].as_py() == 0 and offsets[-1].as_py() == len(maps.keys)
 
 
 def _nulls(array: pa.Array) -> list[bool]:
