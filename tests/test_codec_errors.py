@@ -115,9 +115,9 @@ def test_bad_values_name_the_column(data: dict, column: str, words: str) -> None
     assert words in str(caught.value)
 
 
-def test_wrong_avro_branch_for_a_column_names_it() -> None:
-    good = MessageEncoder("avro").encode(
-        __import__("consumer.protocol.model", fromlist=["DML"]).DML(
+def _avro_insert(data: dict, schema: TableSchema = SCHEMA) -> bytes:
+    return MessageEncoder("avro").encode(
+        DML(
             type=DMLType.INSERT,
             database="d",
             table="t",
@@ -125,10 +125,14 @@ def test_wrong_avro_branch_for_a_column_names_it() -> None:
             commit_ts=5,
             build_ts=1,
             schema_version=7,
-            data={"id": 3},
+            data=data,
         ),
-        SCHEMA,
+        schema,
     )
+
+
+def test_wrong_avro_branch_for_a_column_names_it() -> None:
+    good = _avro_insert({"id": 3})
     wrong = good.replace(b"\x04id\x02\x06", b"\x04id\x08\x02x")  # long 3 -> string "x"
     with pytest.raises(ValueDecodeError) as caught:
         _typed(wrong)
@@ -140,19 +144,7 @@ def test_a_cut_avro_row_gives_the_same_reason_each_time() -> None:
     schema = TableSchema(
         "d", "t", 1, 7, (Column("id", DataType("int", length=11)), Column("x", DataType("double")))
     )
-    full = MessageEncoder("avro").encode(
-        DML(
-            type=DMLType.INSERT,
-            database="d",
-            table="t",
-            table_id=1,
-            commit_ts=5,
-            build_ts=1,
-            schema_version=7,
-            data={"id": 3, "x": 0.5},
-        ),
-        schema,
-    )
+    full = _avro_insert({"id": 3, "x": 0.5}, schema)
     raw = MessageDecoder().decode(full[: full.index(b"\x02x") + 6])  # inside the double's 8 bytes
     assert isinstance(raw, RawDML)
     reasons = set()

@@ -192,27 +192,28 @@ def test_known_routing_bytes_are_recognised_and_bounded(data: Any) -> None:
     assert 0 < len(avro_codec._ROUTES) <= avro_codec._MAX_REMEMBERED
 
 
+ONE_COLUMN = TableSchema("d", "t", 1, 7, (Column("id", DataType("int", length=11)),))
+
+
+def _one_column(n: int, **changes: Any) -> bytes:
+    """The Avro value of an INSERT of row `n` into `ONE_COLUMN`, with `changes` to the message."""
+    insert = DML(
+        type=DMLType.INSERT,
+        database="d",
+        table="t",
+        table_id=1,
+        commit_ts=5 + n,
+        build_ts=1,
+        schema_version=7,
+        data={"id": n},
+    )
+    return MessageEncoder("avro").encode(msgspec.structs.replace(insert, **changes), ONE_COLUMN)
+
+
 def test_routing_bytes_of_many_lengths_read_right_from_many_threads() -> None:
     """Claim-check threads decode at once: tables whose names give ever new prefix lengths (past the bound
     on lengths) and known ones, decoded from 4 threads, each as the full header read says."""
-    encoder = MessageEncoder("avro")
-    schema = TableSchema("d", "t", 1, 7, (Column("id", DataType("int", length=11)),))
-    payloads = [
-        encoder.encode(
-            DML(
-                type=DMLType.INSERT,
-                database="d",
-                table="t" * (1 + n % 40),
-                table_id=1,
-                commit_ts=5 + n,
-                build_ts=1,
-                schema_version=7,
-                data={"id": n},
-            ),
-            schema,
-        )
-        for n in range(400)
-    ]
+    payloads = [_one_column(n, table="t" * (1 + n % 40)) for n in range(400)]
     avro_codec._ROUTES = avro_codec._Routes()
     expected = [avro_codec.decode(p) for p in payloads]
     with ThreadPoolExecutor(4) as pool:
@@ -224,28 +225,18 @@ def test_routing_bytes_of_many_lengths_read_right_from_many_threads() -> None:
 
 def test_a_chunk_whose_maps_hold_no_value_reads_as_nulls(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every column absent from every image (a union with no entry at all): NULLs, as fastavro's gives."""
-    schema = TableSchema("d", "t", 1, 7, (Column("id", DataType("int", length=11)),))
-    encoder = MessageEncoder("avro")
     raws = [
         avro_codec.decode(
-            encoder.encode(
-                DML(
-                    type=kind,
-                    database="d",
-                    table="t",
-                    table_id=1,
-                    commit_ts=5,
-                    build_ts=1,
-                    schema_version=7,
-                    data=None if kind is DMLType.DELETE else {},
-                    old=None if kind is DMLType.INSERT else {},
-                ),
-                schema,
+            _one_column(
+                0,
+                type=kind,
+                data=None if kind is DMLType.DELETE else {},
+                old=None if kind is DMLType.INSERT else {},
             )
         )
         for kind in DMLType
     ]
-    codec = TableCodec(schema)
+    codec = TableCodec(ONE_COLUMN)
     for method in ("decode_changes", "decode_batch"):
         fast, slow = _both(codec, method, raws, monkeypatch)
         assert _equal(fast, slow), (method, fast, slow)
@@ -253,53 +244,24 @@ def test_a_chunk_whose_maps_hold_no_value_reads_as_nulls(monkeypatch: pytest.Mon
 
 
 def test_long_routing_bytes_are_read_each_time_and_any_bytes_like_value_decodes() -> None:
-    """A 600-character table name is not remembered (a hostile stream of long names cannot fill memory);
-    a bytearray value decodes as its bytes do."""
-    schema = TableSchema("d", "t", 1, 7, (Column("id", DataType("int", length=11)),))  # DMLs carry no schema
-    message = DML(
-        type=DMLType.INSERT,
-        database="d",
-        table="t" * 600,
-        table_id=1,
-        commit_ts=5,
-        build_ts=1,
-        schema_version=7,
-        data={"id": 1},
-    )
-    payload = MessageEncoder("avro").encode(message, schema)
+    """A 600-character table name (DMLs carry no schema to refuse it) is not remembered: a hostile stream
+    of long names cannot fill memory. A bytearray value decodes as its bytes do."""
+    payload = _one_column(1, table="t" * 600)
     avro_codec._ROUTES = avro_codec._Routes()
     first = avro_codec.decode(payload)
     assert isinstance(first, RawDML) and first.table == "t" * 600
     assert len(avro_codec._ROUTES) == 0
     assert avro_codec.decode(bytearray(payload)) == first
-    short = MessageEncoder("avro").encode(msgspec.structs.replace(message, table="t"), schema)
+    short = _one_column(1)
     assert (
         avro_codec.decode(bytearray(short)) == avro_codec.decode(bytearray(short)) == avro_codec.decode(short)
     )
 
 
 def test_a_sliced_chunk_is_refused_rather_than_mapped_from_the_wrong_entries() -> None:
-    schema = TableSchema("d", "t", 1, 7, (Column("id", DataType("int", length=11)),))
-    encoder = MessageEncoder("avro")
-    payloads = [
-        encoder.encode(
-            DML(
-                type=DMLType.INSERT,
-                database="d",
-                table="t",
-                table_id=1,
-                commit_ts=5,
-                build_ts=1,
-                schema_version=7,
-                data={"id": n},
-            ),
-            schema,
-        )
-        for n in range(3)
-    ]
-    batch = simple_avro_rows._CONTAINER.read(payloads)
+    batch = simple_avro_rows._CONTAINER.read([_one_column(n, commit_ts=5) for n in range(3)])
     assert batch is not None
-    columns = TableCodec(schema).columns
+    columns = TableCodec(ONE_COLUMN).columns
     assert simple_avro_rows.AvroChunk(columns, batch).typed([0, 1, 2])[0].to_pylist() == [0, 1, 2]
     with pytest.raises(ValueError, match="slice"):
         simple_avro_rows.AvroChunk(columns, batch.slice(1))
