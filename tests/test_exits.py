@@ -70,7 +70,12 @@ def _changelog_rows(root: Path) -> int:
 
 
 def _workload(partitions: int = 1) -> Workload:
-    return Workload(WorkloadConfig(rows=600, tables=2, partitions=partitions, seed=5, ddl=False))
+    """Rows dispatched by key, so every partition holds rows: a lake holding every row means each member
+    has read its partitions up to their last rows (table dispatch put both tables on one partition)."""
+    config = WorkloadConfig(
+        rows=600, tables=2, partitions=partitions, seed=5, ddl=False, dispatch="primary-key"
+    )
+    return Workload(config)
 
 
 def _images(partitions: int = 1) -> int:
