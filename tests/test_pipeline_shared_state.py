@@ -1,10 +1,12 @@
 """What a pipeline shares with other threads and with its process: totals the writer thread never touches,
-and the garbage collector left alone unless asked."""
+sinks that record progress on the writer's thread while the loop goes on, and the garbage collector left
+alone unless asked."""
 
 from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from consumer.sinks.dead_letter import DeadLetterFile
 from consumer.sources.files import FileSource
 from consumer.sources.record import TopicPartition
 from consumer.state.machine import ConsumerState
+from consumer.state.schema_cache import snapshot_schemas
 from consumer.stopping import StopRequest
 
 
@@ -27,11 +30,12 @@ class _GatedSink:
 
     def __init__(self) -> None:
         self.in_b, self.release, self.in_c = threading.Event(), threading.Event(), threading.Event()
+        self.stalled = False  # nobody released it: the loop was waiting for this write
 
     def write(self, changes: TableChanges, context: CommitContext) -> None:
         if changes.table == "b":
             self.in_b.set()
-            self.release.wait(30)
+            self.stalled = not self.release.wait(10)
         elif changes.table == "c":
             self.in_c.set()
 
@@ -89,6 +93,79 @@ def test_the_writer_thread_never_changes_the_totals_the_loop_is_reading(tmp_path
 class _Sink(_GatedSink):
     def write(self, changes: TableChanges, context: CommitContext) -> None:
         return None
+
+
+class _GatedRecorder(_Sink):
+    """Keeps progress; its first record waits until released. Notes each record's thread and the tables
+    whose schemas its records durably hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recording = threading.Event()
+        self.threads: set[str] = set()
+        self.durable: set[str] = set()
+
+    def record_progress(self, context: CommitContext) -> None:
+        self.threads.add(threading.current_thread().name)
+        if not self.recording.is_set():
+            self.recording.set()
+            self.stalled = not self.release.wait(10)
+        if context.schema_snapshot:
+            self.durable.update(schema.table for schema in snapshot_schemas(context.schema_snapshot))
+
+    def recorded_watermarks(self, group: str) -> dict[TopicPartition, int]:
+        return {}
+
+
+class _CheckedSource(FileSource):
+    """Notes each commit that moves past a BOOTSTRAP (offsets 0, 2, 4 teach tables a, b, c) whose schema no
+    durable record of the sink holds: a member resuming there would never learn it."""
+
+    def __init__(self, path: Path, sink: _GatedRecorder, listener: Pipeline) -> None:
+        super().__init__(path, listener=listener)
+        self.sink = sink
+        self.unsafe: list[int] = []
+
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        for offset in offsets.values():
+            taught = {"abc"[n // 2] for n in (0, 2, 4) if n < offset}
+            if not taught <= self.sink.durable:
+                self.unsafe.append(offset)
+        super().commit(offsets)
+
+
+TP = ("t", 0)
+
+
+def test_progress_is_recorded_behind_the_writers_backlog_and_kafka_waits_for_the_schemas_it_holds(
+    tmp_path: Path,
+) -> None:
+    """The writer's thread is held inside the first progress record, which holds the schemas of a, b and c.
+    The loop goes on cycling (it used to wait for the writer, to record progress) and commits nothing to
+    Kafka meanwhile: past offset 0 lies a BOOTSTRAP whose schema is not durable yet."""
+    sink, stop = _GatedRecorder(), StopRequest()
+    pipeline = _pipeline(tmp_path, sink, decode_workers=1)
+    source = _CheckedSource(one_row_per_table(tmp_path / "c.jsonl", "abc"), sink, pipeline)
+    held: list[int | None] = []
+
+    def cycle(_: Pipeline) -> None:
+        if sink.recording.is_set() and not sink.release.is_set():
+            held.append(source.committed([TP])[TP])
+            if len(held) == 3:
+                sink.release.set()
+        elif source.committed([TP])[TP] == 7:
+            stop.request("all committed")
+
+    try:
+        pipeline.run(source, until_idle=20, on_cycle=cycle, stop=stop)
+    finally:
+        pipeline.close()
+    assert not sink.stalled
+    assert held == [None, None, None]
+    assert source.unsafe == []
+    assert source.committed([TP]) == {TP: 7}
+    assert sink.threads == {"sink-writer_0"}
+    assert sink.durable == {"a", "b", "c"}
 
 
 def _collector_during_run(tmp_path: Path, **options: object) -> list[bool]:

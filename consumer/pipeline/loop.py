@@ -289,8 +289,8 @@ class Pipeline(RebalanceListener):
         )
 
     def _commit(self, *, final: bool = False) -> None:
-        offsets = self.state.committable()
         self._progress.record(force=final)
+        offsets = self.state.committable(self._progress.commit_ceiling())
         self._sink_metrics()
         if not offsets or self._source is None:
             return

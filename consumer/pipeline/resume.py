@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 from consumer.pipeline.writer import SinkWriter
 from consumer.sinks.base import CommitContext, ProgressRecorder, Sink
@@ -41,11 +43,23 @@ def later_starts(
     return starts
 
 
+@dataclass(frozen=True)
+class _Recording:
+    """A record of progress handed to the writer's thread: the schemas it holds (`SchemaCache.learned`)
+    and the resume offsets it records. `done` says whether it was recorded (not when the writer failed)."""
+
+    learned: int
+    offsets: dict[TopicPartition, int]
+    done: Future[bool]
+
+
 class RecordedProgress:
     """Reads the sinks' records of the group's progress into the state machine, and records it.
 
-    A sink is used by one thread at a time: before reading or recording, this waits until the writer's
-    thread holds no unit."""
+    A sink is used by one thread at a time: reads wait until the writer's thread is idle; records run on
+    that thread, behind the units handed to it, so the loop never waits for a backlog of writes (on an
+    object store with many DDLs, a minute). Kafka is committed past a record that taught a schema only once
+    a record holding that schema is durable (`commit_ceiling`)."""
 
     def __init__(
         self, *, group: str, state: ConsumerState, sinks: Sequence[Sink], writer: SinkWriter
@@ -59,7 +73,10 @@ class RecordedProgress:
         # all it resolved since the last assignment).
         self.applied_ts: int | None = None
         self._recorded_at = 0.0
-        self._recorded_schemas = -1  # `SchemaCache.learned` when the sinks last recorded the schemas
+        self._recorded_schemas = -1  # `SchemaCache.learned` when a record of the schemas was last made
+        self._durable_schemas = -1  # ... and when such a record is known durable
+        self._durable_offsets: dict[TopicPartition, int] = {}  # the resume offsets of that record
+        self._recording: _Recording | None = None  # on the writer's thread, not known durable yet
         self._schemas_refreshed = 0.0
 
     # -- reading back ----------------------------------------------------------------------------------
@@ -67,14 +84,14 @@ class RecordedProgress:
         """Schemas recorded with the sinks' commits: a restarted or rebalanced member need not wait for the
         next BOOTSTRAP, and rows written at a version no BOOTSTRAP will announce again still decode."""
         self._schemas_refreshed = time.monotonic()
-        self.writer.confirm_written(wait=True)
-        recorded = self.state.schemas.learned == self._recorded_schemas
+        self._settle()
+        recorded = self.state.schemas.learned == self._durable_schemas
         for sink in self.sinks:
             snapshot = sink.recorded_schema_snapshot()
             if snapshot:
                 self.state.learn_schemas(snapshot_schemas(snapshot))
-        if recorded or self._recorded_schemas < 0:  # what it knows now is what the sinks hold
-            self._recorded_schemas = self.state.schemas.learned
+        if recorded or self._durable_schemas < 0:  # what it knows now is what the sinks hold
+            self._recorded_schemas = self._durable_schemas = self.state.schemas.learned
 
     def refresh_schemas_if_due(self) -> None:
         """While rows wait for their schema, another member may have recorded it: look every
@@ -96,7 +113,7 @@ class RecordedProgress:
 
     def _resume_offsets(self) -> dict[TopicPartition, int]:
         """A partition can resume from a sink-recorded offset only if every sink recorded one (the min)."""
-        self.writer.confirm_written(wait=True)
+        self._settle()
         if not self.sinks:
             return {}
         per_sink = [sink.recorded_offsets(self.group) for sink in self.sinks]
@@ -116,15 +133,41 @@ class RecordedProgress:
         """Let the sinks that keep progress record where each owned partition can resume and up to which
         commit ts its changes are applied (`CommitContext.applied_ts`): a partition whose every record seen
         is applied is complete up to its own watermark, the others up to the last watermark whose units all
-        applied. Nothing is claimed while rows wait for their schema. Called before the Kafka commit, so the
-        schemas a resumed member needs are recorded before Kafka moves past the records that told them.
-        Without `force`, only every PROGRESS_SECONDS or when schemas changed."""
+        applied. Nothing is claimed while rows wait for their schema. Without `force`, only every
+        PROGRESS_SECONDS or when schemas changed, on the writer's thread, one record at a time; with it
+        (the run ends, partitions go), once every unit is applied, before this returns."""
         if not self._recorders or self.writer.failed:
             return
+        self._collect()
         learned = self.state.schemas.learned
         fresh = learned != self._recorded_schemas
         if not (force or fresh or time.monotonic() - self._recorded_at >= PROGRESS_SECONDS):
             return
+        if force:
+            self._settle()
+        elif self._recording is not None:
+            return  # the next cycle records what is new
+        context = self._context(fresh)
+        if context is None:
+            return
+        recording = self.writer.after_written(lambda: self._record(context))
+        self._recording = _Recording(learned, context.resume_offsets, recording)
+        self._recorded_at, self._recorded_schemas = time.monotonic(), learned
+        if force:
+            self._collect(wait=True)
+
+    def commit_ceiling(self) -> dict[TopicPartition, int] | None:
+        """How far Kafka may be committed: anywhere while the sinks durably hold every schema learned (None),
+        else up to the resume offsets of the last durable record: every record past them that taught a
+        schema is read after that record was made."""
+        if not self._recorders:
+            return None
+        self._collect()
+        if self._durable_schemas == self.state.schemas.learned:
+            return None
+        return self._durable_offsets
+
+    def _context(self, fresh: bool) -> CommitContext | None:
         resume: dict[TopicPartition, int] = {}
         applied: dict[TopicPartition, int] = {}
         held = self.state.stats().held_rows
@@ -136,15 +179,34 @@ class RecordedProgress:
             if applied_ts is not None and not held:
                 applied[tp] = applied_ts
         if not resume and not fresh:
-            return
-        self.writer.confirm_written(wait=True)
-        context = CommitContext(
+            return None
+        return CommitContext(
             group=self.group,
             resume_offsets=resume,
             resolved_ts=self.applied_ts or 0,
             schema_snapshot=self.state.schemas.snapshot() if fresh else b"",
             applied_ts=applied,
         )
+
+    def _record(self, context: CommitContext) -> bool:
+        """The writer thread's job: nothing is recorded after a unit that failed to apply."""
+        if self.writer.failed:
+            return False
         for sink in self._recorders:
             sink.record_progress(context)
-        self._recorded_at, self._recorded_schemas = time.monotonic(), learned
+        return True
+
+    def _collect(self, *, wait: bool = False) -> None:
+        """A record the writer's thread finished is durable; a sink's failure to record raises here, on the
+        loop's thread."""
+        recording = self._recording
+        if recording is None or not (wait or recording.done.done()):
+            return
+        self._recording = None
+        if recording.done.result():
+            self._durable_schemas, self._durable_offsets = recording.learned, recording.offsets
+
+    def _settle(self) -> None:
+        """The sinks are the loop's alone: every unit handed to the writer is applied, and any record."""
+        self.writer.confirm_written(wait=True)
+        self._collect(wait=True)

@@ -174,6 +174,15 @@ class SinkWriter:
             self.count(tally)
             self.state.confirm(unit)
 
+    def after_written(self, job: Callable[[], bool]) -> Future[bool]:
+        """Run `job` on the writer's thread once the units handed to it are applied, so the loop goes on
+        meanwhile and a sink is still used by one thread at a time; without that thread, run it now."""
+        if self._writer is not None:
+            return self._writer.submit(job)
+        done: Future[bool] = Future()
+        done.set_result(job())
+        return done
+
     def close(self) -> None:
         """Stop the decode workers and the writer thread."""
         if self._pool:

@@ -338,12 +338,15 @@ class ConsumerState:
             if partition is not None:
                 partition.offsets.apply(offsets)
 
-    def committable(self) -> dict[TopicPartition, int]:
+    def committable(self, ceiling: Mapping[TopicPartition, int] | None = None) -> dict[TopicPartition, int]:
         """Per owned partition, the offset to commit (the lowest record not durably applied), when it moved
-        since the previous call. Commits are cumulative, so a caller that misses one loses nothing."""
+        since the previous call. Commits are cumulative, so a caller that misses one loses nothing.
+        With a `ceiling`, only its partitions, and no further than it says."""
         result: dict[TopicPartition, int] = {}
         for tp, partition in self._partitions.items():
             offset = partition.offsets.committable()
+            if ceiling is not None and offset is not None:
+                offset = _below(offset, ceiling.get(tp), partition.reported)
             if offset is not None and offset != partition.reported:
                 result[tp] = partition.reported = offset
         return result
@@ -474,3 +477,12 @@ def _claim(unit: Unit) -> dict[TopicPartition, list[int]]:
     for location in unit.locations if isinstance(unit, DDLUnit) else (unit.location,):
         claim.setdefault((location.topic, location.partition), []).append(location.offset)
     return claim
+
+
+def _below(offset: int, limit: int | None, reported: int | None) -> int | None:
+    """`offset` held to `limit`, or None where that would not move past the offset last reported (a
+    ceiling never takes a commit back)."""
+    if limit is None:
+        return None
+    offset = min(offset, limit)
+    return offset if reported is None or offset > reported else None
