@@ -168,6 +168,20 @@ def test_progress_is_recorded_behind_the_writers_backlog_and_kafka_waits_for_the
     assert sink.durable == {"a", "b", "c"}
 
 
+def test_a_cycle_applies_for_its_time_then_polls_again(tmp_path: Path) -> None:
+    """One watermark resolves the rows of a, b and c; with no time to apply, each cycle applies one unit and
+    polls again (the group waits for a member that does not poll), and the run still applies them all."""
+    seen: list[int] = []
+    pipeline = _pipeline(tmp_path, _Sink(), apply_seconds=0.0)
+    try:
+        source = FileSource(one_row_per_table(tmp_path / "c.jsonl", "abc"), listener=pipeline)
+        pipeline.run(source, until_idle=0.5, on_cycle=lambda p: seen.append(p.stats.rows))
+    finally:
+        pipeline.close()
+    assert sorted(set(seen)) == [1, 2, 3]
+    assert pipeline.stats.rows == 3
+
+
 def _collector_during_run(tmp_path: Path, **options: object) -> list[bool]:
     enabled: list[bool] = []
     pipeline = _pipeline(tmp_path, _Sink(), **options)

@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 # reference cycles. With `pause_gc`, a full collection runs this often instead while running.
 GC_EVERY_SECONDS = 30.0
 JOIN_GRACE_SECONDS = 30.0  # an unassigned member waits this much longer before judging the topic idle
+# A cycle applies resolved units about this long, then polls again: a group rebalances only as fast as its
+# slowest member polls, and past `max.poll.interval.ms` a member is put out of the group (on an object
+# store, applying everything one watermark resolved took a minute)
+APPLY_SECONDS = 2.0
 
 
 class Pipeline(RebalanceListener):
@@ -78,8 +82,10 @@ class Pipeline(RebalanceListener):
         source_retry: SourceRetry | None = None,
         pause_gc: bool = False,
         row_decoder: RowDecoder = table_changes,
+        apply_seconds: float = APPLY_SECONDS,
     ) -> None:
         self.group = group
+        self.apply_seconds = apply_seconds
         self.source_retry = source_retry or SourceRetry()
         self.pause_gc = pause_gc
         self.state = state
@@ -265,7 +271,9 @@ class Pipeline(RebalanceListener):
         units = self.state.resolve()
         if units:
             self._writer.enqueue(units, self.state.stats().global_watermark or 0)
-        self._writer.write(self._context, drain=drain)
+        self._writer.write(
+            self._context, drain=drain, until=None if final else time.monotonic() + self.apply_seconds
+        )
         try:
             self._writer.confirm_written(wait=drain)
             if watermark is not None and self._writer.idle:

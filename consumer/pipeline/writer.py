@@ -9,6 +9,7 @@ the GIL). Without them, the loop's thread types and applies each unit itself.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -140,12 +141,17 @@ class SinkWriter:
         """Units resolved at global watermark `resolved_ts`; row batches start decoding in the pool."""
         self._queue.extend(self._queued(unit, resolved_ts) for unit in units)
 
-    def write(self, context_for: Callable[[int], CommitContext], *, drain: bool) -> None:
+    def write(
+        self, context_for: Callable[[int], CommitContext], *, drain: bool, until: float | None = None
+    ) -> None:
         """Apply queued units in order (handing them to the writer thread, if any); without `drain`, stop at
-        a batch still decoding, unless more than a cycle's records are waiting. `context_for(resolved_ts)`:
-        what the sinks record with the units resolved at that watermark."""
+        a batch still decoding, unless more than a cycle's records are waiting. Past `until` (a
+        `time.monotonic()` deadline), stop once no more than a cycle's records wait, after one unit at least.
+        `context_for(resolved_ts)`: what the sinks record with the units resolved at that watermark."""
         context: CommitContext | None = None
         while self._queue and (drain or self._queue[0].ready() or self._queued_rows > self.max_batch_records):
+            if until is not None and context is not None and self._over(until):
+                break
             queued = self._queue.popleft()
             self._queued_rows -= _rows(queued.unit)
             if context is None or context.resolved_ts != queued.resolved_ts:
@@ -156,6 +162,9 @@ class SinkWriter:
             else:
                 self.count(self._apply(queued, context))
                 self.state.confirm(queued.unit)
+
+    def _over(self, until: float) -> bool:
+        return self._queued_rows <= self.max_batch_records and time.monotonic() >= until
 
     def confirm_written(self, *, wait: bool) -> None:
         """Confirm, in order, the units the writer has applied, waiting while more than a cycle's records
