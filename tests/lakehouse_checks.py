@@ -18,6 +18,8 @@ SESSION_TIMEOUT_S = 3
 FAST_GROUP_ENV = {  # group joins of ~SESSION_TIMEOUT_S / 2 on the embedded broker; many small commits
     "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_S * 1000),
     "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
+    # also the rebalance timeout: how long the broker waits for members killed in a rebalance to rejoin
+    "TICDC_CONSUMER_KAFKA_MAX_POLL_INTERVAL_MS": "30000",
     "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "1000",
 }
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
@@ -179,6 +179,33 @@ def test_a_cycle_applies_for_its_time_then_polls_again(tmp_path: Path) -> None:
     finally:
         pipeline.close()
     assert sorted(set(seen)) == [1, 2, 3]
+    assert pipeline.stats.rows == 3
+
+
+class _PauseLog(FileSource):
+    def __init__(self, path: Path, listener: Pipeline) -> None:
+        super().__init__(path, listener=listener)
+        self.log: list[tuple[str, list[TopicPartition]]] = []
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        self.log.append(("pause", sorted(partitions)))
+        super().pause(partitions)
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        self.log.append(("resume", sorted(partitions)))
+        super().resume(partitions)
+
+
+def test_while_more_than_a_cycles_rows_wait_to_be_applied_intake_pauses(tmp_path: Path) -> None:
+    """A cycle's budget of one record: with the rows of b and c left to apply, the partition pauses (the
+    loop polls on, taking nothing) and resumes once they are applied."""
+    pipeline = _pipeline(tmp_path, _Sink(), apply_seconds=0.0, max_batch_records=1)
+    try:
+        source = _PauseLog(one_row_per_table(tmp_path / "c.jsonl", "abc"), pipeline)
+        pipeline.run(source, until_idle=0.5)
+    finally:
+        pipeline.close()
+    assert source.log == [("pause", [TP]), ("resume", [TP])]
     assert pipeline.stats.rows == 3
 
 

@@ -155,7 +155,7 @@ class Pipeline(RebalanceListener):
                 )
                 waited = time.monotonic() - polled
                 self.step(records)
-                self._idle = 0.0 if self._changed else self._idle + waited
+                self._idle = 0.0 if self._changed or not self._writer.idle else self._idle + waited
                 if on_cycle:
                     on_cycle(self)
                 if stop is not None and stop.requested:
@@ -206,7 +206,7 @@ class Pipeline(RebalanceListener):
         records wait so), so the workers decode while this loop fetches and orders the next records."""
         self.stats.records += len(records)
         self._changed = self._intake.take(self._intake.decode(records))
-        self._settle()
+        self._settle(until=time.monotonic() + self.apply_seconds)
 
     def step_decoded(self, records: Iterable[DecodedRecord]) -> bool:
         """One cycle over records decoded elsewhere (the Spark engine's executors), in each partition's
@@ -214,17 +214,17 @@ class Pipeline(RebalanceListener):
         batch = self._intake.decoded_elsewhere(records)
         self.stats.records += len(batch.records)
         self._changed = self._intake.take(batch)
-        self._settle()
+        self._settle(until=None)  # a micro-batch is applied whole
         return self._changed
 
     def attach(self, source: Source) -> None:
         """The source `step`/`step_decoded` commit to and take backpressure from (`run` attaches its own)."""
         self._source = source
 
-    def _settle(self) -> None:
-        """The end of a cycle: apply what resolved, commit, adjust backpressure."""
+    def _settle(self, *, until: float | None) -> None:
+        """The end of a cycle: apply what resolved (until about `until`), commit, adjust backpressure."""
         self._progress.refresh_schemas_if_due()
-        self._flush_and_commit(drain=not self._writer.concurrent)
+        self._flush_and_commit(drain=not self._writer.concurrent, until=until)
         self._backpressure()
         self._count_integrity_and_fetches()
 
@@ -256,7 +256,9 @@ class Pipeline(RebalanceListener):
         return self.source_retry.call("reading committed offsets", lambda: source.committed(partitions))
 
     # -- applying and committing -----------------------------------------------------------------------
-    def _flush_and_commit(self, *, drain: bool = True, final: bool = False) -> None:
+    def _flush_and_commit(
+        self, *, drain: bool = True, final: bool = False, until: float | None = None
+    ) -> None:
         """Apply resolved units in order, then commit what they made durable. Without `drain`, stop at a
         batch still decoding, unless more than a cycle's records are waiting. `final`: the last before the
         run ends or partitions go: the sinks record their progress whenever it is due or not."""
@@ -271,9 +273,7 @@ class Pipeline(RebalanceListener):
         units = self.state.resolve()
         if units:
             self._writer.enqueue(units, self.state.stats().global_watermark or 0)
-        self._writer.write(
-            self._context, drain=drain, until=None if final else time.monotonic() + self.apply_seconds
-        )
+        self._writer.write(self._context, drain=drain, until=until)
         try:
             self._writer.confirm_written(wait=drain)
             if watermark is not None and self._writer.idle:
@@ -315,9 +315,13 @@ class Pipeline(RebalanceListener):
         self.stats.commits += 1
 
     def _backpressure(self) -> None:
+        """Pause what the state machine asks to, and every partition while more than a cycle's rows wait
+        to be applied: the loop goes on polling (staying in the group) without taking more records."""
         if self._source is None:
             return
         wanted = self.state.paused()
+        if self._writer.backlogged:
+            wanted = wanted | self._source.assignment()
         if wanted - self._paused:
             self._source.pause(wanted - self._paused)
         if self._paused - wanted:

@@ -133,6 +133,11 @@ class SinkWriter:
         return self._write_error is not None
 
     @property
+    def backlogged(self) -> bool:
+        """More than a cycle's rows are resolved and not applied yet."""
+        return self._queued_rows + self._writing_rows > self.max_batch_records
+
+    @property
     def idle(self) -> bool:
         """Every unit queued so far is applied and confirmed."""
         return not self._queue and not self._writing
@@ -146,12 +151,12 @@ class SinkWriter:
     ) -> None:
         """Apply queued units in order (handing them to the writer thread, if any); without `drain`, stop at
         a batch still decoding, unless more than a cycle's records are waiting. Past `until` (a
-        `time.monotonic()` deadline), stop once no more than a cycle's records wait, after one unit at least.
+        `time.monotonic()` deadline), stop, after one unit at least.
         `context_for(resolved_ts)`: what the sinks record with the units resolved at that watermark."""
         context: CommitContext | None = None
         while self._queue and (drain or self._queue[0].ready() or self._queued_rows > self.max_batch_records):
-            if until is not None and context is not None and self._over(until):
-                break
+            if until is not None and context is not None and time.monotonic() >= until:
+                break  # the loop pauses intake while the rows left exceed a cycle's (`backlogged`)
             queued = self._queue.popleft()
             self._queued_rows -= _rows(queued.unit)
             if context is None or context.resolved_ts != queued.resolved_ts:
@@ -162,9 +167,6 @@ class SinkWriter:
             else:
                 self.count(self._apply(queued, context))
                 self.state.confirm(queued.unit)
-
-    def _over(self, until: float) -> bool:
-        return self._queued_rows <= self.max_batch_records and time.monotonic() >= until
 
     def confirm_written(self, *, wait: bool) -> None:
         """Confirm, in order, the units the writer has applied, waiting while more than a cycle's records
