@@ -10,6 +10,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 
 from consumer.batches.changes import table_changes
 from consumer.large_messages.resolver import LargeMessageResolver
@@ -37,9 +38,9 @@ log = logging.getLogger(__name__)
 # reference cycles. With `pause_gc`, a full collection runs this often instead while running.
 GC_EVERY_SECONDS = 30.0
 JOIN_GRACE_SECONDS = 30.0  # an unassigned member waits this much longer before judging the topic idle
-# A cycle applies resolved units about this long, then polls again: a group rebalances only as fast as its
-# slowest member polls, and past `max.poll.interval.ms` a member is put out of the group (on an object
-# store, applying everything one watermark resolved took a minute)
+# A loop applying units itself (no decode workers) applies them about this long a cycle, then polls again:
+# a group rebalances only as fast as its slowest member polls, and past `max.poll.interval.ms` a member is
+# put out of the group (on an object store, applying everything one watermark resolved took a minute)
 APPLY_SECONDS = 2.0
 
 
@@ -150,8 +151,10 @@ class Pipeline(RebalanceListener):
         try:
             while True:
                 polled = time.monotonic()
+                # with intake paused for a backlog, a poll only serves the group: no waiting for records
+                timeout = 0.0 if self._writer.backlogged else self.poll_timeout
                 records = self.source_retry.call(
-                    "poll", lambda: source.poll_batch(self.max_batch_records, self.poll_timeout)
+                    "poll", partial(source.poll_batch, self.max_batch_records, timeout)
                 )
                 waited = time.monotonic() - polled
                 self.step(records)
@@ -206,7 +209,7 @@ class Pipeline(RebalanceListener):
         records wait so), so the workers decode while this loop fetches and orders the next records."""
         self.stats.records += len(records)
         self._changed = self._intake.take(self._intake.decode(records))
-        self._settle(until=time.monotonic() + self.apply_seconds)
+        self._settle(until=None if self._writer.concurrent else time.monotonic() + self.apply_seconds)
 
     def step_decoded(self, records: Iterable[DecodedRecord]) -> bool:
         """One cycle over records decoded elsewhere (the Spark engine's executors), in each partition's

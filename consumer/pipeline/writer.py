@@ -134,8 +134,9 @@ class SinkWriter:
 
     @property
     def backlogged(self) -> bool:
-        """More than a cycle's rows are resolved and not applied yet."""
-        return self._queued_rows + self._writing_rows > self.max_batch_records
+        """Applying in the loop, more than a cycle's rows are resolved and not applied yet. (The writer's
+        thread bounds its own: the loop waits while it holds more, in `confirm_written`.)"""
+        return self._writer is None and self._queued_rows > self.max_batch_records
 
     @property
     def idle(self) -> bool:
