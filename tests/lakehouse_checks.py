@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -25,12 +25,13 @@ FAST_GROUP_ENV = {  # group joins of ~SESSION_TIMEOUT_S / 2 on the embedded brok
 
 
 def start_run(
-    servers: str, topic: str, group: str, sink: str, log: Path, processes: int
+    servers: str, topic: str, group: str, sink: str, log: Path, processes: int, options: Sequence[str] = ()
 ) -> subprocess.Popen[str]:
     """A `ticdc-consumer run` until idle, logging to `log`, in its own process group (a SIGKILL of the
     group takes its member processes too)."""
     command = [sys.executable, "-m", "consumer", "run", "--source", f"kafka://{servers}/{topic}"]
     command += ["--group", group, "--sink", sink, "--until-idle", "3", "--processes", str(processes)]
+    command += options
     with log.open("w") as out:
         return subprocess.Popen(
             command,
