@@ -57,6 +57,7 @@ class MessageDecoder:
         self.policy = policy or ValuePolicy()
         self.limits = self.policy.limits
         self._plain_json = encoding != "avro" and compression in ("auto", "none")  # `{` may start JSON
+        self._plain_avro = encoding != "json" and compression in ("auto", "none")  # 0x16 may start Avro
         self._checks = MessageChecks(self.limits, self.policy.unknown_types)
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
@@ -74,6 +75,10 @@ class MessageDecoder:
                     return json_codec.decode(value, self._checks)
                 except DecodeError as error:
                     return self._not_plain_json(value, error)
+            if self._plain_avro and value.__class__ is bytes and value.startswith(avro_codec.DML_PREFIX):
+                known = avro_codec.known_header(value, self._checks)  # what a plain reading would give
+                if known is not None:
+                    return known
             return self._decode(value)
         except ConsumerError:
             raise

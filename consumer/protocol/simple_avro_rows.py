@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from consumer.protocol import avro_codec
 from consumer.protocol.avro_container import DatumContainer, private_field
-from consumer.protocol.model import Checksum, RawDML
+from consumer.protocol.model import Checksum
 from consumer.protocol.types import (
     CONVERSION_ERRORS,
     ColumnType,
@@ -73,20 +73,20 @@ class AvroChunk:
         self.datas: list[int | None] = [None if null else row for row, null in enumerate(_nulls(data))]
         self.olds: list[int | None] = [None if null else rows + r for r, null in enumerate(_nulls(old))]
         self.checksums = _checksums(batch.column("checksum"))
-        self.union = pa.concat_arrays([data.items, old.items])
+        self.union = pa.concat_arrays([data.items, old.items]) if len(old.items) else data.items
         union_type = self.union.type
         self.branch_of_code = np.full(128, -1, np.int64)
         for index, code in enumerate(union_type.type_codes):
             self.branch_of_code[code] = index
         self.branch_names = [union_type.field(i).name for i in range(union_type.num_fields)]
+        self.null_branch = self.branch_names.index("null") if "null" in self.branch_names else -1
         self.codes = np.asarray(self.union.type_codes)
         self.offsets = np.asarray(self.union.offsets)
         # table[image, column]: the entry (index into the union) holding that column's value, -1 if none;
         # its last row (image None) holds none
-        names = {column.name: index for index, column in enumerate(columns)}
-        keys = pa.concat_arrays([data.keys, old.keys]).dictionary_encode()
-        column_of_key = np.array([names.get(k, -1) for k in keys.dictionary.to_pylist()] + [-1], np.int64)
-        column_of_entry = column_of_key[np.asarray(keys.indices)]
+        keys = pa.concat_arrays([data.keys, old.keys]) if len(old.keys) else data.keys
+        names = pa.array([column.name for column in columns], pa.string())
+        column_of_entry = np.asarray(pc.index_in(keys, value_set=names).fill_null(-1), np.int64)
         map_of_entry = np.concatenate(
             (
                 np.repeat(np.arange(rows), np.diff(np.asarray(data.offsets))),
@@ -109,7 +109,11 @@ class AvroChunk:
         present = entries >= 0
         branches = np.full(len(entries), -1, np.int64)  # -1: no value (the union may hold none at all)
         branches[present] = self.branch_of_code[self.codes[entries[present]]]
-        found = [int(b) for b in np.unique(branches) if b >= 0 and self.branch_names[b] != "null"]
+        valued = branches[(branches >= 0) & (branches != self.null_branch)]
+        if valued.size and valued.min() == valued.max():  # one branch: always, but for hostile input
+            found = [int(valued[0])]
+        else:
+            found = [int(b) for b in np.unique(valued)]
         if len(found) == 1:
             (branch,) = found
             mask = branches != branch
@@ -130,11 +134,11 @@ class AvroChunk:
         return column.from_avro(python)
 
 
-def read(columns: Sequence[ColumnType], raws: Sequence[RawDML]) -> AvroChunk | None:
-    """The chunk read columnar, or None where only the per-datum path can settle it."""
-    if not raws or not columns:
+def read(columns: Sequence[ColumnType], payloads: Sequence[bytes]) -> AvroChunk | None:
+    """The chunk of these DML payloads read columnar, or None where only the per-datum path can settle it."""
+    if not payloads or not columns:
         return None
-    batch = _CONTAINER.read([raw.payload for raw in raws])
+    batch = _CONTAINER.read(payloads)
     if batch is None:
         return None
     prefixes = batch.column(_PREFIX_FIELD).cast(pa.binary())
