@@ -209,22 +209,9 @@ def known_header(payload: bytes, checks: MessageChecks) -> RawDML | None:
     build_ts, schema_version = _LONGS.get(build_group), _LONGS.get(version_group)
     if build_ts is None or schema_version is None:  # remembered whole: a stream repeats them
         build_ts, schema_version = _varint(build_group), _varint(version_group)
-    if low & 1 or not 0 <= schema_version <= MAX_TSO:
+    if low & 1:  # a negative commitTs
         return None
-    commit_ts = high | low >> 1  # a positive zig-zag long: the varint's value halved
-    if not 0 < commit_ts <= checks.ceiling:
-        checks.commit_ts(commit_ts, "DML")
-    return RawDML(
-        type=route.type,
-        database=route.database,
-        table=route.table,
-        table_id=route.table_id,
-        commit_ts=commit_ts,
-        build_ts=build_ts,
-        schema_version=schema_version,
-        payload=payload,
-        encoding="avro",
-    )
+    return _raw_dml(payload, route, high | low >> 1, build_ts, schema_version, checks)  # the value halved
 
 
 def _remember_high_groups(group: bytes) -> int:

@@ -70,8 +70,8 @@ class AvroChunk:
         data, old = batch.column("data"), batch.column("old")
         if not (_whole(data) and _whole(old)):  # the entries below are mapped to rows from offset 0
             raise ValueError("map array is a slice of its entries")
-        self.datas: list[int | None] = [None if null else row for row, null in enumerate(_nulls(data))]
-        self.olds: list[int | None] = [None if null else rows + r for r, null in enumerate(_nulls(old))]
+        self.datas = _images(data, 0)
+        self.olds = _images(old, rows)
         self.checksums = _checksums(batch.column("checksum"))
         self.union = pa.concat_arrays([data.items, old.items]) if len(old.items) else data.items
         union_type = self.union.type
@@ -101,7 +101,10 @@ class AvroChunk:
     def typed(self, images: Sequence[int | None]) -> list[pa.Array]:
         """Each column of these images as its typed Arrow array (errors name the index in `images`)."""
         last = len(self.table) - 1
-        picked = np.fromiter((last if i is None else i for i in images), np.int64, len(images))
+        if None in images:
+            picked = np.fromiter((last if i is None else i for i in images), np.int64, len(images))
+        else:
+            picked = np.array(images, np.int64)
         entries = self.table[picked]
         return [self._typed(column, entries[:, index]) for index, column in enumerate(self.columns)]
 
@@ -156,10 +159,15 @@ def _whole(maps: pa.MapArray) -> bool:
     return offsets[0].as_py() == 0 and offsets[-1].as_py() == len(maps.keys)
 
 
-def _nulls(array: pa.Array) -> list[bool]:
-    if array.null_count == 0:
-        return [False] * len(array)
-    return list(array.is_null().to_pylist())
+def _images(maps: pa.MapArray, first: int) -> list[int | None]:
+    """The image number of each row's map (`first` + row), None where the row has none."""
+    if maps.null_count == len(maps):  # e.g. the `old` maps of INSERTs
+        return [None] * len(maps)
+    numbers: list[int | None] = list(range(first, first + len(maps)))
+    if maps.null_count:
+        for row in np.nonzero(np.asarray(maps.is_null()))[0].tolist():
+            numbers[row] = None
+    return numbers
 
 
 def _checksums(array: pa.Array) -> list[Checksum | None]:
