@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from consumer.sinks.delta import DeltaSink
 from consumer.sinks.parquet import ParquetSink
 from consumer.spark.readers import read_changelog, read_ddl_log, read_mirror
 from consumer.testing.s3 import LocalS3Server
+from consumer.testing.s3_server import serialized_writes
 
 
 def plain_mirror(root: str, database: str, table: str) -> list[dict[str, Any]]:
@@ -156,3 +158,45 @@ def test_a_store_ignoring_conditional_writes_is_refused(
         DeltaSink(f"s3://{bucket}/lake", storage_options=unsafe_store)
     DeltaSink(f"s3://{bucket}/single", storage_options=unsafe_store, allow_unsafe_commits=True)
     assert "ONE writer process only" in caplog.text
+
+
+def _check_then_write_app(store: dict[str, int]) -> Any:
+    """A WSGI app that checks `If-None-Match: *` and writes in two steps, with a thread switch in between,
+    as moto does."""
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        key = environ["PATH_INFO"]
+        exists = key in store
+        time.sleep(0.005)
+        if exists:
+            start_response("412 Precondition Failed", [])
+        else:
+            store[key] = threading.get_ident()
+            start_response("200 OK", [])
+        return [b""]
+
+    return app
+
+
+def _winners(app: Any) -> int:
+    """How many of 8 concurrent create-only puts of one key `app` answers with 200."""
+    statuses: list[str] = []
+    start = threading.Barrier(8)
+
+    def put() -> None:
+        start.wait()
+        app({"REQUEST_METHOD": "PUT", "PATH_INFO": "/b/k"}, lambda status, _: statuses.append(status))
+
+    threads = [threading.Thread(target=put) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return statuses.count("200 OK")
+
+
+def test_the_local_s3_server_makes_a_create_only_put_atomic() -> None:
+    """moto checks a create-only put and then writes: two writers could both win one Delta version. The
+    test server runs writes one at a time, so exactly one wins, as on S3."""
+    assert _winners(_check_then_write_app({})) > 1  # the race, unguarded
+    assert _winners(serialized_writes(_check_then_write_app({}))) == 1

@@ -219,12 +219,15 @@ def check_atomic_commits(root: LakeRoot, *, allow_unsafe: bool = False) -> None:
         for done in [pool.submit(commit, h, t) for h, t in zip(handles, tokens, strict=True)]:
             done.result()
     committed = DeltaTable(probe, storage_options=root.options())
-    if all(committed.transaction_version(token) == 1 for token in tokens):
+    lost = sum(committed.transaction_version(token) != 1 for token in tokens)
+    if not lost:
         _checked.add(key)
         return
     message = (
-        f"{root.uri}: concurrent commits overwrote each other on this object store (it ignores create-only "
-        "puts, `If-None-Match: *`), so group members writing this root would silently lose commits"
+        f"{root.uri}: concurrent commits overwrote each other on this object store ({lost} of "
+        f"{len(tokens)} probe commits missing from {probe} at version {committed.version()}: the store "
+        "ignores create-only puts, `If-None-Match: *`), so group members writing this root would silently "
+        "lose commits"
     )
     if not allow_unsafe:
         raise SinkError(

@@ -1,4 +1,5 @@
 """A throwaway S3-protocol server (moto, from `moto[server]`) on a loopback port, for tests and benchmarks.
+Its create-only puts are atomic, as on S3 (`consumer.testing.s3_server`).
 
 It runs in its own process (its Python work does not compete with the consumer's GIL) and dies with the
 interpreter. Clients reach it through the usual AWS environment variables (`environment()`), as a
@@ -37,7 +38,7 @@ class LocalS3Server:
         self.log_path = directory / "server.log"
         with self.log_path.open("wb") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                [sys.executable, "-m", "consumer.testing.s3_server", "--port", str(self.port)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -1,0 +1,55 @@
+"""moto's S3 server with one fix that concurrent Delta commits depend on: an atomic create-only put.
+
+moto checks `If-None-Match: *` (and `If-Match`) and then writes, as two steps in one of many request threads,
+so two writers of one log entry can both pass the check and the second overwrites the first: exactly the
+lost commit that real S3 refuses. Here every write request holds one lock, so a conditional put is checked
+and written with no other write in between; reads stay concurrent.
+
+Run as `python -m consumer.testing.s3_server --port N` (what `LocalS3Server` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication,
+    MotoRequestHandler,
+    create_backend_app,
+)
+from werkzeug.serving import run_simple
+
+_WRITES = frozenset({"PUT", "POST", "DELETE"})
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def serialized_writes(app: WsgiApp) -> WsgiApp:
+    """`app` with its write requests run one at a time, so each conditional write is atomic."""
+    lock = threading.Lock()
+
+    def call(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") not in _WRITES:
+            return app(environ, start_response)
+        with lock:
+            return list(app(environ, start_response))
+
+    return call
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    os.environ.setdefault("MOTO_PORT", str(args.port))  # as moto's own server does (it builds URLs with it)
+    app = serialized_writes(DomainDispatcherApplication(create_backend_app))
+    run_simple(args.host, args.port, app, threaded=True, request_handler=MotoRequestHandler)
+
+
+if __name__ == "__main__":
+    main()
