@@ -178,14 +178,15 @@ def _check_then_write_app(store: dict[str, int]) -> Any:
     return app
 
 
-def _winners(app: Any) -> int:
-    """How many of 8 concurrent create-only puts of one key `app` answers with 200."""
+def _winners(app: Any, condition: dict[str, str]) -> int:
+    """How many of 8 concurrent puts of one key, with `condition`'s headers, `app` answers with 200."""
     statuses: list[str] = []
     start = threading.Barrier(8)
 
     def put() -> None:
         start.wait()
-        app({"REQUEST_METHOD": "PUT", "PATH_INFO": "/b/k"}, lambda status, _: statuses.append(status))
+        environ = {"REQUEST_METHOD": "PUT", "PATH_INFO": "/b/k", **condition}
+        app(environ, lambda status, _: statuses.append(status))
 
     threads = [threading.Thread(target=put) for _ in range(8)]
     for thread in threads:
@@ -198,5 +199,7 @@ def _winners(app: Any) -> int:
 def test_the_local_s3_server_makes_a_create_only_put_atomic() -> None:
     """moto checks a create-only put and then writes: two writers could both win one Delta version. The
     test server runs writes one at a time, so exactly one wins, as on S3."""
-    assert _winners(_check_then_write_app({})) > 1  # the race, unguarded
-    assert _winners(serialized_writes(_check_then_write_app({}))) == 1
+    create_only = {"HTTP_IF_NONE_MATCH": "*"}
+    assert _winners(_check_then_write_app({}), create_only) > 1  # the race, unguarded
+    assert _winners(serialized_writes(_check_then_write_app({})), create_only) == 1
+    assert _winners(serialized_writes(_check_then_write_app({})), {}) > 1  # plain writes stay concurrent

@@ -158,6 +158,7 @@ _VALUE_SCHEMA = msgspec.json.Decoder(_ValueSchema)
 _CONNECT_FIELDS = msgspec.json.Decoder(list[_ConnectField])
 _NULL = b"null"
 _PAYLOAD_KEY = b'{"payload":'
+_PAYLOAD_START = len(_PAYLOAD_KEY)
 _KNOWN_SCHEMAS = 16  # value schemas `_split_known` matches by their bytes
 # msgspec reports invalid UTF-8 inside a string as UnicodeDecodeError, not as one of its own errors.
 _INVALID = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
@@ -202,13 +203,23 @@ class DebeziumDecoder:
         value laid out as TiCDC writes them, the value's schema one of `_split_known`'s (compared as bytes),
         the key's schema the one that version was derived with, a commit ts already
         known plausible. None for anything else, and never an error: then `_decode_record` decodes the
-        record (the same message, a property test)."""
-        if not key or not value or self.compression not in ("auto", "none") or key[:1] != b"{":
+        record (the same message, a property test). One flat function: it runs for every record."""
+        if not key or not value or key[:1] != b"{" or self.compression not in ("auto", "none"):
             return None
-        split = self._split_known(value)
-        if split is None:
-            return None
-        body, schema_bytes, payload = split
+        suffix, schema_bytes = self._suffixes[0]
+        if not value.endswith(suffix) or not value.startswith(_PAYLOAD_KEY):  # not the latest schema
+            split = self._split_known(value)
+            if split is None:
+                return None
+            body, schema_bytes, payload = split
+        else:
+            body = value[_PAYLOAD_START : len(value) - len(suffix)]
+            if body[:1] != b"{" or body[-1:] != b"}":
+                return None
+            try:
+                payload = _PAYLOAD.decode(body)
+            except _INVALID:
+                return None
         kind = _OPS.get(payload.op)
         source = payload.source
         if kind is None or source is None or not source.table:
@@ -220,10 +231,9 @@ class DebeziumDecoder:
         if found is None or found.key_raw is None or found.value_schema != schema_bytes:
             return None
         try:
-            parsed = _KEY.decode(key)
+            if _KEY.decode(key).schema != found.key_raw:
+                return None
         except _INVALID:
-            return None
-        if parsed.schema != found.key_raw:
             return None
         schema = found.schema
         return RawDML(
@@ -292,7 +302,7 @@ class DebeziumDecoder:
             return None
         for position, (suffix, schema_bytes) in enumerate(self._suffixes):
             if value.endswith(suffix):
-                body = value[len(_PAYLOAD_KEY) : len(value) - len(suffix)]
+                body = value[_PAYLOAD_START : len(value) - len(suffix)]
                 if not body.startswith(b"{") or not body.endswith(b"}"):
                     return None
                 try:

@@ -2,8 +2,9 @@
 
 moto checks `If-None-Match: *` (and `If-Match`) and then writes, as two steps in one of many request threads,
 so two writers of one log entry can both pass the check and the second overwrites the first: exactly the
-lost commit that real S3 refuses. Here every write request holds one lock, so a conditional put is checked
-and written with no other write in between; reads stay concurrent.
+lost commit that real S3 refuses. Here every conditional write holds one lock, so it is checked and
+written with no other conditional write in between (Delta commits are the only writes with a condition);
+reads and plain writes (data files) stay concurrent.
 
 Run as `python -m consumer.testing.s3_server --port N` (what `LocalS3Server` does).
 """
@@ -23,17 +24,17 @@ from moto.moto_server.werkzeug_app import (
 )
 from werkzeug.serving import run_simple
 
-_WRITES = frozenset({"PUT", "POST", "DELETE"})
+_CONDITIONS = ("HTTP_IF_NONE_MATCH", "HTTP_IF_MATCH")
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 def serialized_writes(app: WsgiApp) -> WsgiApp:
-    """`app` with its write requests run one at a time, so each conditional write is atomic."""
+    """`app` with its conditional writes run one at a time, so each is atomic."""
     lock = threading.Lock()
 
     def call(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ.get("REQUEST_METHOD") not in _WRITES:
+        if environ.get("REQUEST_METHOD") not in ("PUT", "POST") or not any(h in environ for h in _CONDITIONS):
             return app(environ, start_response)
         with lock:
             return list(app(environ, start_response))
