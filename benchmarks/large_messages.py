@@ -41,7 +41,7 @@ from consumer.large_messages.encoder import LargeMessageEncoder
 from consumer.pipeline import Pipeline
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML
-from consumer.simulate.output import RecordEncoder, produce_to_kafka
+from consumer.simulate.output import produce_to_kafka
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
 from consumer.testing.broker import EmbeddedBroker
@@ -78,30 +78,23 @@ def produce(broker: EmbeddedBroker, streams: Sequence[Stream], rows: int, large_
             start_physical_ms=1_700_000_000_000,
             large_value_bytes=large_bytes,
         )
-        encoder: RecordEncoder = MessageEncoder()
         limit = large_bytes // 2
+        encoder: MessageEncoder | LargeMessageEncoder = MessageEncoder()
         if stream.root:  # S3: one PUT an object (pyarrow's default is a three-request multipart upload)
             options = "?allow_delayed_open=true" if stream.root.startswith("s3:") else ""
             writer = ClaimCheckWriter(stream.root + options)
             encoder = LargeMessageEncoder(MessageEncoder(), "claim-check", limit, writer)
-        counting = _Counting(encoder, limit)
-        report = produce_to_kafka(Workload(config), counting, broker.bootstrap_servers, stream.topic)
-        stream.records, stream.dmls, stream.large = report.records, counting.dmls, counting.large
+        stream.dmls, stream.large = _counts(Workload(config), limit)
+        report = produce_to_kafka(Workload(config), encoder, broker.bootstrap_servers, stream.topic)
+        stream.records = report.records
 
 
-class _Counting:
-    """Counts DMLs, and those whose full value is above the large-message limit."""
-
-    def __init__(self, encoder: RecordEncoder, limit: int) -> None:
-        self.encoder, self.limit = encoder, limit
-        self.full = MessageEncoder()
-        self.dmls = self.large = 0
-
-    def encode(self, message: object, schema: object = None) -> bytes:
-        if isinstance(message, DML):
-            self.dmls += 1
-            self.large += len(self.full.encode(message, schema)) + 36 > self.limit  # type: ignore[arg-type]
-        return self.encoder.encode(message, schema)  # type: ignore[arg-type]
+def _counts(workload: Workload, limit: int) -> tuple[int, int]:
+    """(DMLs, DMLs whose full value is above the large-message limit) of the (deterministic) workload."""
+    full = MessageEncoder()
+    dmls = [record for record in workload.records() if isinstance(record.message, DML)]
+    large = sum(len(full.encode(record.message, record.schema)) + 36 > limit for record in dmls)
+    return len(dmls), large
 
 
 class _Done(Exception):
