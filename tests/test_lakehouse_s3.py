@@ -167,7 +167,7 @@ def _check_then_write_app(store: dict[str, int]) -> Any:
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         key = environ["PATH_INFO"]
         exists = key in store
-        time.sleep(0.005)
+        time.sleep(0.05)  # long enough that a loaded machine still starts two writers within it
         if exists:
             start_response("412 Precondition Failed", [])
         else:
