@@ -29,7 +29,6 @@ import argparse
 import base64
 import functools
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ def run_chunk(protocol: str, seed: int, count: int, in_flight: Path) -> dict[str
     """In a child: `count` cases from `seed`; its report as a JSON-able dict."""
     from consumer.testing.fuzz import Corpus, FuzzHarness, FuzzReport
     from consumer.testing.hostile import mutations
+    from consumer.testing.processes import peak_rss_mib
 
     report: FuzzReport
     if protocol == "simple":
@@ -72,7 +72,7 @@ def run_chunk(protocol: str, seed: int, count: int, in_flight: Path) -> dict[str
             {"value": base64.b64encode(value).decode(), "trace": trace}
             for value, trace in report.failures[:_FAILURES_KEPT_PER_CHUNK]
         ],
-        "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_mib": peak_rss_mib(),
     }
 
 

@@ -296,9 +296,10 @@ def test_a_bomb_is_refused_in_bounded_memory() -> None:
     """A 1 GiB bomb (built in 16 MiB steps) decoded in a child whose peak memory is then read: an unbounded
     decompression would take the whole GiB."""
     script = """
-import resource, lz4.frame
+import lz4.frame
 from consumer.errors import CompressionBombError
 from consumer.protocol.codec import MessageDecoder
+from consumer.testing.processes import peak_rss_mib
 packer = lz4.frame.LZ4FrameCompressor()
 chunk = bytes(16 << 20)
 head = packer.begin() + packer.compress(b"{")
@@ -308,11 +309,28 @@ del chunk
 try:
     MessageDecoder().decode(bomb)
 except CompressionBombError:
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+    print(int(peak_rss_mib()))
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert int(result.stdout) < 512  # MiB at the peak, imports included; the default limit is 64 MiB
+
+
+def test_a_child_reports_its_own_peak_memory_not_its_spawners() -> None:
+    """The bound above is read in a child of the test run, whose own peak can pass 512 MiB: `ru_maxrss`
+    carries it across `exec`, `peak_rss_mib` does not."""
+    script = """
+import resource, subprocess, sys
+held = bytearray(600 << 20)
+for page in range(0, len(held), 4096):
+    held[page] = 1
+child = "import resource; from consumer.testing.processes import peak_rss_mib; "
+child += "print(int(peak_rss_mib()), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)"
+print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    own, carried = map(int, result.stdout.split())
+    assert carried >= 600 and own < 200
 
 
 @given(

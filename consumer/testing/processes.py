@@ -1,5 +1,6 @@
-"""Which processes are alive, from /proc (Linux): what a test needs to prove that nothing a consumer started
-outlives it (decode workers, their forkserver, the resource tracker, group members), however it ended."""
+"""Which processes are alive, and how much memory one took, from /proc (Linux): what a test needs to prove
+that nothing a consumer started outlives it (decode workers, their forkserver, the resource tracker, group
+members), however it ended, and that a child stayed within its memory bound."""
 
 from __future__ import annotations
 
@@ -82,3 +83,13 @@ def wait_gone(pids: Iterable[int], timeout: float) -> set[int]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory since it started its program (VmHWM). Not `ru_maxrss`: Linux
+    carries the spawning process's peak across `exec`, so a child of a large test run would report the
+    runner's peak as its own."""
+    for line in (_PROC / "self" / "status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise OSError("no VmHWM in /proc/self/status")
