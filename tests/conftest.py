@@ -1,7 +1,7 @@
 """Shared test setup: the embedded Kafka broker fixtures (`kafka_broker`, `kafka_topic`), one SparkSession,
 one local S3-protocol server (`s3_server`, `s3_lake`), and markers: a test using the broker is `e2e`, one
 using Spark is `spark`, one using the S3 server `s3` (`pytest -m "not e2e and not spark and not slow"` is the
-fast set).
+fast set). Property tests run without hypothesis's per-example deadline.
 
 The session marks its environment (`TICDC_TEST_SESSION`), which every process it starts inherits, and fails
 the run if any such process is still alive when it ends: brokers, JVMs, decode workers, forkservers,
@@ -18,12 +18,17 @@ import uuid  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 from pyspark import SparkContext  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 from consumer.spark.session import spark_session  # noqa: E402
 from consumer.testing.processes import command_line, parent, wait_gone, with_environment  # noqa: E402
 from consumer.testing.s3 import LocalS3Server  # noqa: E402
+
+# Property tests check values, never time: no per-example deadline, which a loaded 2-core CI machine can miss.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 SESSION_MARK = "TICDC_TEST_SESSION"
 LEFTOVER_GRACE_SECONDS = 15.0  # processes asked to stop by the last tests may still be finishing
