@@ -6,21 +6,22 @@ Every path decodes the same record values (INSERT DMLs of one 13-column table ve
 `MessageEncoder` from generated typed rows) and, where it produces Arrow, the results are asserted equal
 before any figure is printed, so the comparison is like for like:
 
-- JSON ours: `MessageDecoder().decode` (routing envelope -> RawDML), then `TableCodec.decode_batch` per
-  `--batch` DMLs -> typed Arrow record batches.
+- JSON ours: `MessageDecoder().decode_records` (routing envelopes -> RawDMLs, as the pipeline's intake
+  calls it per poll) and `TableCodec.decode_batch`, per `--batch` DMLs -> typed Arrow record batches.
 - JSON naive: `json.loads` of the whole value, one Python conversion per value (int, Decimal,
   fromisoformat, zone conversion, enum labels, JSON validation), `RecordBatch.from_pylist`.
 - Avro ours: the same two calls on the Avro encoding of the same rows.
 - Avro bare fastavro: `fastavro.schemaless_reader` of each value into dicts (parsing only, no Arrow).
-- Envelope only: `MessageDecoder().decode` alone, what routing a record costs.
+- Envelope only: `MessageDecoder().decode_records` alone, what routing a record costs (Avro DML headers of
+  known routes are read for the whole batch at once).
 - JSON ours, change images: the same through `TableCodec.decode_changes` (what the pipeline calls), the
   baseline of the other protocols' targets.
-- TiCDC Avro ours: `ConfluentAvroDecoder.decode_record` (Confluent frame, writer schemas from a registry on
+- TiCDC Avro ours: `ConfluentAvroDecoder.decode_records` (Confluent frame, writer schemas from a registry on
   localhost, the TiDB extension's op and commit ts read from the datum's end), then `decode_changes`: the
   datums of a batch read columnar by polars-avro's native reader into typed Arrow. With the TiDB extension.
 - TiCDC Avro fastavro per datum: `fastavro.schemaless_reader` of each datum into dicts (parsing only): the
   generic reader, rejected as the decode path.
-- Debezium ours: `DebeziumDecoder.decode_record` (envelope, schema identified by its bytes), then
+- Debezium ours: `DebeziumDecoder.decode_records` (envelope, schema identified by its bytes), then
   `decode_changes` (a msgspec Struct per table), with the Connect schema and the TiDB extension.
 - Simple change images of rows carrying TiDB row checksums (spec §8), without and with `verify_changes`
   (every image must verify), JSON and Avro: the cost of `[integrity] verify_checksums`.
@@ -185,10 +186,10 @@ def encode_all(
 def verified_changes(values: Sequence[bytes], codec: TableCodec, batch: int, verify: bool) -> int:
     """Envelopes, then change images per batch (the pipeline's decode), then optionally their checksums;
     returns the images verified."""
-    decode = MessageDecoder().decode
+    decode = MessageDecoder().decode_records
     verified = 0
     for start in range(0, len(values), batch):
-        raws: list[Any] = [decode(v) for v in values[start : start + batch]]
+        raws: list[Any] = decode([(None, v) for v in values[start : start + batch]])
         images = codec.decode_changes(raws)
         if verify:
             count, rejected = verify_changes(codec, images, raws)
@@ -200,20 +201,20 @@ def verified_changes(values: Sequence[bytes], codec: TableCodec, batch: int, ver
 # -- the paths --------------------------------------------------------------------------------------
 def ours(values: Sequence[bytes], codec: TableCodec, batch: int) -> list[RowImages]:
     """Envelope of every value, then typed Arrow images per batch (all values are one table version)."""
-    decode = MessageDecoder().decode
+    decode = MessageDecoder().decode_records
     out = []
     for start in range(0, len(values), batch):
-        raws: list[Any] = [decode(v) for v in values[start : start + batch]]
+        raws: list[Any] = decode([(None, v) for v in values[start : start + batch]])
         out.append(codec.decode_batch(raws))
     return out
 
 
 def changes(values: Sequence[Any], decoder: Any, codec: TableCodec, batch: int) -> list[pa.RecordBatch]:
     """(key, value) records of any protocol -> typed change images per batch, as the pipeline decodes."""
-    decode = decoder.decode_record
+    decode = decoder.decode_records
     out = []
     for start in range(0, len(values), batch):
-        raws: list[Any] = [decode(key, value) for key, value in values[start : start + batch]]
+        raws: list[Any] = decode(values[start : start + batch])
         out.append(codec.decode_changes(raws).rows)
     return out
 
@@ -256,9 +257,10 @@ def fastavro_datums(records: Sequence[Any], registry: SchemaRegistry) -> list[An
     return out
 
 
-def envelope_only(values: Sequence[bytes]) -> list[Any]:
-    decode = MessageDecoder().decode
-    return [decode(v) for v in values]
+def envelope_only(values: Sequence[bytes], batch: int) -> list[Any]:
+    decode = MessageDecoder().decode_records
+    starts = range(0, len(values), batch)
+    return [decode([(None, v) for v in values[start : start + batch]]) for start in starts]
 
 
 def bare_fastavro(values: Sequence[bytes]) -> list[Any]:
@@ -423,14 +425,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     n, batch = args.rows, args.batch
     paths: list[tuple[str, Callable[[], Any]]] = [
-        (JSON_ENVELOPE, lambda: envelope_only(json_values)),
+        (JSON_ENVELOPE, lambda: envelope_only(json_values, batch)),
         (JSON_OURS, lambda: ours(json_values, codec, batch)),
         (JSON_NAIVE, lambda: naive(json_values, batch)),
     ]
     if orjson is not None:
         paths.append((JSON_NAIVE_ORJSON, lambda: naive(json_values, batch, orjson.loads)))
     paths += [
-        (AVRO_ENVELOPE, lambda: envelope_only(avro_values)),
+        (AVRO_ENVELOPE, lambda: envelope_only(avro_values, batch)),
         (AVRO_OURS, lambda: ours(avro_values, codec, batch)),
         (AVRO_BARE, lambda: bare_fastavro(avro_values)),
         (JSON_CHANGES, lambda: changes(json_records, MessageDecoder(), codec, batch)),

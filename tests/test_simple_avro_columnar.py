@@ -16,15 +16,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumer.errors import ConsumerError, MalformedMessageError, ValueDecodeError
+from consumer.errors import ConsumerError, MalformedMessageError, SchemaRegistryError, ValueDecodeError
 from consumer.protocol import avro_codec, simple_avro_rows
 from consumer.protocol.avro_codec import _HeaderReader
 from consumer.protocol.checks import MessageChecks
-from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.codec import MessageDecoder, MessageEncoder
+from consumer.protocol.containment import decoded_each
 from consumer.protocol.model import DML, Column, DataType, DMLType, RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
-from consumer.testing.strategies import TSO, dml_messages, table_schemas
+from consumer.testing.strategies import BUILD_TS, TSO, dml_messages, table_schemas
 
 PROPERTY = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -238,6 +239,101 @@ def _varint_bytes(raw: int) -> bytes:
         out.append(raw & 0x7F | 0x80)
         raw >>= 7
     return bytes([*out, raw])
+
+
+def _decoded(decoder: MessageDecoder, value: bytes | None) -> Any:
+    try:
+        return decoder.decode(value)
+    except ConsumerError as exc:
+        return exc
+
+
+def _same_outcome(got: Any, expected: Any) -> bool:
+    if isinstance(expected, ConsumerError):  # a reason that names the clock's TSO, which moves
+        return type(got) is type(expected) and _no_tso(got) == _no_tso(expected)
+    return bool(got == expected)
+
+
+def _no_tso(error: Any) -> str:
+    return re.sub(r"TSO \d+", "TSO", str(error))
+
+
+_NOW_TSO = 449_811_223_446_634_498
+_OTHER_VALUES = st.none() | st.binary(max_size=40) | st.just(b'{"type":"WATERMARK"}')
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), encoding=st.sampled_from(["auto", "avro"]))
+def test_a_polls_headers_read_at_once_are_each_records_own(data: Any, encoding: Any) -> None:
+    """`decode_records` reads the headers of a poll's Avro DMLs of known routes as columns: every record gets
+    what `decode` gives it alone (message or error), for DMLs of every commitTs, buildTs and version size,
+    key-only ones, mangled ones and values that are no Avro DML at all; and the ordinary DMLs are read by the
+    columnar path (not left to the fallback)."""
+    schema = data.draw(table_schemas(max_columns=2))
+    encoder = MessageEncoder("avro")
+    first = data.draw(dml_messages(schema))
+    avro_codec._ROUTES = avro_codec._Routes()
+    assert isinstance(avro_codec.decode(encoder.encode(first, schema)), RawDML)  # its route is known now
+    ordinary = msgspec.structs.replace(first, commit_ts=_NOW_TSO, build_ts=0, schema_version=_NOW_TSO)
+    values: list[bytes | None] = [encoder.encode(ordinary, schema)]
+    small = st.integers(-3, 3)
+    longs = st.tuples(TSO | small, BUILD_TS | st.integers(-(1 << 62), 3), TSO | small)
+    for commit_ts, build_ts, version in data.draw(st.lists(longs, min_size=20, max_size=60)):
+        message = msgspec.structs.replace(first, commit_ts=commit_ts, build_ts=build_ts)
+        message = msgspec.structs.replace(message, schema_version=version)
+        how = data.draw(st.sampled_from(["plain", "plain", "plain", "odd", "other"]))
+        if how == "plain":
+            values.append(encoder.encode(message, schema))
+        elif how == "odd":
+            values.append(data.draw(_mangled(encoder.encode(data.draw(_key_only(message)), schema))))
+        else:
+            values.append(data.draw(_OTHER_VALUES))
+    decoder = MessageDecoder(encoding)
+    got = decoder.decode_records([(None, value) for value in values])
+    expected = [_decoded(decoder, value) for value in values]
+    assert all(_same_outcome(g, e) for g, e in zip(got, expected, strict=True)), (got, expected)
+    known = avro_codec.known_headers(values, decoder._checks)
+    assert known[0] == expected[0]  # an ordinary DML: read at once, not by the fallback
+
+
+def test_headers_read_at_once_in_a_poll_of_thousands_and_mixed_layouts() -> None:
+    """More headers than one matrix holds, their longs in four layouts (buildTs 0 or a TSO, commitTs of 3 or 9
+    bytes): each is read at once, as `decode` reads it alone. Beyond the layouts tried, the rest are read
+    one by one, to the same messages."""
+    values: list[bytes | None] = [
+        _one_column(n, commit_ts=(_NOW_TSO if n % 2 else 20_000) + n, build_ts=0 if n % 3 else _NOW_TSO)
+        for n in range(9000)
+    ]
+    decoder = MessageDecoder("avro")
+    expected = [decoder.decode(value) for value in values]
+    assert avro_codec.known_headers(values, decoder._checks) == expected
+    assert decoder.decode_records([(None, value) for value in values]) == expected
+    odd_first = [_one_column(0, build_ts=1 << 62), _one_column(1, claim_check_location="s3://b/k"), *values]
+    known = avro_codec.known_headers(odd_first, decoder._checks)  # a 10-byte long, a claim-check: by decode
+    assert known == [None, None, *expected]
+    many = [_one_column(n, commit_ts=1 << (7 * (n % 9)), build_ts=1 << (7 * (n % 7))) for n in range(300)]
+    expected = [decoder.decode(value) for value in many]
+    known = avro_codec.known_headers(many, decoder._checks)
+    assert all(k is None or k == e for k, e in zip(known, expected, strict=True))
+    assert sum(k is not None for k in known) >= avro_codec._LAYOUTS_TRIED * 300 // 63
+    assert decoder.decode_records([(None, value) for value in many]) == expected
+
+
+def test_a_dependency_error_stops_the_poll_and_a_records_error_is_its_own() -> None:
+    """`decoded_each`: a record's error is returned in its place, the rest still decode; a dependency's error
+    (no record's fault) is raised."""
+    good = _one_column(1)
+
+    def decode(key: bytes | None, value: bytes | None) -> Any:
+        if value == b"registry":
+            raise SchemaRegistryError("the registry is down")
+        return MessageDecoder("avro").decode(value)
+
+    out = decoded_each(decode, [(None, good), (None, b"\x16\x00"), (None, good)])
+    assert out[0] == out[2] == MessageDecoder("avro").decode(good)
+    assert isinstance(out[1], MalformedMessageError)
+    with pytest.raises(SchemaRegistryError):
+        decoded_each(decode, [(None, good), (None, b"registry")])
 
 
 @settings(max_examples=400, deadline=None)

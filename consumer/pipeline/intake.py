@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from consumer.errors import ConsumerError, DependencyError, RecordLocation
+from consumer.errors import ConsumerError, RecordLocation
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.protocol.model import DecodedMessage, KeyOnlyDML, TableSchema, Watermark
 from consumer.protocol.protocols import RecordDecoder
@@ -54,21 +54,16 @@ class RecordIntake:
     def decode(self, records: Sequence[SourceRecord]) -> Batch:
         """A poll's records, decoded; an error of a dependency (the schema registry is down) stops the run
         and sets nothing aside."""
-        decode = self.decoder.decode_record
+        messages = self.decoder.decode_records([(record.key, record.value) for record in records])
         decoded: Decoded = []
         exceptional = False
-        for record in records:
-            location = record.location
-            try:
-                message = decode(record.key, record.value)
-            except DependencyError:
-                raise
-            except ConsumerError as exc:
-                decoded.append((location, _Failed(exc, record.value)))
+        for record, message in zip(records, messages, strict=True):
+            if isinstance(message, ConsumerError):
+                decoded.append((record.location, _Failed(message, record.value)))
                 exceptional = True
-                continue
-            exceptional = exceptional or message.__class__ is KeyOnlyDML
-            decoded.append((location, message))
+            else:
+                exceptional = exceptional or message.__class__ is KeyOnlyDML
+                decoded.append((record.location, message))
         return Batch(decoded, [record.value for record in records] if exceptional else None)
 
     def decoded_elsewhere(self, records: Iterable[DecodedRecord]) -> Batch:

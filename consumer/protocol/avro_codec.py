@@ -9,11 +9,13 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from typing import Any, Literal, NamedTuple
 
 import fastavro
 import msgspec
+import numpy as np
 
 from consumer.errors import MalformedMessageError
 from consumer.protocol.avro_container import datum_error
@@ -212,6 +214,123 @@ def known_header(payload: bytes, checks: MessageChecks) -> RawDML | None:
     if low & 1:  # a negative commitTs
         return None
     return _raw_dml(payload, route, high | low >> 1, build_ts, schema_version, checks)  # the value halved
+
+
+def known_headers(values: Sequence[bytes | None], checks: MessageChecks) -> list[RawDML | None]:
+    """`known_header` of many record values at once: None where it might not give a RawDML (no plain Avro
+    DML, an unknown route, longs laid out unlike the rest, a commitTs out of range), and `decode` reads those.
+    The longs after the routing bytes are read as columns: a stream's headers share the sizes of their
+    longs, so a poll's are checked against one layout and summed at once (numpy)."""
+    picked, routes, starts = _routed(values)
+    ceiling = checks.clock_ceiling() if picked else 0
+    known: list[RawDML | None] = [None] * len(values)
+    for first in range(0, len(picked), _HEADERS_AT_ONCE):
+        indexes = picked[first : first + _HEADERS_AT_ONCE]
+        payloads: list[bytes] = [values[index] for index in indexes]  # type: ignore[misc]  # routed: bytes
+        longs = _HeaderLongs(payloads, starts[first : first + _HEADERS_AT_ONCE])
+        for row, commit_ts, build_ts, version in longs.rows(ceiling):
+            route = routes[first + row]
+            known[indexes[row]] = RawDML(
+                type=route.type,
+                database=route.database,
+                table=route.table,
+                table_id=route.table_id,
+                commit_ts=commit_ts,
+                build_ts=build_ts,
+                schema_version=version,
+                payload=payloads[row],
+                encoding="avro",
+            )
+    return known
+
+
+def _routed(values: Sequence[bytes | None]) -> tuple[list[int], list[_Route], list[int]]:
+    """The values that start with known routing bytes: their indexes, routes, and the routing bytes' sizes
+    (a value is matched as `known_header` matches it: the sizes in order, the first known prefix wins)."""
+    by_bytes, lengths = _ROUTES.by_bytes, _ROUTES.lengths
+    picked: list[int] = []
+    routes: list[_Route] = []
+    starts: list[int] = []
+    for index, value in enumerate(values):
+        if isinstance(value, bytes):  # every known prefix starts with DML_PREFIX
+            for length in lengths:
+                route = by_bytes.get(value[:length])
+                if route is not None:
+                    picked.append(index)
+                    routes.append(route)
+                    starts.append(length)
+                    break
+    return picked, routes, starts
+
+
+class _HeaderLongs:
+    """The bytes after each payload's routing bytes (from `starts`) as rows of a matrix: commitTs, buildTs
+    and schemaVersion, then the two null unions of a DML that is no claim-check."""
+
+    def __init__(self, payloads: list[bytes], starts: list[int]) -> None:
+        sizes = np.fromiter(map(len, payloads), np.int64, len(payloads))
+        self.room = sizes - np.asarray(starts, np.int64)  # the bytes each header may take
+        buffer = np.frombuffer(b"".join([*payloads, bytes(_HEADER_TAIL)]), np.uint8)  # no second copy
+        origins = np.cumsum(sizes) - sizes + np.asarray(starts, np.int64)
+        self.tails = buffer[origins[:, None] + np.arange(_HEADER_TAIL)]
+
+    def rows(self, ceiling: int) -> Iterator[tuple[int, int, int, int]]:
+        """(row, commitTs, buildTs, schemaVersion) of each row `known_header` certainly reads alike: its longs
+        laid out like the first row's (or the first left over's, up to `_LAYOUTS_TRIED` layouts), commitTs in
+        (0, ceiling], a schemaVersion that is a TSO."""
+        left = np.arange(len(self.tails))
+        for _ in range(_LAYOUTS_TRIED):
+            if not len(left):
+                return
+            sizes = _long_sizes(self.tails[left[0]].tobytes())
+            fits = np.zeros(len(left), bool)
+            if sizes is not None:
+                fits, longs = self._read(left, sizes)
+                commit_ts, build_ts, version = longs.T
+                valid = fits & (commit_ts > 0) & (commit_ts <= ceiling) & (version >= 0)  # else: `decode`
+                yield from zip(
+                    left[valid].tolist(),
+                    commit_ts[valid].tolist(),
+                    build_ts[valid].tolist(),
+                    version[valid].tolist(),
+                    strict=True,
+                )
+            fits[0] = True  # the first row set the layout: left to `decode` if it did not fit it either
+            left = left[~fits]
+
+    def _read(self, rows: np.ndarray, sizes: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """Which rows have longs of these sizes, then the null unions, and the three longs of each."""
+        end = sum(sizes)
+        tails = self.tails[rows, : end + 2]
+        final = np.zeros(end + 2, bool)  # where a long's last byte (high bit clear) must be, and the nulls
+        final[np.cumsum(sizes) - 1] = True
+        fits = (
+            ((tails[:, :end] < 0x80) == final[:end]).all(axis=1)
+            & (tails[:, end:] == 0).all(axis=1)
+            & (self.room[rows] >= end + 2)
+        )
+        shifts = np.concatenate([7 * np.arange(size, dtype=np.uint64) for size in sizes])
+        groups = (tails[:, :end] & 0x7F).astype(np.uint64) << shifts
+        zigzag = np.add.reduceat(groups, [0, sizes[0], sizes[0] + sizes[1]], axis=1)  # at most 63 bits
+        return fits, (zigzag >> 1).astype(np.int64) ^ -(zigzag & 1).astype(np.int64)
+
+
+def _long_sizes(tail: bytes) -> tuple[int, int, int] | None:
+    """The sizes of the three longs `tail` starts with (None: one is longer than 9 bytes)."""
+    sizes = []
+    at = 0
+    for _ in range(3):
+        end = next((j for j in range(at, at + 9) if tail[j] < 0x80), None)
+        if end is None:
+            return None
+        sizes.append(end + 1 - at)
+        at = end + 1
+    return sizes[0], sizes[1], sizes[2]
+
+
+_HEADERS_AT_ONCE = 4096  # bounds the matrix of a poll's headers
+_LAYOUTS_TRIED = 8  # rows laid out unlike these are read one by one
+_HEADER_TAIL = 3 * 9 + 2  # three longs of at most 9 bytes, two null unions
 
 
 def _remember_high_groups(group: bytes) -> int:

@@ -33,12 +33,16 @@ class MessageChecks:
         """Raise unless `commit_ts` is positive and at most `ahead_s` past this machine's clock."""
         if 0 < commit_ts <= self.ceiling:
             return
-        self.ceiling = min(MAX_TSO, tso_of(time.time() + self.ahead_s))
-        if not 0 < commit_ts <= self.ceiling:
+        if not 0 < commit_ts <= self.clock_ceiling():
             raise ImplausibleTimestampError(
                 f"{what} commitTs {commit_ts} is no TSO of a running TiDB: it must be positive and at most "
                 f"{self.ahead_s:g} s past this machine's clock (TSO {self.ceiling})"
             )
+
+    def clock_ceiling(self) -> int:
+        """`ceiling` as of a look at the clock now (a batch of commitTs is checked against one look)."""
+        self.ceiling = min(MAX_TSO, tso_of(time.time() + self.ahead_s))
+        return self.ceiling
 
     def message(self, message: Watermark | Bootstrap | DDL) -> Watermark | Bootstrap | DDL:
         """A schema or watermark message, once checked."""

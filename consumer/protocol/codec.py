@@ -8,6 +8,7 @@ an `InternalDecodeError`, never as a stray exception that would stop a consumer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from consumer.errors import (
@@ -29,6 +30,7 @@ from consumer.protocol.compression import (
     compress,
     decompress,
 )
+from consumer.protocol.containment import KeyValue, decoded_each
 from consumer.protocol.model import DML, DecodedMessage, Message, TableSchema
 from consumer.protocol.rows import Encoding, TableCodec
 from consumer.protocol.types import ValuePolicy
@@ -63,6 +65,17 @@ class MessageDecoder:
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         """A record as `RecordDecoder` takes it: the Simple protocol puts nothing in the key."""
         return self.decode(value)
+
+    def decode_records(self, records: Sequence[KeyValue]) -> list[DecodedMessage | ConsumerError]:
+        """Plain Avro DMLs of known routes have their headers read at once (`avro_codec.known_headers`)."""
+        known = None
+        first = records[0][1] if len(records) >= _HEADERS_AT_ONCE else None
+        if self._plain_avro and first and first[0] == avro_codec.MESSAGE_BRANCH:  # a topic's records share it
+            try:
+                known = avro_codec.known_headers([value for _, value in records], self._checks)
+            except Exception:  # only a shortcut: the records are then read one by one, each contained
+                known = None
+        return decoded_each(self.decode_record, records, known)
 
     def described_schema(self, key: tuple[str, str, int]) -> TableSchema | None:
         """Simple DMLs carry no schema: BOOTSTRAP and DDL records announce every version."""
@@ -119,6 +132,7 @@ class MessageDecoder:
 
 
 _JSON_START = ord("{")
+_HEADERS_AT_ONCE = 16  # fewer are read one by one: the columnar reading costs more than it saves
 
 
 def _sniffed(first: int) -> Encoding:

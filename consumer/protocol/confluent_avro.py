@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
@@ -26,9 +27,9 @@ from zoneinfo import ZoneInfo
 import fastavro
 import msgspec
 
-from consumer.errors import EncodeError, MalformedMessageError, UnsupportedTypeError
+from consumer.errors import ConsumerError, EncodeError, MalformedMessageError, UnsupportedTypeError
 from consumer.protocol.checks import MessageChecks
-from consumer.protocol.containment import raise_contained
+from consumer.protocol.containment import KeyValue, decoded_each, raise_contained
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -381,6 +382,9 @@ class ConfluentAvroDecoder:
         """The table version this decoder derived for a row it returned (`RawDML.schema_key`)."""
         found = self._by_version.get(key)
         return found.schema if found is not None else None
+
+    def decode_records(self, records: Sequence[KeyValue]) -> list[DecodedMessage | ConsumerError]:
+        return decoded_each(self.decode_record, records)
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         try:

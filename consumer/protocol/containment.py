@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
-from consumer.errors import ConsumerError, InternalDecodeError, NestingTooDeepError
+from consumer.errors import ConsumerError, DependencyError, InternalDecodeError, NestingTooDeepError
+from consumer.protocol.model import DecodedMessage, RawDML
+
+KeyValue = tuple[bytes | None, bytes | None]
 
 
 @contextlib.contextmanager
@@ -29,3 +32,26 @@ def raise_contained(exc: BaseException, what: str) -> NoReturn:
     if isinstance(exc, RecursionError):
         raise NestingTooDeepError(f"nested deeper than Python's recursion limit while {what}") from exc
     raise InternalDecodeError(f"unexpected {type(exc).__name__} {what}: {exc}") from exc
+
+
+def decoded_each(
+    decode: Callable[[bytes | None, bytes | None], DecodedMessage],
+    records: Sequence[KeyValue],
+    known: Sequence[RawDML | None] | None = None,
+) -> list[DecodedMessage | ConsumerError]:
+    """Each (key, value) record's message, or the error that sends it to the error policy; `known`: messages
+    read before for many records at once (None where `decode` reads the record). A dependency's error (the
+    schema registry is down) is no record's fault: it is raised, and stops the batch."""
+    decoded: list[DecodedMessage | ConsumerError] = []
+    for index, (key, value) in enumerate(records):
+        read = known[index] if known is not None else None
+        if read is not None:
+            decoded.append(read)
+            continue
+        try:
+            decoded.append(decode(key, value))
+        except DependencyError:
+            raise
+        except ConsumerError as exc:
+            decoded.append(exc)
+    return decoded

@@ -3,12 +3,14 @@ pipeline, the CLI and the state machine use."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from consumer.errors import ConsumerError
 from consumer.protocol.codec import EncodingSetting, MessageDecoder
 from consumer.protocol.compression import CompressionSetting
+from consumer.protocol.containment import KeyValue
 from consumer.protocol.model import DecodedMessage, TableSchema
 from consumer.protocol.types import ValuePolicy
 
@@ -28,6 +30,10 @@ class RecordDecoder(Protocol):
     def registry(self) -> SchemaRegistry | None: ...
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage: ...
+
+    def decode_records(self, records: Sequence[KeyValue]) -> list[DecodedMessage | ConsumerError]:
+        """A poll's records: each one's message or the `ConsumerError` it met (see `decoded_each`)."""
+        ...
 
     def described_schema(self, key: tuple[str, str, int]) -> TableSchema | None: ...
 

@@ -199,11 +199,9 @@ def encode_range(
     `cpu_seconds`: what reading the records cost (the segment reports it with the decoding's)."""
     started = time.process_time()
     messages: list[DecodedMessage | None] = []
-    for record in records:
-        try:
-            message: DecodedMessage | None = decoder.decode(record.value)
-        except ConsumerError:
-            message = None  # the driver decodes it again and meets the error under its policy
+    for decoded in decoder.decode_records([(record.key, record.value) for record in records]):
+        # a record that does not decode is decoded again by the driver, which meets the error under its policy
+        message = None if isinstance(decoded, ConsumerError) else decoded
         messages.append(message)
         if isinstance(message, Bootstrap):
             schemas.add(message.table_schema)
