@@ -43,7 +43,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -60,6 +60,7 @@ from consumer.protocol.model import DML, Checksum, Column, DataType, DMLType, In
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import RowImages, TableCodec
 from consumer.protocol.types import ValuePolicy
+from consumer.sources.record import SourceRecord
 from consumer.testing.registry import LocalSchemaRegistry
 
 try:  # optional: a faster naive baseline, shown for reference when installed
@@ -183,13 +184,13 @@ def encode_all(
     ]
 
 
-def verified_changes(values: Sequence[bytes], codec: TableCodec, batch: int, verify: bool) -> int:
+def verified_changes(records: Sequence[SourceRecord], codec: TableCodec, batch: int, verify: bool) -> int:
     """Envelopes, then change images per batch (the pipeline's decode), then optionally their checksums;
     returns the images verified."""
     decode = MessageDecoder().decode_records
     verified = 0
-    for start in range(0, len(values), batch):
-        raws: list[Any] = decode([(None, v) for v in values[start : start + batch]])
+    for start in range(0, len(records), batch):
+        raws: list[Any] = decode(records[start : start + batch])
         images = codec.decode_changes(raws)
         if verify:
             count, rejected = verify_changes(codec, images, raws)
@@ -199,22 +200,24 @@ def verified_changes(values: Sequence[bytes], codec: TableCodec, batch: int, ver
 
 
 # -- the paths --------------------------------------------------------------------------------------
-def ours(values: Sequence[bytes], codec: TableCodec, batch: int) -> list[RowImages]:
+def ours(records: Sequence[SourceRecord], codec: TableCodec, batch: int) -> list[RowImages]:
     """Envelope of every value, then typed Arrow images per batch (all values are one table version)."""
     decode = MessageDecoder().decode_records
     out = []
-    for start in range(0, len(values), batch):
-        raws: list[Any] = decode([(None, v) for v in values[start : start + batch]])
+    for start in range(0, len(records), batch):
+        raws: list[Any] = decode(records[start : start + batch])
         out.append(codec.decode_batch(raws))
     return out
 
 
-def changes(values: Sequence[Any], decoder: Any, codec: TableCodec, batch: int) -> list[pa.RecordBatch]:
-    """(key, value) records of any protocol -> typed change images per batch, as the pipeline decodes."""
+def changes(
+    records: Sequence[SourceRecord], decoder: Any, codec: TableCodec, batch: int
+) -> list[pa.RecordBatch]:
+    """Records of any protocol -> typed change images per batch, as the pipeline decodes them."""
     decode = decoder.decode_records
     out = []
-    for start in range(0, len(values), batch):
-        raws: list[Any] = decode(values[start : start + batch])
+    for start in range(0, len(records), batch):
+        raws: list[Any] = decode(records[start : start + batch])
         out.append(codec.decode_changes(raws).rows)
     return out
 
@@ -257,10 +260,14 @@ def fastavro_datums(records: Sequence[Any], registry: SchemaRegistry) -> list[An
     return out
 
 
-def envelope_only(values: Sequence[bytes], batch: int) -> list[Any]:
+def envelope_only(records: Sequence[SourceRecord], batch: int) -> list[Any]:
     decode = MessageDecoder().decode_records
-    starts = range(0, len(values), batch)
-    return [decode([(None, v) for v in values[start : start + batch]]) for start in starts]
+    return [decode(records[start : start + batch]) for start in range(0, len(records), batch)]
+
+
+def polled(pairs: Iterable[tuple[bytes | None, bytes]]) -> list[SourceRecord]:
+    """(key, value) pairs as the source hands records to the pipeline."""
+    return [SourceRecord("bench", 0, offset, None, key, value) for offset, (key, value) in enumerate(pairs)]
 
 
 def bare_fastavro(values: Sequence[bytes]) -> list[Any]:
@@ -402,8 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = typed_rows(args.rows)
     json_values = encode_all(rows, "json", policy)
     avro_values = encode_all(rows, "avro", policy)
-    json_checksummed = encode_all(rows, "json", policy, checksums=True)
-    avro_checksummed = encode_all(rows, "avro", policy, checksums=True)
+    json_checksummed = polled((None, v) for v in encode_all(rows, "json", policy, checksums=True))
+    avro_checksummed = polled((None, v) for v in encode_all(rows, "avro", policy, checksums=True))
     registry_server = LocalSchemaRegistry().start()  # a real HTTP registry on localhost (a test fixture)
     registry = SchemaRegistry(registry_server.url)
     ticdc_avro = avro_records(rows, registry, policy)
@@ -418,27 +425,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     dbz_decoder = DebeziumDecoder()
     dbz_raw = dbz_decoder.decode_record(*debezium[0])
     dbz_codec = TableCodec(dbz_decoder.described_schema(dbz_raw.schema_key), policy)  # type: ignore[arg-type]
-    json_records = [(None, v) for v in json_values]
+    json_polled, avro_polled = polled((None, v) for v in json_values), polled((None, v) for v in avro_values)
+    ticdc_polled, debezium_polled = polled(ticdc_avro), polled(debezium)
     assert isinstance(MessageDecoder().decode(json_values[0]), RawDML)
     assert isinstance(MessageDecoder().decode(avro_values[0]), RawDML)
     codec = TableCodec(SCHEMA)
 
     n, batch = args.rows, args.batch
     paths: list[tuple[str, Callable[[], Any]]] = [
-        (JSON_ENVELOPE, lambda: envelope_only(json_values, batch)),
-        (JSON_OURS, lambda: ours(json_values, codec, batch)),
+        (JSON_ENVELOPE, lambda: envelope_only(json_polled, batch)),
+        (JSON_OURS, lambda: ours(json_polled, codec, batch)),
         (JSON_NAIVE, lambda: naive(json_values, batch)),
     ]
     if orjson is not None:
         paths.append((JSON_NAIVE_ORJSON, lambda: naive(json_values, batch, orjson.loads)))
     paths += [
-        (AVRO_ENVELOPE, lambda: envelope_only(avro_values, batch)),
-        (AVRO_OURS, lambda: ours(avro_values, codec, batch)),
+        (AVRO_ENVELOPE, lambda: envelope_only(avro_polled, batch)),
+        (AVRO_OURS, lambda: ours(avro_polled, codec, batch)),
         (AVRO_BARE, lambda: bare_fastavro(avro_values)),
-        (JSON_CHANGES, lambda: changes(json_records, MessageDecoder(), codec, batch)),
-        (TICDC_AVRO_OURS, lambda: changes(ticdc_avro, avro_decoder, avro_codec_, batch)),
+        (JSON_CHANGES, lambda: changes(json_polled, MessageDecoder(), codec, batch)),
+        (TICDC_AVRO_OURS, lambda: changes(ticdc_polled, avro_decoder, avro_codec_, batch)),
         (TICDC_AVRO_FASTAVRO, lambda: fastavro_datums(ticdc_avro, registry)),
-        (DEBEZIUM_OURS, lambda: changes(debezium, dbz_decoder, dbz_codec, batch)),
+        (DEBEZIUM_OURS, lambda: changes(debezium_polled, dbz_decoder, dbz_codec, batch)),
         (JSON_CHECKSUMMED, lambda: verified_changes(json_checksummed, codec, batch, verify=False)),
         (JSON_VERIFIED, lambda: verified_changes(json_checksummed, codec, batch, verify=True)),
         (AVRO_CHECKSUMMED, lambda: verified_changes(avro_checksummed, codec, batch, verify=False)),

@@ -25,6 +25,7 @@ from consumer.protocol.containment import decoded_each
 from consumer.protocol.model import DML, Column, DataType, DMLType, RawDML, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
+from consumer.sources.record import SourceRecord
 from consumer.testing.strategies import BUILD_TS, TSO, dml_messages, table_schemas
 
 PROPERTY = settings(
@@ -258,6 +259,10 @@ def _no_tso(error: Any) -> str:
     return re.sub(r"TSO \d+", "TSO", str(error))
 
 
+def _polled(values: list[bytes | None]) -> list[SourceRecord]:
+    return [SourceRecord("t", 0, offset, value=value) for offset, value in enumerate(values)]
+
+
 _NOW_TSO = 449_811_223_446_634_498
 _OTHER_VALUES = st.none() | st.binary(max_size=40) | st.just(b'{"type":"WATERMARK"}')
 
@@ -289,7 +294,7 @@ def test_a_polls_headers_read_at_once_are_each_records_own(data: Any, encoding: 
         else:
             values.append(data.draw(_OTHER_VALUES))
     decoder = MessageDecoder(encoding)
-    got = decoder.decode_records([(None, value) for value in values])
+    got = decoder.decode_records(_polled(values))
     expected = [_decoded(decoder, value) for value in values]
     assert all(_same_outcome(g, e) for g, e in zip(got, expected, strict=True)), (got, expected)
     known = avro_codec.known_headers(values, decoder._checks)
@@ -307,7 +312,7 @@ def test_headers_read_at_once_in_a_poll_of_thousands_and_mixed_layouts() -> None
     decoder = MessageDecoder("avro")
     expected = [decoder.decode(value) for value in values]
     assert avro_codec.known_headers(values, decoder._checks) == expected
-    assert decoder.decode_records([(None, value) for value in values]) == expected
+    assert decoder.decode_records(_polled(values)) == expected
     odd_first = [_one_column(0, build_ts=1 << 62), _one_column(1, claim_check_location="s3://b/k"), *values]
     known = avro_codec.known_headers(odd_first, decoder._checks)  # a 10-byte long, a claim-check: by decode
     assert known == [None, None, *expected]
@@ -316,7 +321,7 @@ def test_headers_read_at_once_in_a_poll_of_thousands_and_mixed_layouts() -> None
     known = avro_codec.known_headers(many, decoder._checks)
     assert all(k is None or k == e for k, e in zip(known, expected, strict=True))
     assert sum(k is not None for k in known) >= avro_codec._LAYOUTS_TRIED * 300 // 63
-    assert decoder.decode_records([(None, value) for value in many]) == expected
+    assert decoder.decode_records(_polled(many)) == expected
 
 
 def test_a_dependency_error_stops_the_poll_and_a_records_error_is_its_own() -> None:
@@ -329,11 +334,11 @@ def test_a_dependency_error_stops_the_poll_and_a_records_error_is_its_own() -> N
             raise SchemaRegistryError("the registry is down")
         return MessageDecoder("avro").decode(value)
 
-    out = decoded_each(decode, [(None, good), (None, b"\x16\x00"), (None, good)])
+    out = decoded_each(decode, _polled([good, b"\x16\x00", good]))
     assert out[0] == out[2] == MessageDecoder("avro").decode(good)
     assert isinstance(out[1], MalformedMessageError)
     with pytest.raises(SchemaRegistryError):
-        decoded_each(decode, [(None, good), (None, b"registry")])
+        decoded_each(decode, _polled([good, b"registry"]))
 
 
 @settings(max_examples=400, deadline=None)

@@ -54,7 +54,7 @@ class RecordIntake:
     def decode(self, records: Sequence[SourceRecord]) -> Batch:
         """A poll's records, decoded; an error of a dependency (the schema registry is down) stops the run
         and sets nothing aside."""
-        messages = self.decoder.decode_records([(record.key, record.value) for record in records])
+        messages = self.decoder.decode_records(records)
         decoded: Decoded = []
         exceptional = False
         for record, message in zip(records, messages, strict=True):

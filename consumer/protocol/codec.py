@@ -30,7 +30,7 @@ from consumer.protocol.compression import (
     compress,
     decompress,
 )
-from consumer.protocol.containment import KeyValue, decoded_each
+from consumer.protocol.containment import KeyedValue, decoded_each
 from consumer.protocol.model import DML, DecodedMessage, Message, TableSchema
 from consumer.protocol.rows import Encoding, TableCodec
 from consumer.protocol.types import ValuePolicy
@@ -66,13 +66,13 @@ class MessageDecoder:
         """A record as `RecordDecoder` takes it: the Simple protocol puts nothing in the key."""
         return self.decode(value)
 
-    def decode_records(self, records: Sequence[KeyValue]) -> list[DecodedMessage | ConsumerError]:
+    def decode_records(self, records: Sequence[KeyedValue]) -> list[DecodedMessage | ConsumerError]:
         """Plain Avro DMLs of known routes have their headers read at once (`avro_codec.known_headers`)."""
         known = None
-        first = records[0][1] if len(records) >= _HEADERS_AT_ONCE else None
+        first = records[0].value if len(records) >= _HEADERS_AT_ONCE else None
         if self._plain_avro and first and first[0] == avro_codec.MESSAGE_BRANCH:  # a topic's records share it
             try:
-                known = avro_codec.known_headers([value for _, value in records], self._checks)
+                known = avro_codec.known_headers([record.value for record in records], self._checks)
             except Exception:  # only a shortcut: the records are then read one by one, each contained
                 known = None
         return decoded_each(self.decode_record, records, known)

@@ -29,7 +29,7 @@ import msgspec
 
 from consumer.errors import ConsumerError, EncodeError, MalformedMessageError, UnsupportedTypeError
 from consumer.protocol.checks import MessageChecks
-from consumer.protocol.containment import KeyValue, decoded_each, raise_contained
+from consumer.protocol.containment import KeyedValue, decoded_each, raise_contained
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -383,7 +383,7 @@ class ConfluentAvroDecoder:
         found = self._by_version.get(key)
         return found.schema if found is not None else None
 
-    def decode_records(self, records: Sequence[KeyValue]) -> list[DecodedMessage | ConsumerError]:
+    def decode_records(self, records: Sequence[KeyedValue]) -> list[DecodedMessage | ConsumerError]:
         return decoded_each(self.decode_record, records)
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:

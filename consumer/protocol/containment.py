@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from consumer.errors import ConsumerError, DependencyError, InternalDecodeError, NestingTooDeepError
 from consumer.protocol.model import DecodedMessage, RawDML
 
-KeyValue = tuple[bytes | None, bytes | None]
+
+class KeyedValue(Protocol):
+    """A Kafka record as a decoder reads it (a `SourceRecord` is one)."""
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def value(self) -> bytes | None: ...
 
 
 @contextlib.contextmanager
@@ -36,20 +44,20 @@ def raise_contained(exc: BaseException, what: str) -> NoReturn:
 
 def decoded_each(
     decode: Callable[[bytes | None, bytes | None], DecodedMessage],
-    records: Sequence[KeyValue],
+    records: Sequence[KeyedValue],
     known: Sequence[RawDML | None] | None = None,
 ) -> list[DecodedMessage | ConsumerError]:
-    """Each (key, value) record's message, or the error that sends it to the error policy; `known`: messages
+    """Each record's message, or the error that sends it to the error policy; `known`: messages
     read before for many records at once (None where `decode` reads the record). A dependency's error (the
     schema registry is down) is no record's fault: it is raised, and stops the batch."""
     decoded: list[DecodedMessage | ConsumerError] = []
-    for index, (key, value) in enumerate(records):
+    for index, record in enumerate(records):
         read = known[index] if known is not None else None
         if read is not None:
             decoded.append(read)
             continue
         try:
-            decoded.append(decode(key, value))
+            decoded.append(decode(record.key, record.value))
         except DependencyError:
             raise
         except ConsumerError as exc:

@@ -28,7 +28,7 @@ from msgspec.structs import astuple
 from consumer.errors import ConsumerError, MalformedMessageError, UnsupportedTypeError, ValueDecodeError
 from consumer.protocol.checks import MessageChecks
 from consumer.protocol.compression import LZ4_MAGIC, Compression, CompressionSetting, compress, decompress
-from consumer.protocol.containment import KeyValue, decoded_each, raise_contained
+from consumer.protocol.containment import KeyedValue, decoded_each, raise_contained
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -191,7 +191,7 @@ class DebeziumDecoder:
     def described_schema(self, key: tuple[str, str, int]) -> TableSchema | None:
         return self._by_version.get(key)
 
-    def decode_records(self, records: Sequence[KeyValue]) -> list[DecodedMessage | ConsumerError]:
+    def decode_records(self, records: Sequence[KeyedValue]) -> list[DecodedMessage | ConsumerError]:
         return decoded_each(self.decode_record, records)
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:

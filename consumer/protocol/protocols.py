@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from consumer.errors import ConsumerError
 from consumer.protocol.codec import EncodingSetting, MessageDecoder
 from consumer.protocol.compression import CompressionSetting
-from consumer.protocol.containment import KeyValue
+from consumer.protocol.containment import KeyedValue
 from consumer.protocol.model import DecodedMessage, TableSchema
 from consumer.protocol.types import ValuePolicy
 
@@ -31,7 +31,7 @@ class RecordDecoder(Protocol):
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage: ...
 
-    def decode_records(self, records: Sequence[KeyValue]) -> list[DecodedMessage | ConsumerError]:
+    def decode_records(self, records: Sequence[KeyedValue]) -> list[DecodedMessage | ConsumerError]:
         """A poll's records: each one's message or the `ConsumerError` it met (see `decoded_each`)."""
         ...
 

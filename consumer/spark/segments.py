@@ -199,7 +199,7 @@ def encode_range(
     `cpu_seconds`: what reading the records cost (the segment reports it with the decoding's)."""
     started = time.process_time()
     messages: list[DecodedMessage | None] = []
-    for decoded in decoder.decode_records([(record.key, record.value) for record in records]):
+    for decoded in decoder.decode_records(records):
         # a record that does not decode is decoded again by the driver, which meets the error under its policy
         message = None if isinstance(decoded, ConsumerError) else decoded
         messages.append(message)
