@@ -230,17 +230,7 @@ def known_headers(values: Sequence[bytes | None], checks: MessageChecks) -> list
         longs = _HeaderLongs(payloads, starts[first : first + _HEADERS_AT_ONCE])
         for row, commit_ts, build_ts, version in longs.rows(ceiling):
             route = routes[first + row]
-            known[indexes[row]] = RawDML(
-                type=route.type,
-                database=route.database,
-                table=route.table,
-                table_id=route.table_id,
-                commit_ts=commit_ts,
-                build_ts=build_ts,
-                schema_version=version,
-                payload=payloads[row],
-                encoding="avro",
-            )
+            known[indexes[row]] = _raw_dml(payloads[row], route, commit_ts, build_ts, version, checks)
     return known
 
 
