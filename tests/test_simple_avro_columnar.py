@@ -16,7 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumer.errors import ConsumerError, MalformedMessageError, SchemaRegistryError, ValueDecodeError
+from consumer.errors import (
+    ConsumerError,
+    InternalDecodeError,
+    MalformedMessageError,
+    SchemaRegistryError,
+    ValueDecodeError,
+)
 from consumer.protocol import avro_codec, simple_avro_rows
 from consumer.protocol.avro_codec import _HeaderReader
 from consumer.protocol.checks import MessageChecks
@@ -322,6 +328,17 @@ def test_headers_read_at_once_in_a_poll_of_thousands_and_mixed_layouts() -> None
     assert all(k is None or k == e for k, e in zip(known, expected, strict=True))
     assert sum(k is not None for k in known) >= avro_codec._LAYOUTS_TRIED * 300 // 63
     assert decoder.decode_records(_polled(many)) == expected
+
+
+def test_a_poll_whose_first_value_is_no_bytes_is_still_each_records_own() -> None:
+    """A poll long enough to be read at once, led by a value that is not bytes (a source gone wrong): that
+    record gets `decode`'s contained error, the rest their messages."""
+    good = [_one_column(n) for n in range(20)]
+    records = [SourceRecord("t", 0, 0, value=5), *_polled(good)]  # type: ignore[arg-type]
+    decoder = MessageDecoder()
+    out = decoder.decode_records(records)
+    assert isinstance(out[0], InternalDecodeError)
+    assert out[1:] == [decoder.decode(value) for value in good]
 
 
 def test_a_dependency_error_stops_the_poll_and_a_records_error_is_its_own() -> None:

@@ -224,10 +224,10 @@ def known_headers(values: Sequence[bytes | None], checks: MessageChecks) -> list
     picked, routes, starts = _routed(values)
     ceiling = checks.clock_ceiling() if picked else 0
     known: list[RawDML | None] = [None] * len(values)
-    for first in range(0, len(picked), _HEADERS_AT_ONCE):
-        indexes = picked[first : first + _HEADERS_AT_ONCE]
+    for first in range(0, len(picked), _HEADER_MATRIX_ROWS):
+        indexes = picked[first : first + _HEADER_MATRIX_ROWS]
         payloads: list[bytes] = [values[index] for index in indexes]  # type: ignore[misc]  # routed: bytes
-        longs = _HeaderLongs(payloads, starts[first : first + _HEADERS_AT_ONCE])
+        longs = _HeaderLongs(payloads, starts[first : first + _HEADER_MATRIX_ROWS])
         for row, commit_ts, build_ts, version in longs.rows(ceiling):
             route = routes[first + row]
             known[indexes[row]] = _raw_dml(payloads[row], route, commit_ts, build_ts, version, checks)
@@ -242,7 +242,7 @@ def _routed(values: Sequence[bytes | None]) -> tuple[list[int], list[_Route], li
     routes: list[_Route] = []
     starts: list[int] = []
     for index, value in enumerate(values):
-        if isinstance(value, bytes):  # every known prefix starts with DML_PREFIX
+        if type(value) is bytes:  # as `decode` takes the known-header path; other values are read by it
             for length in lengths:
                 route = by_bytes.get(value[:length])
                 if route is not None:
@@ -258,9 +258,12 @@ class _HeaderLongs:
     and schemaVersion, then the two null unions of a DML that is no claim-check."""
 
     def __init__(self, payloads: list[bytes], starts: list[int]) -> None:
-        sizes = np.fromiter(map(len, payloads), np.int64, len(payloads))
+        # Only each header's bytes are copied (a large row's values are not): a head shorter than its start
+        # plus the tail is the whole payload, so the room a header has is read from the heads alone
+        heads = [payload[: start + _HEADER_TAIL] for payload, start in zip(payloads, starts, strict=True)]
+        sizes = np.fromiter(map(len, heads), np.int64, len(heads))
         self.room = sizes - np.asarray(starts, np.int64)  # the bytes each header may take
-        buffer = np.frombuffer(b"".join([*payloads, bytes(_HEADER_TAIL)]), np.uint8)  # no second copy
+        buffer = np.frombuffer(b"".join([*heads, bytes(_HEADER_TAIL)]), np.uint8)
         origins = np.cumsum(sizes) - sizes + np.asarray(starts, np.int64)
         self.tails = buffer[origins[:, None] + np.arange(_HEADER_TAIL)]
 
@@ -318,7 +321,7 @@ def _long_sizes(tail: bytes) -> tuple[int, int, int] | None:
     return sizes[0], sizes[1], sizes[2]
 
 
-_HEADERS_AT_ONCE = 4096  # bounds the matrix of a poll's headers
+_HEADER_MATRIX_ROWS = 4096  # bounds the matrix of a poll's headers
 _LAYOUTS_TRIED = 8  # rows laid out unlike these are read one by one
 _HEADER_TAIL = 3 * 9 + 2  # three longs of at most 9 bytes, two null unions
 

@@ -67,10 +67,12 @@ class MessageDecoder:
         return self.decode(value)
 
     def decode_records(self, records: Sequence[KeyedValue]) -> list[DecodedMessage | ConsumerError]:
-        """Plain Avro DMLs of known routes have their headers read at once (`avro_codec.known_headers`)."""
+        """In a poll of at least `_FEWEST_READ_AT_ONCE` records whose first is Avro (a topic's records share
+        an encoding), the plain Avro DMLs of known routes have their headers read at once
+        (`avro_codec.known_headers`); every other record is read by `decode`."""
         known = None
-        first = records[0].value if len(records) >= _HEADERS_AT_ONCE else None
-        if self._plain_avro and first and first[0] == avro_codec.MESSAGE_BRANCH:  # a topic's records share it
+        first = records[0].value if len(records) >= _FEWEST_READ_AT_ONCE else None
+        if self._plain_avro and type(first) is bytes and first[:1] == _AVRO_START:
             try:
                 known = avro_codec.known_headers([record.value for record in records], self._checks)
             except Exception:  # only a shortcut: the records are then read one by one, each contained
@@ -132,7 +134,8 @@ class MessageDecoder:
 
 
 _JSON_START = ord("{")
-_HEADERS_AT_ONCE = 16  # fewer are read one by one: the columnar reading costs more than it saves
+_FEWEST_READ_AT_ONCE = 16  # fewer are read one by one: the columnar reading costs more than it saves
+_AVRO_START = bytes((avro_codec.MESSAGE_BRANCH,))
 
 
 def _sniffed(first: int) -> Encoding:
