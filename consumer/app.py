@@ -14,40 +14,32 @@ from consumer.config import (
     file_source_path,
     kafka_source_parts,
 )
-from consumer.configured import build_dead_letters, build_decoder, build_large_messages, build_sinks
+from consumer.configured import (
+    build_dead_letters,
+    build_decoder,
+    build_large_messages,
+    build_policy,
+    build_sinks,
+    build_state,
+)
 from consumer.members import GroupMembers, MemberFailed, MemberProcess
 from consumer.pipeline import Pipeline, PipelineStats
-from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
 from consumer.sources.base import Source
 from consumer.sources.files import FileSource
 from consumer.sources.kafka import KafkaSource
 from consumer.sources.retry import SourceRetry
-from consumer.state.machine import ConsumerState
 from consumer.stopping import StopRequest
 
 log = logging.getLogger(__name__)
 
 
 def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None, *, pause_gc: bool = False) -> Pipeline:
-    policy = ValuePolicy(
-        unrepresentable=config.decode.unrepresentable,
-        timestamp_location=config.decode.timestamp_zone,
-        verify_checksums=config.integrity.verify_checksums,
-        unknown_types=config.decode.unknown_types,
-        limits=config.decode.limits(),
-    )
+    policy = build_policy(config)
     decoder = build_decoder(config.decode, policy)
-    state = ConsumerState(
-        policy=config.errors.policy,
-        budget_bytes=config.budget.pending_bytes,
-        pending_timeout=config.budget.pending_timeout_s,
-        ordering="watermark" if config.decode.watermark_ordering() else "arrival",
-        described=decoder.described_schema,
-    )
     return Pipeline(
         group=config.source.group,
-        state=state,
+        state=build_state(config, decoder),
         sinks=sinks if sinks is not None else build_sinks(config),
         dead_letters=build_dead_letters(config),
         decoder=decoder,

@@ -264,16 +264,40 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError(
             "parallelism.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"
         )
-    _check_engine(config)
+    check_engine(config)
 
 
-def _check_engine(config: RunConfig) -> None:
-    if config.engine.kind != "spark":
-        return
+def check_engine(config: RunConfig, kind: Literal["loop", "spark"] | None = None) -> None:
+    """Refuse what engine `kind` (default: the configured one) cannot do, rather than ignore it: every other
+    setting reaches both engines."""
+    if (kind or config.engine.kind) == "loop":
+        _check_loop(config)
+    else:
+        _check_spark(config)
+
+
+def _check_loop(config: RunConfig) -> None:
+    engine, defaults = config.engine, EngineConfig()
+    for name in ("master", "checkpoint", "trigger_seconds"):
+        if getattr(engine, name) != getattr(defaults, name):
+            raise ConfigError(f"engine.{name} is a setting of the Spark engine: set engine.kind = spark")
+
+
+def _check_spark(config: RunConfig) -> None:
     if not config.source.url.startswith("kafka:"):
         raise ConfigError("engine.kind = spark needs a Kafka source: Spark reads partition offset ranges")
     if config.parallelism.processes > 1:
         raise ConfigError("engine.kind = spark runs one query: executors scale it, not parallelism.processes")
+    if config.parallelism.decode_workers is not None:
+        raise ConfigError(
+            "engine.kind = spark decodes in its executors: parallelism.decode_workers is the loop's"
+        )
+    source, defaults = config.source, SourceConfig()
+    if (source.retries, source.retry_backoff_s) != (defaults.retries, defaults.retry_backoff_s):
+        raise ConfigError(
+            "engine.kind = spark retries a failed task itself (spark.task.maxFailures): "
+            "source.retries and source.retry_backoff_s are the loop engine's"
+        )
     root = config.sink.url.partition(":")[2]
     if not config.engine.checkpoint and "://" in root and not root.startswith("file://"):
         raise ConfigError(f"sink {config.sink.url!r} is not a local directory: set engine.checkpoint")

@@ -16,6 +16,7 @@ from consumer.protocol.protocols import DecoderSettings, RecordDecoder, record_d
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterObjects, DeadLetterQueue, DeadLetterTopic
+from consumer.state.machine import ConsumerState
 
 
 def build_sinks(config: RunConfig) -> list[Sink]:
@@ -62,6 +63,29 @@ def build_dead_letters(config: RunConfig) -> DeadLetterQueue:
     if "://" in target:
         return DeadLetterObjects(target, config.sink.storage_options)
     return DeadLetterFile(target.partition(":")[2])
+
+
+def build_policy(config: RunConfig) -> ValuePolicy:
+    """How values are typed and checked: the same for the loop's decoder, Spark's tasks and its driver."""
+    decode = config.decode
+    return ValuePolicy(
+        unrepresentable=decode.unrepresentable,
+        timestamp_location=decode.timestamp_zone,
+        verify_checksums=config.integrity.verify_checksums,
+        unknown_types=decode.unknown_types,
+        limits=decode.limits(),
+    )
+
+
+def build_state(config: RunConfig, decoder: RecordDecoder) -> ConsumerState:
+    """The state machine under the configured error policy, budget and ordering."""
+    return ConsumerState(
+        policy=config.errors.policy,
+        budget_bytes=config.budget.pending_bytes,
+        pending_timeout=config.budget.pending_timeout_s,
+        ordering="watermark" if config.decode.watermark_ordering() else "arrival",
+        described=decoder.described_schema,
+    )
 
 
 def build_decoder(decode: DecodeConfig, policy: ValuePolicy) -> RecordDecoder:

@@ -71,3 +71,29 @@ def versions(root: str | Path, storage_options: Mapping[str, str] | None = None)
     uris += [entry_uri(lake, entry, kind) for entry in tables(lake) for kind in KINDS]
     opened = {uri: lake.open(uri) for uri in uris}
     return {uri: table.version() for uri, table in opened.items() if table is not None}
+
+
+def lake_contents(root: str | Path, storage_options: Mapping[str, str] | None = None) -> dict[str, object]:
+    """Everything a run leaves in a Delta lakehouse that two engines must agree on: per table incarnation
+    (its name history, drop and truncate points) its changelog and mirror rows, in a canonical order."""
+    lake = LakeRoot.of(root, storage_options)
+    contents: dict[str, object] = {}
+    for entry in tables(lake):
+        names = [(p.since_ts, p.database, p.table) for p in entry.names]
+        name = repr((names, entry.dropped_ts, entry.truncated_ts))
+        contents[name] = {kind: _rows(lake, entry_uri(lake, entry, kind)) for kind in KINDS}
+    return contents
+
+
+def _rows(lake: LakeRoot, uri: str) -> list[tuple[object, ...]]:
+    table = lake.open(uri)
+    if table is None:
+        return []
+    rows = read_delta(lake, table)
+    names = sorted(rows.column_names)
+    return sorted(
+        (
+            tuple(repr(value) for value in row)
+            for row in zip(*(rows[n].to_pylist() for n in names), strict=True)
+        ),
+    )

@@ -26,9 +26,7 @@ from consumer.protocol.model import DML, DMLType, RawDML, Watermark
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.dead_letter import DeadLetterFile
 from consumer.sinks.foreach_batch import BatchInfo, ForeachBatchSink, TableName
-from consumer.sinks.jsonl import JsonLinesSink
 from consumer.sinks.parquet import ParquetSink
 from consumer.sources.capture import read_capture
 from consumer.sources.errors import SourceError
@@ -54,16 +52,33 @@ def _produce(
     return workload
 
 
-def _config(broker: EmbeddedBroker, topic: str, root: Path, **budget: Any) -> RunConfig:
+def _config(
+    broker: EmbeddedBroker,
+    topic: str,
+    root: Path,
+    *,
+    sink: str = "delta",
+    checkpoint: Path | None = None,
+    group: str = "",
+    **budget: Any,
+) -> RunConfig:
     return load_config(
         environ={},
         overrides={
-            "source": {"url": f"kafka://{broker.bootstrap_servers}/{topic}", "group": f"{topic}.spark"},
-            "sink": {"url": f"delta:{root}"},
-            "engine": {"kind": "spark"},
+            "source": {
+                "url": f"kafka://{broker.bootstrap_servers}/{topic}",
+                "group": group or f"{topic}.spark",
+            },
+            "sink": {"url": f"{sink}:{root}"},
+            "engine": {"kind": "spark", "checkpoint": str(checkpoint or "")},
             "budget": {"max_batch_records": 1000, **budget},
         },
     )
+
+
+def _options(config: RunConfig, **more: str) -> dict[str, str]:
+    """The stream's options for `config`, with source options a run configuration does not name."""
+    return {**engine.stream_options(config).to_spark(), **more}
 
 
 @pytest.mark.slow
@@ -177,22 +192,18 @@ def test_mid_stream_start_holds_rows_until_a_bootstrap_on_partition_0(
     starts = {tp: end // 2 for tp, end in ends.items()}
     expected = _dml_offsets(records, starts)
     out = tmp_path / "out"
-    options = {
-        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
-        "subscribe": topic,
-        "startingOffsets": json.dumps({topic: {str(p): offset for (_, p), offset in starts.items()}}),
-        "maxOffsetsPerTrigger": "300",
-        "group": f"{topic}.mid",
-        "stateLocation": str(tmp_path / "checkpoint" / "ticdc"),
-    }
+    config = _config(
+        kafka_broker, topic, out, sink="jsonl", checkpoint=tmp_path / "checkpoint", group=f"{topic}.mid"
+    )
+    config.budget.max_batch_records = 300
+    starting = json.dumps({topic: {str(p): offset for (_, p), offset in starts.items()}})
+    options = _options(config, startingOffsets=starting)
     held: list[int] = []
 
     def observe(pipeline: Pipeline) -> None:
         held.append(pipeline.state.stats().held_rows)
 
-    handler = ChangeBatches(
-        options, [JsonLinesSink(out)], DeadLetterFile(out / "_dead_letters.jsonl"), on_batch=observe
-    )
+    handler = ChangeBatches(config, on_batch=observe)
     query = (
         _stream(spark, options, handler, tmp_path / "checkpoint")
         .trigger(processingTime="0.2 seconds")
@@ -230,19 +241,15 @@ def test_batch_read_applies_the_rows_its_ranges_resolve(
     messages = [(r, decoder.decode(r.value)) for r in records]
     marks = [(r.offset, m.commit_ts) for r, m in messages if r.partition == 1 and isinstance(m, Watermark)]
     cut, watermark = marks[len(marks) // 2]
-    options = {
-        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
-        "subscribe": topic,
-        "endingOffsets": json.dumps({topic: {"0": -1, "1": cut + 1}}),
-        "stateLocation": str(tmp_path / "state"),
-    }
+    out = tmp_path / "out"
+    config = _config(kafka_broker, topic, out, sink="jsonl", checkpoint=tmp_path / "checkpoint")
+    options = _options(config, endingOffsets=json.dumps({topic: {"0": -1, "1": cut + 1}}))
     register(spark)
     frame = spark.read.format("ticdc").options(**options).load()
     ranges = {(r.partition, r.start_offset, r.end_offset) for r in frame.drop("records", "changes").collect()}
     end = max(r.offset for r in records if r.partition == 0) + 1
     assert ranges == {(0, 0, end), (1, 0, cut + 1)}
-    out = tmp_path / "out"
-    handler = ChangeBatches(options, [JsonLinesSink(out)], DeadLetterFile(out / "_dead_letters.jsonl"))
+    handler = ChangeBatches(config)
     handler(frame, 0)
     handler.close()
     expected = {
@@ -337,14 +344,10 @@ def test_parquet_and_a_user_function_get_typed_per_table_frames(
         types[name] = dict(frame.dtypes)
 
     root = tmp_path / "lake"
-    options = {
-        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
-        "subscribe": topic,
-        "maxOffsetsPerTrigger": "700",
-        "stateLocation": str(tmp_path / "checkpoint" / "ticdc"),
-    }
-    sinks = [ParquetSink(root), ForeachBatchSink(spark, collect)]
-    handler = ChangeBatches(options, sinks, DeadLetterFile(root / "_dead_letters.jsonl"))
+    config = _config(kafka_broker, topic, root, sink="parquet", checkpoint=tmp_path / "checkpoint")
+    config.budget.max_batch_records = 700
+    options = _options(config)
+    handler = ChangeBatches(config, sinks=[ParquetSink(root), ForeachBatchSink(spark, collect)])
     _stream(spark, options, handler, tmp_path / "checkpoint").trigger(
         availableNow=True
     ).start().awaitTermination()

@@ -246,8 +246,9 @@ def test_options_arrive_in_any_case_and_go_back_to_spark() -> None:
             "subscribe": "a, b",
             "kafka.security.protocol": "SASL_SSL",
             "maxoffsetspertrigger": "500",
-            "errorPolicy": "fail",
-            "pendingTimeoutSeconds": "2.5",
+            "decode.protocol": "debezium",
+            "DECODE.MAX_COMMIT_TS_AHEAD_S": "2.5",
+            "integrity.verify_checksums": "false",
         }
     )
     assert (options.bootstrap_servers, options.topics, options.kafka) == (
@@ -255,11 +256,9 @@ def test_options_arrive_in_any_case_and_go_back_to_spark() -> None:
         ("a", "b"),
         {"security.protocol": "SASL_SSL"},
     )
-    assert (options.max_offsets_per_trigger, options.error_policy, options.pending_timeout_seconds) == (
-        500,
-        "fail",
-        2.5,
-    )
+    settings = options.settings
+    assert (options.max_offsets_per_trigger, settings.decode.protocol) == (500, "debezium")
+    assert (settings.decode.max_commit_ts_ahead_s, settings.integrity.verify_checksums) == (2.5, False)
     assert TicdcOptions.parse(options.to_spark()) == options
 
 
@@ -269,7 +268,9 @@ def test_options_arrive_in_any_case_and_go_back_to_spark() -> None:
         ({"subscribe": "t"}, "needs the option 'kafka.bootstrap.servers'"),
         ({"kafka.bootstrap.servers": "b"}, "needs the option 'subscribe'"),
         ({"kafka.bootstrap.servers": "b", "subscribe": "t", "startingoffset": "0"}, "unknown option"),
-        ({"kafka.bootstrap.servers": "b", "subscribe": "t", "errorpolicy": "ignore"}, "invalid"),
+        ({"kafka.bootstrap.servers": "b", "subscribe": "t", "decode.ordering": "random"}, "invalid"),
+        # the registry's credentials are the driver's (`ChangeBatches` reads them from the run configuration)
+        ({"kafka.bootstrap.servers": "b", "subscribe": "t", "decode.schema_registry": "x"}, "unknown option"),
     ],
 )
 def test_bad_options_are_refused(options: dict[str, str], message: str) -> None:

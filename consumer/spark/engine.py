@@ -40,23 +40,27 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from consumer.batches.changes import TableChanges, changelog_schema, table_changes
-from consumer.config import RunConfig, kafka_source_parts
-from consumer.configured import build_dead_letters, build_large_messages, build_sinks
+from consumer.config import RunConfig, check_engine, kafka_source_parts
+from consumer.configured import (
+    build_dead_letters,
+    build_decoder,
+    build_large_messages,
+    build_policy,
+    build_sinks,
+    build_state,
+)
 from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.pipeline import DecodedRecord, Pipeline, PipelineStats
-from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import RawDML, Watermark
 from consumer.protocol.rows import TableCodec
-from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import Carry, CarryStore
 from consumer.spark.segments import Segment, merged
 from consumer.spark.session import spark_session
-from consumer.spark.source import OffsetRange, TicdcOptions, read_range, register
-from consumer.state.machine import ConsumerState
+from consumer.spark.source import TASK_SETTINGS, OffsetRange, TicdcOptions, read_range, register
 from consumer.state.schema_cache import snapshot_schemas
 from consumer.state.units import RowOrigins, SchemaKey
 from consumer.stopping import StopRequest
@@ -156,39 +160,40 @@ class _ExecutorRows:
 
 
 class ChangeBatches:
-    """The foreachBatch function of a `ticdc` stream: `segments.writeStream.foreachBatch(ChangeBatches(...))`.
+    """The foreachBatch function of a `ticdc` stream read with `stream_options(config)`:
+    `segments.writeStream.foreachBatch(ChangeBatches(config))`.
 
-    `options`: the source's options (the same map, or `TicdcOptions`); `stateLocation` is required and
-    belongs to one checkpoint. `sinks` and `dead_letters` as for a `Pipeline` (e.g.
-    `consumer.configured.build_sinks`); `large_messages` makes key-only DMLs whole as the loop engine
-    does (`consumer.configured.build_large_messages`; without one they go to the error policy);
+    Everything comes from the run configuration `config`, built as the loop engine builds it
+    (`consumer.configured`): the decoder (any protocol, with its registry), value policy, state machine,
+    sinks, dead letters and the large-message resolver; `sinks`, `dead_letters` and `large_messages`
+    replace the configured ones. The engine's record is kept in `<checkpoint>/ticdc` (`checkpoint_location`).
     `on_batch(pipeline)` runs after every batch, on the applying thread (progress display). Call `close`
     when the query is over: it applies the last batch handed over.
     """
 
     def __init__(
         self,
-        options: Mapping[str, str] | TicdcOptions,
-        sinks: Sequence[Sink],
-        dead_letters: DeadLetterQueue,
+        config: RunConfig,
         *,
+        sinks: Sequence[Sink] | None = None,
+        dead_letters: DeadLetterQueue | None = None,
         large_messages: LargeMessageResolver | None = None,
         on_batch: Callable[[Pipeline], None] | None = None,
     ) -> None:
-        self.options = options if isinstance(options, TicdcOptions) else TicdcOptions.parse(options)
-        if not self.options.state_location:
-            raise ValueError(
-                "ChangeBatches needs the stateLocation option: held rows outlive the driver there"
-            )
-        self.sinks = list(sinks)
-        self.dead_letters = dead_letters
-        self.large_messages = large_messages
+        check_engine(config, "spark")
+        self.config = config
+        self.options = stream_options(config)
+        policy = build_policy(config)
+        self.sinks = list(sinks) if sinks is not None else build_sinks(config)
+        self.dead_letters = dead_letters or build_dead_letters(config)
+        self.large_messages = large_messages or build_large_messages(config, policy)
         self.on_batch = on_batch
         self.failure: BaseException | None = None  # what stopped the query, if this function did
         self.changed_batches = 0  # batches with a change record (anything but WATERMARKs)
         self.executor_cpu_seconds = 0.0  # the tasks' CPU time on this process's batches
         self._store = CarryStore(self.options.state_location)
-        self._decoder = MessageDecoder(self.options.encoding, self.options.compression)
+        self._policy = policy
+        self._decoder = build_decoder(config.decode, policy)
         self._rows = _ExecutorRows()
         self._stats = PipelineStats()
         self._pipeline: Pipeline | None = None
@@ -292,20 +297,14 @@ class ChangeBatches:
 
     def _start(self, carry: Carry | None) -> None:
         """A fresh pipeline and state machine (keeping the totals), to be fed the carry first."""
-        options = self.options
-        policy = ValuePolicy(unrepresentable=options.unrepresentable)
-        state = ConsumerState(
-            policy=options.error_policy,
-            budget_bytes=options.pending_bytes,
-            pending_timeout=options.pending_timeout_seconds,
-        )
+        state = build_state(self.config, self._decoder)
         pipeline = Pipeline(
-            group=options.group,
+            group=self.config.source.group,
             state=state,
             sinks=self.sinks,
             dead_letters=self.dead_letters,
             decoder=self._decoder,
-            policy=policy,
+            policy=self._policy,
             row_decoder=self._rows,
             large_messages=self.large_messages,
         )
@@ -408,15 +407,20 @@ def stream_options(config: RunConfig) -> TicdcOptions:
         topics=tuple(topics),
         kafka=dict(config.source.kafka),
         max_offsets_per_trigger=config.budget.max_batch_records,
-        encoding=config.decode.encoding,
-        compression=config.decode.compression,
-        unrepresentable=config.decode.unrepresentable,
         group=config.source.group,
         state_location=f"{checkpoint_location(config)}/{STATE_DIRECTORY}",
-        error_policy=config.errors.policy,
-        pending_timeout_seconds=config.budget.pending_timeout_s,
-        pending_bytes=config.budget.pending_bytes,
+        settings=_task_settings(config),
     )
+
+
+def _task_settings(config: RunConfig) -> RunConfig:
+    """Only what tasks read (`TASK_SETTINGS`): the registry's credentials stay with the driver."""
+    defaults = RunConfig()
+    for section, names in TASK_SETTINGS.items():
+        ours, into = getattr(config, section), getattr(defaults, section)
+        for name in names:
+            setattr(into, name, getattr(ours, name))
+    return defaults
 
 
 def run(
@@ -439,17 +443,9 @@ def run(
     session = spark or spark_session(master=config.engine.master or None)
     try:
         register(session)
-        options = stream_options(config)
-        policy = ValuePolicy(unrepresentable=config.decode.unrepresentable)
-        handler = ChangeBatches(
-            options,
-            build_sinks(config),
-            build_dead_letters(config),
-            large_messages=build_large_messages(config, policy),
-            on_batch=on_cycle,
-        )
+        handler = ChangeBatches(config, on_batch=on_cycle)
         try:
-            start = _query_starter(session, options, handler, checkpoint_location(config))
+            start = _query_starter(session, handler.options, handler, checkpoint_location(config))
             if until_idle is None:
                 _run_continuously(start, config.engine.trigger_seconds, handler, stop)
             else:

@@ -25,6 +25,7 @@ from consumer.batches.changes import table_changes
 from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
 from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, DMLType, RawDML
+from consumer.protocol.protocols import RecordDecoder
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sources.record import SourceRecord, TopicPartition
@@ -53,6 +54,7 @@ ARROW_SCHEMA = pa.schema(
 RECORDS_SCHEMA = pa.schema(
     [
         pa.field("offset", pa.int64(), nullable=False),
+        pa.field("key", pa.binary()),  # the Kafka key of a record kept for the driver (TiCDC Avro, Debezium)
         pa.field("value", pa.binary()),  # null: a DML the task decoded (its images are in `changes`)
         pa.field("type", pa.string()),  # the DML header of a decoded DML, null otherwise
         pa.field("database", pa.string()),
@@ -142,33 +144,37 @@ class Segment:
                 changes[key] = kept
         return Segment(self.topic, self.partition, start, self.end_offset, records, changes, self.cpu_seconds)
 
-    def decoded(self, decoder: MessageDecoder) -> Iterator[DecodedRecord]:
+    def decoded(self, decoder: RecordDecoder) -> Iterator[DecodedRecord]:
         """The records for the state machine, in offset order: typed DMLs by their header (their values are in
-        `changes`), every other record decoded from its value here."""
+        `changes`), every other record decoded from its key and value here (a poll's worth at once)."""
         columns = [self.records[name].to_pylist() for name in RECORDS_SCHEMA.names]
+        kept = [
+            SourceRecord(self.topic, self.partition, offset, None, key, value)
+            for offset, key, value, kind in zip(columns[0], columns[1], columns[2], columns[3], strict=True)
+            if kind is None
+        ]
+        messages = iter(decoder.decode_records(kept))
+        values = iter(kept)
         topic, partition = self.topic, self.partition
-        for offset, value, kind, database, table, table_id, commit_ts, build_ts, version, encoding in zip(
+        for offset, _, _, kind, database, table, table_id, commit_ts, build_ts, version, encoding in zip(
             *columns, strict=True
         ):
             location = RecordLocation(topic, partition, offset)
-            if kind is not None:
-                raw = RawDML(
-                    type=_DML_TYPES[kind],
-                    database=database,
-                    table=table,
-                    table_id=table_id,
-                    commit_ts=commit_ts,
-                    build_ts=build_ts,
-                    schema_version=version,
-                    payload=b"",
-                    encoding=encoding,
-                )
-                yield location, raw, None
+            if kind is None:
+                yield location, next(messages), next(values).value
                 continue
-            try:
-                yield location, decoder.decode(value), value
-            except ConsumerError as exc:
-                yield location, exc, value
+            raw = RawDML(
+                type=_DML_TYPES[kind],
+                database=database,
+                table=table,
+                table_id=table_id,
+                commit_ts=commit_ts,
+                build_ts=build_ts,
+                schema_version=version,
+                payload=b"",
+                encoding=encoding,
+            )
+            yield location, raw, None
 
 
 def merged(segments: Sequence[Segment]) -> Segment:
@@ -190,16 +196,17 @@ def encode_range(
     end: int,
     records: Sequence[SourceRecord],
     schemas: SchemaCache,
-    decoder: MessageDecoder,
+    decoder: MessageDecoder | None,
     policy: ValuePolicy,
     cpu_seconds: float = 0.0,
 ) -> Segment:
     """A task's segment of the records it read from [start, end): every DML whose schema `schemas` knows or
     the range announces is typed; `schemas` learns the range's schemas (for the task's next range).
-    `cpu_seconds`: what reading the records cost (the segment reports it with the decoding's)."""
+    Without a decoder (protocols whose records describe their own rows) every record is kept for the
+    driver. `cpu_seconds`: what reading the records cost (the segment reports it with the decoding's)."""
     started = time.process_time()
     messages: list[DecodedMessage | None] = []
-    for decoded in decoder.decode_records(records):
+    for decoded in decoder.decode_records(records) if decoder is not None else [None] * len(records):
         # a record that does not decode is decoded again by the driver, which meets the error under its policy
         message = None if isinstance(decoded, ConsumerError) else decoded
         messages.append(message)
@@ -256,11 +263,12 @@ def _records_table(
     records: Sequence[SourceRecord], messages: Sequence[DecodedMessage | None], typed: set[int]
 ) -> pa.Table:
     columns: list[list[object]] = [[] for _ in RECORDS_SCHEMA]
-    offset, value, kind, database, table, table_id, commit_ts, build_ts, version, encoding = columns
+    offset, key, value, kind, database, table, table_id, commit_ts, build_ts, version, encoding = columns
     for index, (record, message) in enumerate(zip(records, messages, strict=True)):
         offset.append(record.offset)
         if index in typed:
             assert isinstance(message, RawDML)
+            key.append(None)
             value.append(None)
             kind.append(message.type.value)
             database.append(message.database)
@@ -271,8 +279,9 @@ def _records_table(
             version.append(message.schema_version)
             encoding.append(message.encoding)
         else:
+            key.append(record.key)
             value.append(record.value)
-            for column in columns[2:]:
+            for column in columns[3:]:
                 column.append(None)
     return pa.Table.from_arrays(
         [pa.array(column, f.type) for column, f in zip(columns, RECORDS_SCHEMA, strict=True)],

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import pyarrow as pa
@@ -43,8 +43,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from consumer.protocol.codec import EncodingSetting, MessageDecoder
-from consumer.protocol.compression import CompressionSetting
+from consumer.config import DecodeConfig, RunConfig
+from consumer.configured import build_decoder, build_policy
+from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.types import ValuePolicy
 from consumer.sources.base import FixedStarts
 from consumer.sources.errors import SourceError
@@ -52,8 +53,6 @@ from consumer.sources.kafka import KafkaSource
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import CarryStore
 from consumer.spark.segments import ARROW_SCHEMA, SPARK_SCHEMA, encode_range
-from consumer.state.machine import ErrorPolicy
-from consumer.state.pending import DEFAULT_BUDGET_BYTES, DEFAULT_TIMEOUT_S
 from consumer.state.schema_cache import SchemaCache
 
 NAME = "ticdc"
@@ -65,7 +64,7 @@ Offsets = dict[str, dict[str, int]]  # {"topic": {"0": 42}}: Spark's Kafka sourc
 
 
 class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """The source's options, and the foreachBatch function's (`ChangeBatches` reads the same map).
+    """The source's options.
 
     Kafka: `kafka.bootstrap.servers` and `subscribe` (topics, comma-separated) are required; any other
     `kafka.*` goes to the client (`kafka.group.id` names the group the tasks' clients use, default
@@ -76,11 +75,10 @@ class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
     `minPartitions`: at least this many tasks per batch (ranges split), for more cores than partitions.
     `kafkaConsumer.pollTimeoutMs`: how long a task waits for a record its range should hold.
 
-    The SDK's: `encoding` / `compression` (auto | json | avro, auto | none | snappy | lz4), `unrepresentable`
-    (null | raise), `group` (the name the sinks record progress under), `stateLocation` (the engine's
-    per-batch record, `consumer.spark.carry`: tasks take schemas from it; required by `ChangeBatches`),
-    `errorPolicy` (dead-letter | fail), `pendingTimeoutSeconds`, `pendingBytes` (as the loop engine's
-    `[budget]`).
+    The SDK's: `group` (the name the sinks record progress under), `stateLocation` (the engine's per-batch
+    record, `consumer.spark.carry`: tasks take schemas from it), and the run configuration's settings that
+    tasks decode under, named as in the TOML file: `decode.<field>` (but the registry's, which only the
+    driver uses), `integrity.verify_checksums`, `source.unreachable_timeout_s`.
     """
 
     bootstrap_servers: str
@@ -92,19 +90,14 @@ class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
     poll_timeout_ms: int = 120_000
-    encoding: EncodingSetting = "auto"
-    compression: CompressionSetting = "auto"
-    unrepresentable: Literal["null", "raise"] = "null"
     group: str = "ticdc-consumer"
     state_location: str = ""
-    error_policy: ErrorPolicy = "dead-letter"
-    pending_timeout_seconds: float = DEFAULT_TIMEOUT_S
-    pending_bytes: int = DEFAULT_BUDGET_BYTES
+    settings: RunConfig = msgspec.field(default_factory=RunConfig)  # only `TASK_SETTINGS` are read
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> TicdcOptions:
         """From Spark's option map (any case); an unknown option is an error, not a silent no-op."""
-        fields: dict[str, Any] = {"kafka": {}}
+        fields: dict[str, Any] = {"kafka": {}, "settings": {}}
         for name, value in options.items():
             key = name.lower()
             if key == "kafka.bootstrap.servers":
@@ -117,6 +110,9 @@ class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
                 fields["topics"] = tuple(topic.strip() for topic in value.split(",") if topic.strip())
             elif key in _OPTION_FIELDS:
                 fields[_OPTION_FIELDS[key]] = value
+            elif _is_task_setting(key):
+                section, _, field = key.partition(".")
+                fields["settings"].setdefault(section, {})[field] = value
             else:
                 raise ValueError(f"unknown option {name!r} of the {NAME} source")
         for required, option in (("bootstrap_servers", "kafka.bootstrap.servers"), ("topics", "subscribe")):
@@ -141,11 +137,34 @@ class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
             value = getattr(self, name)
             if value != getattr(defaults, name):
                 options[_SPARK_NAMES[option]] = str(value)
+        for section, names in TASK_SETTINGS.items():
+            ours, default = getattr(self.settings, section), getattr(defaults.settings, section)
+            for field in names:
+                value = getattr(ours, field)
+                if value != getattr(default, field):
+                    text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+                    options[f"{section}.{field}"] = text
         return options
 
     @property
     def client_group(self) -> str:
         return self.kafka_group or f"{self.group}.spark"
+
+
+def _task_settings() -> dict[str, tuple[str, ...]]:
+    """The `RunConfig` fields tasks read: how values decode, and how long a broker may be unreachable (all
+    scalars: an option's text converts to them)."""
+    registry = {"schema_registry", "schema_registry_auth", "schema_registry_config"}  # the driver's
+    decode = tuple(name for name in DecodeConfig.__struct_fields__ if name not in registry)
+    return {"decode": decode, "integrity": ("verify_checksums",), "source": ("unreachable_timeout_s",)}
+
+
+TASK_SETTINGS = _task_settings()
+
+
+def _is_task_setting(key: str) -> bool:
+    section, _, field = key.partition(".")
+    return field in TASK_SETTINGS.get(section, ())
 
 
 _SPARK_NAMES = {
@@ -156,14 +175,8 @@ _SPARK_NAMES = {
         "maxOffsetsPerTrigger",
         "minPartitions",
         "kafkaConsumer.pollTimeoutMs",
-        "encoding",
-        "compression",
-        "unrepresentable",
         "group",
         "stateLocation",
-        "errorPolicy",
-        "pendingTimeoutSeconds",
-        "pendingBytes",
     )
 }
 _OPTION_FIELDS = {
@@ -172,14 +185,8 @@ _OPTION_FIELDS = {
     "maxoffsetspertrigger": "max_offsets_per_trigger",
     "minpartitions": "min_partitions",
     "kafkaconsumer.polltimeoutms": "poll_timeout_ms",
-    "encoding": "encoding",
-    "compression": "compression",
-    "unrepresentable": "unrepresentable",
     "group": "group",
     "statelocation": "state_location",
-    "errorpolicy": "error_policy",
-    "pendingtimeoutseconds": "pending_timeout_seconds",
-    "pendingbytes": "pending_bytes",
 }
 
 
@@ -306,8 +313,8 @@ _task_schemas: dict[str, tuple[int, SchemaCache]] = {}  # per state location, in
 def read_range(options: TicdcOptions, part: OffsetRange) -> Iterator[pa.RecordBatch]:
     """A task: read the range with confluent-kafka, a segment row per `SEGMENT_RECORDS` records."""
     schemas = _schemas_for(options.state_location)
-    decoder = MessageDecoder(options.encoding, options.compression)
-    policy = ValuePolicy(unrepresentable=options.unrepresentable)
+    policy = build_policy(options.settings)
+    decoder = _task_decoder(options.settings, policy)
     source = KafkaSource(
         options.bootstrap_servers,
         [part.topic],
@@ -315,6 +322,7 @@ def read_range(options: TicdcOptions, part: OffsetRange) -> Iterator[pa.RecordBa
         partitions=[(part.topic, part.partition)],
         config=options.kafka,
         listener=FixedStarts({(part.topic, part.partition): part.start}),
+        unreachable_timeout=options.settings.source.unreachable_timeout_s,
     )
     try:
         position = part.start
@@ -330,6 +338,16 @@ def read_range(options: TicdcOptions, part: OffsetRange) -> Iterator[pa.RecordBa
             position = end
     finally:
         source.close()
+
+
+def _task_decoder(settings: RunConfig, policy: ValuePolicy) -> MessageDecoder | None:
+    """The Simple protocol's decoder (its BOOTSTRAPs and DDLs teach a task the schemas to type rows with);
+    none for the protocols whose records describe their own rows: the driver decodes those."""
+    if settings.decode.protocol != "simple":
+        return None
+    decoder = build_decoder(settings.decode, policy)
+    assert isinstance(decoder, MessageDecoder)
+    return decoder
 
 
 def _fetch(source: KafkaSource, part: OffsetRange, position: int, timeout: float) -> list[SourceRecord]:
