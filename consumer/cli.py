@@ -11,7 +11,7 @@ from typing import Any
 import click
 import msgspec
 
-from consumer import app
+from consumer import __version__, app
 from consumer.config import ConfigError, DecodeConfig, load_config
 from consumer.configured import build_decoder
 from consumer.errors import ConsumerError
@@ -70,6 +70,7 @@ def _protocol_options(function: Any) -> Any:
 
 
 @click.group()
+@click.version_option(__version__, prog_name="ticdc-consumer", message="%(prog)s %(version)s")
 def main() -> None:
     """Consumer SDK for TiCDC's Kafka protocols: Simple, Avro (Confluent) and Debezium."""
 
