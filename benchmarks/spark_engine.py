@@ -50,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lakehouse  # the stream and the loop engine's passes, as benchmarked there
 
 from consumer.config import BudgetConfig, EngineConfig, RunConfig, SinkConfig, SourceConfig
-from consumer.configured import build_dead_letters, build_sinks
 from consumer.testing.broker import EmbeddedBroker
 
 TARGET_RATIO = 0.5
@@ -60,7 +59,7 @@ TINY_BATCH = 400  # records per calibration batch (100 a partition)
 # -- one Spark pass, in its own process -----------------------------------------------------------------
 def spark_pass(servers: str, mode: str, cores: int, batch: int, records: int, root: Path) -> dict[str, Any]:
     """The pass's timings; runs in a process of its own (a session's master cannot change)."""
-    from consumer.spark.engine import ChangeBatches, stream_options
+    from consumer.spark.engine import ChangeBatches, checkpoint_location
     from consumer.spark.session import spark_session
     from consumer.spark.source import register
 
@@ -68,7 +67,6 @@ def spark_pass(servers: str, mode: str, cores: int, batch: int, records: int, ro
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     config = _config(servers, root, mode, batch, f"spark-{uuid.uuid4().hex[:8]}")
-    options = stream_options(config)
     applied: list[tuple[float, int]] = []  # when each batch was applied, and the records fed so far
     applying: list[float] = []
 
@@ -82,8 +80,9 @@ def spark_pass(servers: str, mode: str, cores: int, batch: int, records: int, ro
         return run
 
     ChangeBatches._apply = timed(ChangeBatches._apply)  # type: ignore[method-assign]
-    handler = ChangeBatches(options, build_sinks(config), build_dead_letters(config))
-    checkpoint = root / "_checkpoint"
+    handler = ChangeBatches(config)
+    options = handler.options
+    checkpoint = checkpoint_location(config)
     stream = spark.readStream.format("ticdc").options(**options.to_spark()).load()
     started = time.perf_counter()
     query = stream.writeStream.foreachBatch(handler).option("checkpointLocation", str(checkpoint))
@@ -123,13 +122,15 @@ def _executors_alone(spark: Any, options: Any) -> float:
 
 def _fixed_cost(spark: Any, servers: str, root: Path) -> float:
     """The median duration of ten tiny micro-batches (planning, tasks, foreachBatch, commits)."""
-    from consumer.spark.engine import ChangeBatches, stream_options
+    from consumer.spark.engine import ChangeBatches, checkpoint_location
 
     config = _config(servers, root, "changelog", TINY_BATCH, f"tiny-{uuid.uuid4().hex[:8]}")
-    options = stream_options(config)
-    handler = ChangeBatches(options, build_sinks(config), build_dead_letters(config))
+    handler = ChangeBatches(config)
+    options = handler.options
     stream = spark.readStream.format("ticdc").options(**options.to_spark()).load()
-    writer = stream.writeStream.foreachBatch(handler).option("checkpointLocation", str(root / "_checkpoint"))
+    writer = stream.writeStream.foreachBatch(handler).option(
+        "checkpointLocation", checkpoint_location(config)
+    )
     query = writer.trigger(processingTime="0 seconds").start()
     while len(query.recentProgress) < 12:
         time.sleep(0.2)

@@ -33,3 +33,16 @@ def test_every_public_name_resolves_to_its_home() -> None:
     for name in consumer.__all__:
         assert getattr(consumer, name) is not None
     assert importlib.resources.files("consumer").joinpath("py.typed").is_file()
+
+
+def test_the_spark_surface_is_one_import_and_tasks_load_no_engine() -> None:
+    script = (
+        "import sys, consumer.spark, consumer.spark.source\n"
+        "assert 'consumer.spark.engine' not in sys.modules\n"
+        "assert 'consumer.pipeline' not in sys.modules\n"
+        "assert dir(consumer.spark) == sorted(consumer.spark.__all__), dir(consumer.spark)\n"
+        "for name in consumer.spark.__all__:\n"
+        "    assert getattr(consumer.spark, name).__name__ == name, name\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr

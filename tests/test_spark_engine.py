@@ -26,12 +26,11 @@ from consumer.protocol.model import DML, DMLType, RawDML, Watermark
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.foreach_batch import BatchInfo, ForeachBatchSink, TableName
-from consumer.sinks.parquet import ParquetSink
+from consumer.sinks.foreach_batch import BatchInfo, TableName
 from consumer.sources.capture import read_capture
 from consumer.sources.errors import SourceError
 from consumer.sources.kafka import capture_topic
-from consumer.spark import engine
+from consumer.spark import engine, start_lakehouse
 from consumer.spark.engine import ChangeBatches
 from consumer.spark.readers import read_changelog
 from consumer.spark.source import OffsetRange, TicdcOptions, read_range, register
@@ -331,8 +330,9 @@ def test_a_task_fails_on_a_range_kafka_does_not_deliver(
 def test_parquet_and_a_user_function_get_typed_per_table_frames(
     spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:
-    """The Parquet sink (Spark writes inside foreachBatch) and a user function, in one availableNow query:
-    every changelog image once, in frames typed by the mysqlType table."""
+    """The one-call job (`consumer.spark.start_lakehouse`): the Parquet sink and a user function over every
+    table batch, in one availableNow query: every changelog image once, in frames typed by the mysqlType
+    table."""
     topic = kafka_topic(2)
     workload = _produce(kafka_broker, topic, rows=800, partitions=2, tables=2, ddl=False)
     seen: dict[str, int] = {}
@@ -346,14 +346,10 @@ def test_parquet_and_a_user_function_get_typed_per_table_frames(
     root = tmp_path / "lake"
     config = _config(kafka_broker, topic, root, sink="parquet", checkpoint=tmp_path / "checkpoint")
     config.budget.max_batch_records = 700
-    options = _options(config)
-    handler = ChangeBatches(config, sinks=[ParquetSink(root), ForeachBatchSink(spark, collect)])
-    _stream(spark, options, handler, tmp_path / "checkpoint").trigger(
-        availableNow=True
-    ).start().awaitTermination()
-    handler.close()
+    with start_lakehouse(spark, config, trigger={"availableNow": True}, on_table=collect) as query:
+        assert query.await_termination() is True
     images = changelog_images(workload.config)
-    assert sum(seen.values()) == handler.stats.rows == images
+    assert sum(seen.values()) == query.stats.rows == images
     stored = 0
     for table in workload.tables:
         name = f"{table.schema.database}.{table.schema.table}"

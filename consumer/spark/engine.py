@@ -56,6 +56,7 @@ from consumer.protocol.model import RawDML, Watermark
 from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
+from consumer.sinks.foreach_batch import BatchFunction, ForeachBatchSink
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import Carry, CarryStore
 from consumer.spark.segments import Segment, merged
@@ -423,6 +424,85 @@ def _task_settings(config: RunConfig) -> RunConfig:
     return defaults
 
 
+class LakehouseQuery:
+    """A `ticdc` stream applying to the configured lakehouse (`start_lakehouse`): Spark's query, and the
+    foreachBatch function that applies its micro-batches. `stop()` (or leaving a `with` block) ends the query
+    and applies what was handed over; an error of the query or of a batch is raised as the loop engine's
+    would be."""
+
+    def __init__(self, query: StreamingQuery, batches: ChangeBatches) -> None:
+        self.query = query
+        self.batches = batches
+
+    @property
+    def stats(self) -> PipelineStats:
+        return self.batches.stats
+
+    def await_termination(self, timeout: int | None = None) -> bool:
+        """Whether the query ended within `timeout` seconds (None: wait until it does); once it has, its
+        last batch is applied."""
+        try:
+            if timeout is None:
+                self.query.awaitTermination()  # returns nothing: it waits for the end
+                ended = True
+            else:
+                ended = bool(self.query.awaitTermination(timeout))
+        except StreamingQueryException as exc:
+            raise self._failure(exc) from None
+        if ended:
+            self.batches.drain()
+        return ended
+
+    def stop(self) -> PipelineStats:
+        """Stop the query (between batches or in one: the record and the sinks stay exact), apply what was
+        handed over and release the sinks; the totals."""
+        try:
+            self.query.stop()
+            self.batches.drain()
+        finally:
+            self.batches.close()
+        return self.stats
+
+    def __enter__(self) -> LakehouseQuery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _failure(self, exc: StreamingQueryException) -> BaseException:
+        if self.batches.failure is not None:
+            return self.batches.failure
+        return SparkQueryError(f"the streaming query failed: {str(exc).splitlines()[0]}")
+
+
+def start_lakehouse(
+    spark: SparkSession,
+    config: RunConfig,
+    *,
+    trigger: Mapping[str, Any] | None = None,
+    on_table: BatchFunction | None = None,
+    on_batch: Callable[[Pipeline], None] | None = None,
+) -> LakehouseQuery:
+    """Start the multi-table job `run --engine spark` runs, in `spark`: the configured topics into the
+    configured sink, with the checkpoint `checkpoint_location(config)`.
+
+    `trigger`: as `DataStreamWriter.trigger` takes it (default: `processingTime` of
+    `engine.trigger_seconds`; `{"availableNow": True}` reads what is there and ends). `on_table(table,
+    frame, info)`: your own function, called with every table batch as a typed DataFrame after the
+    configured sink took it (`ForeachBatchSink`). `on_batch(pipeline)`: after every applied micro-batch.
+    """
+    register(spark)
+    sinks = build_sinks(config) + ([ForeachBatchSink(spark, on_table)] if on_table else [])
+    batches = ChangeBatches(config, sinks=sinks, on_batch=on_batch)
+    start = _query_starter(spark, batches.options, batches, checkpoint_location(config))
+    chosen = dict(trigger or {"processingTime": f"{config.engine.trigger_seconds} seconds"})
+    try:
+        return LakehouseQuery(start(chosen), batches)
+    except BaseException:
+        batches.close()
+        raise
+
+
 def run(
     config: RunConfig,
     *,
@@ -501,12 +581,7 @@ def _run_continuously(
 
 def _await(query: StreamingQuery, handler: ChangeBatches, stop: StopRequest) -> None:
     """Until the query ends (or is stopped on request) and its last batch is applied."""
-    try:
-        while not query.awaitTermination(STOP_POLL_SECONDS):
-            if stop.requested:
-                query.stop()  # between batches or mid-batch: either way the record and the sinks stay exact
-    except StreamingQueryException as exc:
-        if handler.failure is not None:
-            raise handler.failure from None
-        raise SparkQueryError(f"the streaming query failed: {str(exc).splitlines()[0]}") from exc
-    handler.drain()
+    running = LakehouseQuery(query, handler)
+    while not running.await_termination(STOP_POLL_SECONDS):
+        if stop.requested:
+            query.stop()  # between batches or mid-batch: either way the record and the sinks stay exact
