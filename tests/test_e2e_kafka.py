@@ -6,7 +6,6 @@ DML records, so loss, duplication (beyond legitimate redelivery) or a wrong type
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, ConsumerGroupState
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient
+from jsonl_outputs import delivered_ddls, delivered_rows, unique_images
 
 from consumer.pipeline import Pipeline
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
@@ -34,6 +37,7 @@ from consumer.sources.files import FileSource
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource, capture_topic
 from consumer.sources.record import TopicPartition
 from consumer.state.machine import ConsumerState
+from consumer.stopping import StopRequest
 from consumer.testing.broker import EmbeddedBroker
 
 FAST_GROUP = {"session.timeout.ms": "3000", "heartbeat.interval.ms": "300"}
@@ -93,39 +97,6 @@ def _consume(
     return pipeline
 
 
-def _delivered(*roots: Path) -> dict[str, list[dict[str, Any]]]:
-    """Changelog rows per table from JSON-lines outputs (several roots: the union, in file order)."""
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for root in roots:
-        for path in sorted(root.glob("*/*.jsonl")):
-            name = f"{path.parent.name}.{path.stem}"
-            rows.setdefault(name, []).extend(json.loads(line) for line in path.read_text().splitlines())
-    return rows
-
-
-def _ddls(*roots: Path) -> list[dict[str, Any]]:
-    seen = {}
-    for root in roots:
-        log = root / "_ddl.jsonl"
-        for line in log.read_text().splitlines() if log.exists() else []:
-            ddl = json.loads(line)
-            seen[(ddl["commit_ts"], ddl["sql"])] = ddl
-    return list(seen.values())
-
-
-def _unique_images(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
-    """Drop legitimate redeliveries: the same image of the same (topic, partition, offset)."""
-    unique: dict[str, list[dict[str, Any]]] = {}
-    for table, images in rows.items():
-        seen: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for image in images:
-            seen.setdefault(
-                (image["_topic"], image["_partition"], image["_offset"], image["_change_type"]), image
-            )
-        unique[table] = list(seen.values())
-    return unique
-
-
 def _dml_offsets(records: Iterable[Any], starts: dict[tuple[str, int], int] | None = None) -> Offsets:
     decoder = MessageDecoder()
     return {
@@ -147,8 +118,8 @@ def test_from_the_beginning_every_row_arrives_in_order_and_typed(
     topic = kafka_topic(3)
     truth = _simulate(kafka_broker, topic, tmp_path, encoding, compression, dispatch="primary-key")
     _consume(kafka_broker, topic, tmp_path / "out", "from-start")
-    rows = _delivered(tmp_path / "out")
-    assert differences(replay_changelog(rows, _ddls(tmp_path / "out")), truth) == []
+    rows = delivered_rows(tmp_path / "out")
+    assert differences(replay_changelog(rows, delivered_ddls(tmp_path / "out")), truth) == []
     for images in rows.values():
         commit_ts = [r["_commit_ts"] for r in images]
         assert commit_ts == sorted(commit_ts)
@@ -167,7 +138,7 @@ def test_mid_stream_join_holds_rows_until_the_next_bootstrap(
     ends = {(r.topic, r.partition): r.offset + 1 for r in records}
     starts = {tp: end // 2 for tp, end in ends.items()}
     pipeline = _consume(kafka_broker, topic, tmp_path / "out", "mid-stream", starts=starts)
-    delivered = _offsets_of(_delivered(tmp_path / "out"))
+    delivered = _offsets_of(delivered_rows(tmp_path / "out"))
     assert delivered == _dml_offsets(records, starts)
     assert pipeline.stats.dead_letters == 0
 
@@ -182,7 +153,7 @@ def test_capture_then_replay_delivers_the_same_stream_as_kafka(
     capture_topic(kafka_broker.bootstrap_servers, topic, capture, idle_seconds=2.0)
     replay = _pipeline(tmp_path / "file", "replay")
     replay.run(FileSource(capture, listener=replay), until_idle=0.2)
-    assert _delivered(tmp_path / "file") == _delivered(tmp_path / "kafka")
+    assert delivered_rows(tmp_path / "file") == delivered_rows(tmp_path / "kafka")
 
 
 @pytest.mark.slow
@@ -238,8 +209,8 @@ def test_three_members_joining_and_leaving_lose_nothing(
     assert all(event.is_set() for event in joined), "a member never got partitions"
     assert left.is_set(), "the second member never left mid-run"
     assert all(delivered_by.get(i) for i in range(3)), f"a member delivered nothing: {delivered_by}"
-    union = _unique_images(_delivered(root))
-    assert differences(replay_changelog(union, _ddls(root)), truth) == []
+    union = unique_images(delivered_rows(root))
+    assert differences(replay_changelog(union, delivered_ddls(root)), truth) == []
 
 
 class _Joining(RebalanceListener):
@@ -299,14 +270,14 @@ def test_sigkill_and_restart_resumes_from_committed_offsets_without_loss(
             time.sleep(0.05)
     first.send_signal(signal.SIGKILL)
     assert first.wait() == -signal.SIGKILL, "the first run ended by itself, before the kill"
-    before = _offsets_of(_delivered(out))
+    before = _offsets_of(delivered_rows(out))
     assert before, "the first run delivered nothing before it was killed"
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180, check=False)
     assert second.returncode == 0, second.stderr[-2000:]
-    rows = _delivered(out)
+    rows = delivered_rows(out)
     assert _offsets_of(rows) > before, "the restart had nothing left to deliver: the kill came too late"
     truth = load_truth(tmp_path / "truth.json")
-    assert differences(replay_changelog(_unique_images(rows), _ddls(out)), truth) == []
+    assert differences(replay_changelog(unique_images(rows), delivered_ddls(out)), truth) == []
 
 
 @pytest.mark.slow
@@ -315,9 +286,11 @@ def test_a_cycle_slower_than_the_poll_interval_costs_the_membership_not_the_run(
 ) -> None:
     """librdkafka leaves the group when the loop does not poll within `max.poll.interval.ms` (a slow sink
     write) and reports _MAX_POLL_EXCEEDED: a transient error, retried; the member rejoins and resumes from
-    the last commit."""
+    the last commit, with the watermark it carried (a partition read to its end has none left to read, and
+    this finished stream sends no more)."""
     topic = kafka_topic(2)
     truth = _simulate(kafka_broker, topic, tmp_path, rows=600, tables=1, partitions=2)
+    ends = _end_offsets(kafka_broker, topic, 2)
     group, root = f"{topic}.slow", tmp_path / "out"
     pipeline = _pipeline(root, group, max_batch_records=200)
     source = KafkaSource(
@@ -325,23 +298,53 @@ def test_a_cycle_slower_than_the_poll_interval_costs_the_membership_not_the_run(
         [topic],
         group,
         config={**FAST_GROUP, "max.poll.interval.ms": "3000"},
-        listener=pipeline,
+        listener=_Joining(pipeline, joined := threading.Event()),
     )
+    # reads the group's commits without joining it
+    watcher = KafkaSource(kafka_broker.bootstrap_servers, [topic], group, partitions=ALL_PARTITIONS)
     slowed: list[bool] = []
+    done = StopRequest()
 
-    def slow_once(p: Pipeline) -> None:
+    def slow_once_then_stop_when_committed(p: Pipeline) -> None:
         if p.stats.rows and not slowed:
             slowed.append(True)
-            time.sleep(4.5)  # by design: blocks the loop past max.poll.interval.ms (3 s), once
+            _wait_until_put_out(kafka_broker, group)  # the loop blocks past max.poll.interval.ms, once
+            joined.clear()  # set again when the member is given partitions again
+        if slowed and joined.is_set() and watcher.committed(ends) == ends:
+            done.request("rejoined, everything applied and committed")
 
     with caplog.at_level("WARNING", logger="consumer.sources.retry"):
         try:
-            pipeline.run(source, until_idle=3.0, on_cycle=slow_once)
+            pipeline.run(source, on_cycle=slow_once_then_stop_when_committed, stop=done)
         finally:
             source.close()
+            watcher.close()
     assert "_MAX_POLL_EXCEEDED" in caplog.text and "retrying" in caplog.text
-    rows = _unique_images(_delivered(root))
-    assert differences(replay_changelog(rows, _ddls(root)), truth) == []
+    rows = unique_images(delivered_rows(root))
+    assert differences(replay_changelog(rows, delivered_ddls(root)), truth) == []
+
+
+def _end_offsets(broker: EmbeddedBroker, topic: str, partitions: int) -> dict[TopicPartition, int | None]:
+    """The offset after each partition's last record (the stream is finished)."""
+    client = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"{topic}.ends"})
+    try:
+        return {
+            (topic, p): client.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        }
+    finally:
+        client.close()
+
+
+def _wait_until_put_out(broker: EmbeddedBroker, group: str) -> None:
+    """Block until the broker reports the group empty: its one member, not polling, was put out."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    for _ in range(600):  # asks the broker until it says so; the bound is only for a broken broker
+        description = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        if description.state == ConsumerGroupState.EMPTY:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the broker never put the blocked member of {group} out")
 
 
 def test_a_permanent_source_error_stops_the_run_without_retrying(

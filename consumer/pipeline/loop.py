@@ -17,7 +17,7 @@ from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.pipeline.bad_rows import BadRowRetry, RowDecoder
 from consumer.pipeline.intake import DecodedRecord, RecordIntake
-from consumer.pipeline.resume import RecordedProgress, later_starts
+from consumer.pipeline.resume import RecordedProgress, later_starts, resumed_watermarks
 from consumer.pipeline.stats import PipelineStats, UnitTally
 from consumer.pipeline.writer import SinkWriter
 from consumer.protocol.codec import MessageDecoder
@@ -25,7 +25,7 @@ from consumer.protocol.protocols import RecordDecoder
 from consumer.protocol.types import DecodeStats, ValuePolicy
 from consumer.sinks.base import CommitContext, ReportsMetrics, Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
-from consumer.sources.base import RebalanceListener, Source
+from consumer.sources.base import CarriesWatermarks, RebalanceListener, Source
 from consumer.sources.errors import SourceError
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.sources.retry import SourceRetry
@@ -119,6 +119,9 @@ class Pipeline(RebalanceListener):
         self._opened = False
         self._source: Source | None = None
         self._resume: dict[TopicPartition, int] = {}  # the offsets of the last Kafka commit
+        # per partition, (offset, watermark) of this member's last commit carrying one, kept when the
+        # partition goes: a broker may drop commit metadata, and the member may be given it back
+        self._carried: dict[TopicPartition, tuple[int, int]] = {}
         self._paused: set[TopicPartition] = set()
         self._idle = 0.0  # seconds spent waiting in polls since the last change record
         self._changed = False  # a change record arrived in the current cycle
@@ -233,13 +236,19 @@ class Pipeline(RebalanceListener):
 
     # -- rebalance listener ----------------------------------------------------------------------------
     def on_assign(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int] | None:
-        """A fresh assignment is a mid-stream join; resume from the sinks' records where they are ahead, and
-        learn the schemas the partitions' previous owner recorded (BOOTSTRAPs only announce the latest)."""
+        """A fresh assignment is a mid-stream join; resume from the sinks' records where they are ahead,
+        learn the schemas the partitions' previous owner recorded (BOOTSTRAPs only announce the latest), and
+        the watermarks the commits resumed from carried (a partition at its end has none left to read)."""
         self.open()  # a source with a fixed assignment calls this from its constructor, before `run`
         self.state.assign(partitions)
         self._idle = 0.0  # joining a group is not idleness
         recorded = self._progress.assigned()
-        starts = later_starts(partitions, recorded, self._committed(partitions))
+        committed = self._committed(partitions)
+        starts = later_starts(partitions, recorded, committed)
+        carried = self._committed_watermarks(partitions)
+        self.state.resume_watermarks(
+            resumed_watermarks(partitions, {**committed, **starts}, carried, self._carried)
+        )
         if starts:
             log.info("resuming %d partition(s) from sink-recorded offsets: %s", len(starts), starts)
         return starts or None
@@ -257,6 +266,14 @@ class Pipeline(RebalanceListener):
         if source is None:
             return {}
         return self.source_retry.call("reading committed offsets", lambda: source.committed(partitions))
+
+    def _committed_watermarks(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int]:
+        source = self._source
+        if not isinstance(source, CarriesWatermarks):
+            return {}
+        return self.source_retry.call(
+            "reading committed watermarks", lambda: source.committed_watermarks(partitions)
+        )
 
     # -- applying and committing -----------------------------------------------------------------------
     def _flush_and_commit(
@@ -305,8 +322,12 @@ class Pipeline(RebalanceListener):
         self._sink_metrics()
         if not offsets or self._source is None:
             return
+        marks = self.state.commit_watermarks(offsets)
         try:
-            self._source.commit(offsets)
+            if isinstance(self._source, CarriesWatermarks):
+                self._source.commit(offsets, marks)
+            else:
+                self._source.commit(offsets)
         except SourceError as exc:
             # e.g. a rebalance took the partitions away: the next owner re-reads from the last commit,
             # so a failed commit can only cause redelivery (recognisable by offset), never loss
@@ -315,6 +336,7 @@ class Pipeline(RebalanceListener):
             log.warning("offset commit failed, records after the last commit will be redelivered: %s", exc)
             return
         self._resume.update(offsets)
+        self._carried.update((tp, (offsets[tp], mark)) for tp, mark in marks.items())
         self.stats.commits += 1
 
     def _backpressure(self) -> None:

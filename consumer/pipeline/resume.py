@@ -5,7 +5,8 @@ Sinks that keep progress (`ProgressRecorder`) record, beside their output, where
 resume, up to which commit ts its changes are applied, and the schemas learned. A member reads that back
 when it opens and when partitions are assigned: it starts a partition at the sink-recorded offset where that
 is ahead of Kafka's commit, resolves partitions that had nothing more to read at once (their recorded
-watermark), and decodes rows of schema versions no BOOTSTRAP will announce again.
+watermark), and decodes rows of schema versions no BOOTSTRAP will announce again. Kafka offset commits
+carry each partition's watermark too (`resumed_watermarks`), whatever the sinks keep.
 """
 
 from __future__ import annotations
@@ -41,6 +42,28 @@ def later_starts(
         if sink_offset is not None and (kafka_offset is None or sink_offset > kafka_offset):
             starts[tp] = sink_offset
     return starts
+
+
+def resumed_watermarks(
+    partitions: Sequence[TopicPartition],
+    starts: Mapping[TopicPartition, int | None],
+    carried: Mapping[TopicPartition, int],
+    remembered: Mapping[TopicPartition, tuple[int, int]],
+) -> dict[TopicPartition, int]:
+    """The watermark each partition resumes with: the one its last commit carried, or the one this member's
+    own last commit of it carried, `remembered` as (offset, watermark), where the partition starts at or
+    after that offset (the broker dropped the metadata, or another member committed since without any).
+
+    Either holds for the whole rest of the partition: it was read below the offset committed with it."""
+    marks = {}
+    for tp in partitions:
+        start, mine = starts.get(tp), remembered.get(tp)
+        candidates = [carried[tp]] if tp in carried else []
+        if mine is not None and start is not None and start >= mine[0]:
+            candidates.append(mine[1])
+        if candidates:
+            marks[tp] = max(candidates)
+    return marks
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ for a fixed assignment, from its constructor.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from consumer.sources.record import SourceRecord, TopicPartition
 
@@ -81,3 +81,19 @@ class Source(Protocol):
     def assignment(self) -> set[TopicPartition]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class CarriesWatermarks(Protocol):
+    """A source whose offset commits can carry each partition's watermark (Kafka commit metadata), so
+    whoever reads a partition next, this member after losing it or another one, resumes with it."""
+
+    def commit(
+        self, offsets: Mapping[TopicPartition, int], watermarks: Mapping[TopicPartition, int] | None = None
+    ) -> None:
+        """`Source.commit`, each partition of `watermarks` carrying its watermark."""
+        ...
+
+    def committed_watermarks(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The watermarks the last commits of `partitions` carried, where they carried one."""
+        ...

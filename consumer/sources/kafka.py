@@ -34,6 +34,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 from consumer.kafka_config import create_client, redact_config, scrubbed, secret_values
 from consumer.sources.base import RebalanceListener, Source
 from consumer.sources.capture import write_capture
+from consumer.sources.commit_metadata import metadata_watermark, watermark_metadata
 from consumer.sources.errors import SourceAuthenticationError, SourceError, SourceUnreachableError
 from consumer.sources.record import SourceRecord, TopicPartition
 
@@ -235,13 +236,15 @@ class KafkaSource:
             raise pending
         return records
 
-    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """Synchronously commit, per partition, the offset of the next record to read."""
+    def commit(
+        self, offsets: Mapping[TopicPartition, int], watermarks: Mapping[TopicPartition, int] | None = None
+    ) -> None:
+        """Synchronously commit, per partition, the offset of the next record to read; a partition of
+        `watermarks` carries its watermark in the commit's metadata."""
         if not offsets:
             return
-        request = [
-            KafkaTopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()
-        ]
+        marks = watermarks or {}
+        request = [_position(tp, offset, marks.get(tp)) for tp, offset in offsets.items()]
         try:
             result = self._consumer.commit(offsets=request, asynchronous=False)
         except KafkaException as exc:
@@ -254,17 +257,31 @@ class KafkaSource:
     def committed(
         self, partitions: Iterable[TopicPartition], timeout: float = 10.0
     ) -> dict[TopicPartition, int | None]:
+        return {
+            (tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None
+            for tp in self._committed(partitions, timeout)
+        }
+
+    def committed_watermarks(
+        self, partitions: Iterable[TopicPartition], timeout: float = 10.0
+    ) -> dict[TopicPartition, int]:
+        """The watermarks the partitions' last commits carried (metadata another tool wrote carries none)."""
+        marks = {
+            (tp.topic, tp.partition): metadata_watermark(tp.metadata)
+            for tp in self._committed(partitions, timeout)
+        }
+        return {tp: mark for tp, mark in marks.items() if mark is not None}
+
+    def _committed(self, partitions: Iterable[TopicPartition], timeout: float) -> list[KafkaTopicPartition]:
         request = [KafkaTopicPartition(topic, partition) for topic, partition in partitions]
         try:
             result = self._consumer.committed(request, timeout=timeout)
         except KafkaException as exc:
             raise self._error("cannot read committed offsets", exc.args[0]) from exc
-        offsets: dict[TopicPartition, int | None] = {}
         for tp in result:
             if tp.error is not None:
                 raise self._error(f"cannot read committed offset of {tp.topic}[{tp.partition}]", tp.error)
-            offsets[tp.topic, tp.partition] = tp.offset if tp.offset >= 0 else None
-        return offsets
+        return result
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         try:
@@ -343,6 +360,14 @@ class KafkaSource:
             client_code=error.name(),
             retriable=retriable,
         )
+
+
+def _position(tp: TopicPartition, offset: int, watermark: int | None) -> KafkaTopicPartition:
+    """A commit's position; with a watermark, carrying it as metadata (the client takes no None there)."""
+    topic, partition = tp
+    if watermark is None:
+        return KafkaTopicPartition(topic, partition, offset)
+    return KafkaTopicPartition(topic, partition, offset, metadata=watermark_metadata(watermark))
 
 
 def _keys(partitions: list[KafkaTopicPartition]) -> list[TopicPartition]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
@@ -55,7 +55,7 @@ from consumer.state.pending import (
 from consumer.state.resolver import Resolver
 from consumer.state.schema_cache import SchemaCache
 from consumer.state.units import DDLUnit, RowBatch, SchemaKey, Unit, topic_partition
-from consumer.state.watermarks import PartitionWatermarks
+from consumer.state.watermarks import PartitionWatermarks, WatermarkTrail
 
 ErrorPolicy = Literal["dead-letter", "fail"]
 # Schema keys whose schema was rejected, remembered so their rows are set aside as they arrive.
@@ -127,6 +127,7 @@ class _Partition:
     offsets: PartitionOffsets
     reported: int | None = None  # last offset `committable` returned
     newest_ts: int = 0  # newest commit ts seen on this assignment: the floor of a row without one
+    trail: WatermarkTrail = field(default_factory=WatermarkTrail)  # the watermarks its commits carry
 
 
 class ConsumerState:
@@ -216,7 +217,7 @@ class ConsumerState:
             if not isinstance(message, RawDML):
                 self._settle_pins(pins)
                 known.clear()
-                self._take(location, message, offsets)
+                self._take(location, message, partition)
                 continue
             offsets.hold(location.offset)
             if message.commit_ts > partition.newest_ts:
@@ -253,18 +254,19 @@ class ConsumerState:
                 self.schemas.pin(key, count)
         pins.clear()
 
-    def _take(self, location: RecordLocation, message: DecodedMessage, offsets: PartitionOffsets) -> None:
+    def _take(self, location: RecordLocation, message: DecodedMessage, partition: _Partition) -> None:
         """A record other than a DML (rare: one per many rows)."""
         if isinstance(message, Watermark):
             self._watermarks.advance(topic_partition(location), message.commit_ts)
+            partition.trail.read(location.offset, message.commit_ts)
         elif isinstance(message, Bootstrap):
             self._learn(message.table_schema)
         elif isinstance(message, DDL):
             self._learn(message.table_schema)
             self._learn(message.pre_table_schema)
-            self._add_ddl(message, location, offsets)
+            self._add_ddl(message, location, partition.offsets)
         elif isinstance(message, KeyOnlyDML):  # a large-message resolver makes these whole before here
-            self._fail(location, offsets, _unresolved(message), message.row.payload)
+            self._fail(location, partition.offsets, _unresolved(message), message.row.payload)
         else:
             raise TypeError(f"{location}: not a decoded message: {type(message).__name__}")
 
@@ -351,6 +353,17 @@ class ConsumerState:
                 result[tp] = partition.reported = offset
         return result
 
+    def commit_watermarks(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Per partition of `offsets` (from `committable`), the watermark its commit carries, where one is
+        known: the newest read below the offset, which holds for whoever reads the partition from there."""
+        marks: dict[TopicPartition, int] = {}
+        for tp, offset in offsets.items():
+            partition = self._partitions.get(tp)
+            mark = partition.trail.below(offset) if partition is not None else None
+            if mark is not None:
+                marks[tp] = mark
+        return marks
+
     def unapplied_offsets(self) -> dict[TopicPartition, list[int]]:
         """Per owned partition, the offsets of records taken and not durably applied (rows held or waiting,
         DDL copies, records set aside but not yet written), in order."""
@@ -377,6 +390,16 @@ class ConsumerState:
         for tp, commit_ts in marks.items():
             if tp in self._partitions:
                 self._watermarks.advance(tp, commit_ts)
+
+    def resume_watermarks(self, marks: Mapping[TopicPartition, int]) -> None:
+        """Watermarks the positions owned partitions were assigned at carried (`commit_watermarks` of an
+        earlier commit): seeded, and carried on by their next commits, so a partition resumed at its end
+        keeps resolving the others for whoever owns it next."""
+        self.seed_watermarks(marks)
+        for tp, commit_ts in marks.items():
+            partition = self._partitions.get(tp)
+            if partition is not None:
+                partition.trail.carry(commit_ts)
 
     def paused(self) -> set[TopicPartition]:
         """Partitions the source should pause now (and resume every other one).

@@ -1,6 +1,9 @@
-"""Watermarks of the partitions this consumer owns, and the global watermark they imply."""
+"""Watermarks of the partitions this consumer owns, the global watermark they imply, and the ones their
+offset commits carry."""
 
 from __future__ import annotations
+
+from collections import deque
 
 from consumer.sources.record import TopicPartition
 
@@ -46,3 +49,41 @@ class PartitionWatermarks:
         return {
             tp for tp, mark in self._marks.items() if mark is not None and (floor is None or mark > floor)
         }
+
+
+class WatermarkTrail:
+    """The WATERMARKs one partition's reader met, by offset, for its offset commits to carry.
+
+    A WATERMARK W at offset o promises that every record of the partition after o has a commit ts above W,
+    so a commit at offset c > o may carry W to whoever reads the partition next (from c or later): a
+    partition read to its end then still lets the others resolve. A WATERMARK at or after c is carried only
+    once the commit moves past it, i.e. once the records before it are applied.
+    """
+
+    __slots__ = ("_carried", "_read")
+
+    def __init__(self) -> None:
+        self._read: deque[tuple[int, int]] = deque()  # (offset, commit ts), both increasing
+        self._carried: tuple[int, int] | None = None  # the newest (offset, commit ts) a commit passed
+
+    def read(self, offset: int, commit_ts: int) -> None:
+        """A WATERMARK at `offset`; one no newer than a WATERMARK already met adds nothing."""
+        newest = self._read[-1] if self._read else self._carried
+        if newest is None or commit_ts > newest[1]:
+            self._read.append((offset, commit_ts))
+
+    def carry(self, commit_ts: int) -> None:
+        """A watermark the position this partition was assigned at carried: every commit may carry it."""
+        if self._carried is None or commit_ts > self._carried[1]:
+            self._carried = (-1, commit_ts)
+        while self._read and self._read[0][1] <= commit_ts:  # kept: every one met is newer than it
+            self._read.popleft()
+
+    def below(self, offset: int) -> int | None:
+        """The watermark a commit at `offset` carries. Offsets asked about only decrease after a failed
+        commit; one below the WATERMARK carried last then carries none (never one it does not justify)."""
+        read = self._read
+        while read and read[0][0] < offset:
+            self._carried = read.popleft()
+        carried = self._carried
+        return carried[1] if carried is not None and carried[0] < offset else None
