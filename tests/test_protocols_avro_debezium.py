@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from consumer.errors import (
     DependencyError,
     MalformedMessageError,
+    SchemaRegistryError,
     UnknownSchemaError,
     UnsupportedTypeError,
     ValueDecodeError,
@@ -73,6 +74,20 @@ def test_registry_fixture_through_the_real_client_with_basic_auth() -> None:
             SchemaRegistry(server.url).schema(schema_id)  # 401 without credentials: the registry's fault
     with pytest.raises(DependencyError):
         SchemaRegistry(server.url).schema(schema_id)  # stopped: unreachable
+
+
+@pytest.mark.parametrize("answer", [[{"schema": "{}"}], "text", {}, {"schema": 5}], ids=repr)
+def test_a_registry_answer_that_is_no_schema_stops_the_run_naming_it(answer: Any) -> None:
+    """Known bug of issue 26: a JSON array for `/schemas/ids/N` stopped the run with the client's internal
+    `TypeError: pop expected at most 1 argument, got 2`. The registry's fault (a stop, not a dead letter),
+    named by the URL asked (without the credentials) and the id."""
+    with LocalSchemaRegistry() as server:
+        server.answers["/schemas/ids/7"] = answer
+        registry = SchemaRegistry(server.url.replace("http://", "http://user:secret@"))
+        with pytest.raises(SchemaRegistryError) as caught:
+            registry.schema(7)
+    assert str(caught.value).startswith(f"the schema registry answered {server.url}/schemas/ids/7 with ")
+    assert "not a schema" in str(caught.value) and "secret" not in str(caught.value)
 
 
 def test_avro_golden_record_shapes(schema_registry: LocalSchemaRegistry) -> None:
