@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgspec
@@ -298,6 +299,45 @@ def test_debezium_compressed_keys_decode_as_their_values(compression: Compressio
     derived = decoder.described_schema(raw.schema_key)  # type: ignore[union-attr]
     assert derived is not None and derived.handle_key() == ("id",)
     assert TableCodec(derived).decode(raw).data == {"id": 1, "a": 2}  # type: ignore[arg-type]
+
+
+def _debezium_insert(compression: Compression = "none") -> tuple[bytes, bytes]:
+    schema = _schema(Column("a", DataType("int"), nullable=True))
+    encoder = DebeziumEncoder(DebeziumOptions(tidb_extension=True, compression=compression))
+    key, value = encoder.encode_dml(_dml(schema, DMLType.INSERT, {"id": 1, "a": 2}), schema)
+    assert key is not None and value is not None
+    return key, value
+
+
+@pytest.mark.parametrize(
+    ("part", "bad", "words"),
+    [
+        ("value", b"\xff\xfe not JSON", "needs compression = snappy"),  # was compression-bomb
+        ("value", b'[{"payload": {}}]', "got `array`"),  # was compression-invalid
+        ("key", b"not JSON", "invalid Debezium key"),  # was compression-invalid
+    ],
+    ids=["invalid-utf8", "json-array", "non-json-key"],
+)
+def test_debezium_bytes_that_are_no_json_document_are_malformed_not_a_guessed_snappy(
+    part: str, bad: bytes, words: str
+) -> None:
+    """Known bug of issue 26: under compression `auto` every value not starting with `{` was taken for a
+    snappy block, so invalid UTF-8 was a `compression-bomb` and an array or a bad key `compression-invalid`.
+    TiCDC compresses Debezium records only when configured, and a snappy block carries no mark: `auto`
+    recognises LZ4 alone, and the rest is JSON or malformed."""
+    key, value = _debezium_insert()
+    record = (bad, value) if part == "key" else (key, bad)
+    with pytest.raises(MalformedMessageError, match=re.escape(words)) as caught:
+        DebeziumDecoder().decode_record(*record)
+    assert caught.value.code == "malformed-message"
+
+
+def test_debezium_auto_compression_recognises_lz4_and_leaves_snappy_to_the_setting() -> None:
+    assert isinstance(DebeziumDecoder().decode_record(*_debezium_insert("lz4")), RawDML)
+    key, value = _debezium_insert("snappy")
+    assert isinstance(DebeziumDecoder("snappy").decode_record(key, value), RawDML)
+    with pytest.raises(MalformedMessageError, match="needs compression = snappy"):
+        DebeziumDecoder().decode_record(key, value)
 
 
 @pytest.mark.parametrize("disable_schema", [False, True])
