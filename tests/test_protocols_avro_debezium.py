@@ -29,7 +29,19 @@ from consumer.protocol.confluent_avro import (
     sanitized,
 )
 from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions
-from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema, Watermark
+from consumer.protocol.model import (
+    DDL,
+    DML,
+    Column,
+    DataType,
+    DDLType,
+    DMLType,
+    Index,
+    RawDML,
+    TableSchema,
+    Watermark,
+)
+from consumer.protocol.plain import message_object
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
@@ -198,6 +210,24 @@ def test_debezium_golden_watermark_and_ddl() -> None:
     assert (ddl.pre_table_schema.table, ddl.table_schema.table) == ("table1", "table2")  # type: ignore[union-attr]
     with pytest.raises(MalformedMessageError):
         decoder.decode_record(None, b'{"payload":{"op":"x"}}')
+
+
+def test_a_debezium_database_level_ddl_names_its_database() -> None:
+    """Known bug of issue 26: `CREATE DATABASE test` (spec §8: `source.db` and `databaseName` name the
+    database, `tableChanges` is empty) decoded with database null, in the decode output and the DDL log."""
+    create = {
+        "payload": {
+            "source": {"db": "test", "table": "", "commit_ts": COMMIT_TS},
+            "ts_ms": 1, "databaseName": "test", "schemaName": None, "ddl": "CREATE DATABASE `test`",
+            "tableChanges": [],
+        }
+    }  # fmt: skip
+    ddl = DebeziumDecoder().decode_record(b'{"payload":{"databaseName":"test"}}', json.dumps(create).encode())
+    assert isinstance(ddl, DDL) and ddl.table_schema is None  # a barrier for every table
+    assert (ddl.type, ddl.database_name()) == (DDLType.QUERY, "test")
+    assert message_object(ddl)["database"] == "test" and message_object(ddl)["table"] is None
+    key, value = DebeziumEncoder().encode_ddl(ddl)
+    assert DebeziumDecoder().decode_record(key, value) == ddl  # the encoder writes it back
 
 
 # -- found by fuzzing (consumer.testing.protocol_fuzz) and the known bugs of issue 14 -------------------

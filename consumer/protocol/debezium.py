@@ -559,7 +559,13 @@ def _ddl(payload: _Payload, source: _Source, *, typed: bool) -> DDL:
             if old:
                 pre = msgspec.structs.replace(schema, database=old[0][0], table=old[0][1])
     return DDL(
-        type=kind, sql=sql, commit_ts=source.commit_ts, build_ts=0, table_schema=schema, pre_table_schema=pre
+        type=kind,
+        sql=sql,
+        commit_ts=source.commit_ts,
+        build_ts=0,
+        table_schema=schema,
+        pre_table_schema=pre,
+        database=source.db if schema is None else "",  # a database-level DDL's (spec §8.2)
     )
 
 
@@ -929,7 +935,7 @@ class DebeziumEncoder:
 
     def encode_ddl(self, ddl: DDL, wall_ms: int = 0) -> tuple[bytes, bytes]:
         schema = ddl.table_schema
-        database = schema.database if schema else ""
+        database = schema.database if schema else ddl.database
         table = schema.table if schema and ddl.type is not DDLType.QUERY else ""
         payload = {
             "source": self._source(database, table, ddl.commit_ts),
