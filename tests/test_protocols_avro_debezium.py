@@ -170,9 +170,10 @@ def test_avro_round_trip_every_type(
         DebeziumOptions(),
         DebeziumOptions(disable_schema=True),
         DebeziumOptions(tidb_extension=True, disable_schema=True, output_old_value=False, compression="lz4"),
+        DebeziumOptions(tidb_extension=True, compression="snappy"),
         None,
     ],
-    ids=["extension", "connect-types", "schema-less", "schema-less-compressed", "any"],
+    ids=["extension", "connect-types", "schema-less", "schema-less-compressed", "snappy", "any"],
 )
 @PROPERTY
 @given(data=st.data())
@@ -181,7 +182,7 @@ def test_debezium_round_trip_every_type(options: DebeziumOptions | None, data: A
     options = options or data.draw(debezium_options())
     schema = data.draw(debezium_table_schemas(max_columns=6))
     changes = [data.draw(debezium_changes(options, schema, kind)) for kind in DMLType]
-    decoder = DebeziumDecoder()
+    decoder = DebeziumDecoder("snappy" if options.compression == "snappy" else "auto")  # snappy: configured
     raws = [decoder.decode_record(change.key, change.value) for change in changes]
     derived = decoder.described_schema(raws[0].schema_key)  # type: ignore[union-attr]
     assert derived is not None and derived.handle_key() == ("id",)
