@@ -5,10 +5,10 @@ Run: `python benchmarks/fuzz.py [--protocol simple|avro|debezium] [--cases 10000
 
 Cases are seeded mutations of a simulated corpus (`consumer.testing.hostile.Mutator`: bit flips, truncation,
 splices, deep nesting, invalid UTF-8, huge numbers and strings, wrong value types per column, hostile
-schemas, headers and timestamp zones, compression bombs; JSON and Avro) run through
-`consumer.testing.fuzz.FuzzHarness`: `MessageDecoder.decode`, then `TableCodec.decode` / `decode_batch` /
-`decode_changes` with the typed rows a sink writes, or a `TableCodec` of each schema. A case may decode or
-raise a `ConsumerError`; anything else (or an `InternalDecodeError`) is a failure.
+schemas, headers and timestamp zones, compression bombs, Avro varints over 10 bytes; JSON and Avro) run
+through `consumer.testing.fuzz.FuzzHarness`: `MessageDecoder.decode`, then `TableCodec.decode` /
+`decode_batch` / `decode_changes` with the typed rows a sink writes, or a `TableCodec` of each schema. A case
+may decode or raise a `ConsumerError`; anything else (or an `InternalDecodeError`) is a failure.
 
 `--protocol avro|debezium` fuzzes TiCDC's other protocols instead (`consumer.testing.protocol_fuzz`): hostile
 (key, value) records through `decode_record` and the row decode; for Avro each child starts its own

@@ -10,7 +10,8 @@ Spark nor hypothesis:
   source (`KafkaSource`, `FileSource`), sinks (`DeltaSink`, `ParquetSink`, `JsonLinesSink`) and a
   dead-letter destination (`DeadLetterFile`); `PipelineStats` is what a run returns
 - reading a lakehouse without Spark: `read_changelog`, `read_mirror` (Arrow tables)
-- errors: `ConsumerError` (everything bad input raises), `DecodeError`, `SinkError`, `SourceError`
+- errors: `ConsumerError` (everything bad input raises), `ConfigError`, `DecodeError`, `SinkError`,
+  `SourceError`
 - property tests: `strategies` (hypothesis strategies for schemas, messages and values)
 """
 
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from consumer.app import run
     from consumer.config import RunConfig, load_config
-    from consumer.errors import ConsumerError, DecodeError, SinkError
+    from consumer.errors import ConfigError, ConsumerError, DecodeError, SinkError
     from consumer.lakehouse.tables import read_changelog, read_mirror
     from consumer.pipeline import Pipeline, PipelineStats
     from consumer.protocol.codec import MessageDecoder, MessageEncoder
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from consumer.testing import strategies
 
 __all__ = [
+    "ConfigError",
     "ConsumerError",
     "DeadLetterFile",
     "DecodeError",
@@ -87,6 +89,7 @@ _HOMES = {  # public name -> the module defining it
     "DeadLetterFile": "consumer.sinks.dead_letter",
     "read_changelog": "consumer.lakehouse.tables",
     "read_mirror": "consumer.lakehouse.tables",
+    "ConfigError": "consumer.errors",
     "ConsumerError": "consumer.errors",
     "DecodeError": "consumer.errors",
     "SinkError": "consumer.errors",

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 
 import msgspec
 
-from consumer.errors import ConsumerError
+from consumer.errors import ConfigError, ConsumerError
 from consumer.large_messages.storage import parse_location
 from consumer.large_messages.upstream import connection_options
 from consumer.protocol.limits import DecodeLimits
@@ -156,10 +156,6 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
     large_messages: LargeMessagesConfig = msgspec.field(default_factory=LargeMessagesConfig)
     integrity: IntegrityConfig = msgspec.field(default_factory=IntegrityConfig)
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message says which setting and why."""
 
 
 def load_config(

@@ -67,6 +67,13 @@ class ConsumerError(Exception):
         return f"{self.location}: {self.reason}" if self.location else self.reason
 
 
+class ConfigError(ConsumerError, ValueError):
+    """The configuration is invalid; the message says which setting and why. Also a `ValueError`, which it
+    was before it joined the family: `except ValueError` around `load_config` still catches it."""
+
+    code = "config-invalid"
+
+
 class DecodeError(ConsumerError):
     """A record's bytes cannot be turned into a message."""
 

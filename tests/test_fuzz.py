@@ -6,7 +6,9 @@ through the whole pipeline. The only exception allowed is a `ConsumerError`, and
 Cases in the default run: 16,000 seeded mutations + 2,000 hostile byte strings + 1,000 hypothesis-damaged
 records + 1,000 hostile column values + 3 x 350 hostile records inside valid streams through `run` + 3,000
 hostile TiCDC Avro and 3,000 hostile Debezium records: 27,050 (and 300 hostile schemas in
-test_containment.py). The long runs are `python benchmarks/fuzz.py [--protocol avro|debezium]`.
+test_containment.py); besides, every Avro message of the corpus with a varint over 10 bytes, and every
+Debezium record with a value or key that is no JSON object. The long runs are
+`python benchmarks/fuzz.py [--protocol avro|debezium]`.
 """
 
 from __future__ import annotations
@@ -24,20 +26,29 @@ from hypothesis import strategies as st
 
 from consumer import app
 from consumer.config import load_config
-from consumer.errors import ConsumerError
+from consumer.errors import ConsumerError, MalformedMessageError
 from consumer.protocol import avro_codec
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
+from consumer.protocol.debezium import DebeziumDecoder
 from consumer.protocol.model import DML, DMLType, RawDML
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.capture import write_capture
 from consumer.sources.record import SourceRecord
 from consumer.testing.fuzz import FUZZ_LIMITS, Corpus, FuzzHarness, FuzzReport
-from consumer.testing.hostile import Mutator, hostile_bytes, hostile_json_values, hostile_records, mutations
+from consumer.testing.hostile import (
+    OVERLONG_VARINT,
+    Mutator,
+    hostile_bytes,
+    hostile_json_values,
+    hostile_records,
+    mutations,
+)
 from consumer.testing.protocol_fuzz import (
     FOREIGN_PROTOCOLS,
     ForeignProtocol,
     ProtocolCorpus,
     ProtocolFuzzHarness,
+    RecordMutator,
     record_mutations,
 )
 from consumer.testing.registry import LocalSchemaRegistry
@@ -145,6 +156,38 @@ def test_hostile_values_in_every_column_type(data: st.DataObject, hostile: objec
     before = len(harness().report.failures)
     harness().run(json.dumps(document).encode())
     assert len(harness().report.failures) == before, harness().report.failures[-1][1]
+
+
+@pytest.mark.parametrize(
+    "varint", [OVERLONG_VARINT, b"\x82" + b"\x80" * 9 + b"\x00"], ids=["issue", "padded"]
+)
+def test_avro_values_with_a_varint_over_10_bytes_never_decode(varint: bytes) -> None:
+    """Known bug of issue 26: every Avro message of the corpus (watermarks, schemas, DMLs) with its
+    `version`, always its first field at byte 3, written as 12 bytes or padded to 11 (the value 1 still, to
+    a reader of any length) is refused as malformed, not read."""
+    avro = [value for value in corpus().values if value[:1] == b"\x16"]
+    assert {value[3] for value in avro} == {0x02}  # version 1
+    decoder = MessageDecoder()
+    for value in avro:
+        with pytest.raises(MalformedMessageError, match="varint at byte 3 is longer than 10 bytes"):
+            decoder.decode(value[:3] + varint + value[4:])
+
+
+def test_debezium_values_and_keys_that_are_no_json_are_malformed_never_a_guessed_compression() -> None:
+    """Known bug of issue 26: under compression `auto` such bytes were taken for snappy blocks."""
+    corpus = ProtocolCorpus.simulated("debezium")
+    mutator = RecordMutator(corpus, seed=26)
+    decoder = DebeziumDecoder()
+    codes = Counter[str]()
+    for pair in corpus.pairs:
+        try:
+            decoder.decode_record(*mutator.not_json(*pair))  # type: ignore[arg-type]
+            codes["decoded"] += 1  # a DDL or WATERMARK whose key was damaged: their keys are not read
+        except ConsumerError as exc:
+            codes[exc.code] += 1
+    assert set(codes) <= {"malformed-message", "decoded"} and codes["malformed-message"] > 0.9 * len(
+        corpus.pairs
+    ), codes
 
 
 # The refusals each protocol's mutations must reach: proof they get past the first parser.

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgspec
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from consumer.errors import (
     DependencyError,
     MalformedMessageError,
+    SchemaRegistryError,
     UnknownSchemaError,
     UnsupportedTypeError,
     ValueDecodeError,
@@ -27,7 +29,19 @@ from consumer.protocol.confluent_avro import (
     sanitized,
 )
 from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions
-from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema, Watermark
+from consumer.protocol.model import (
+    DDL,
+    DML,
+    Column,
+    DataType,
+    DDLType,
+    DMLType,
+    Index,
+    RawDML,
+    TableSchema,
+    Watermark,
+)
+from consumer.protocol.plain import message_object
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
@@ -73,6 +87,20 @@ def test_registry_fixture_through_the_real_client_with_basic_auth() -> None:
             SchemaRegistry(server.url).schema(schema_id)  # 401 without credentials: the registry's fault
     with pytest.raises(DependencyError):
         SchemaRegistry(server.url).schema(schema_id)  # stopped: unreachable
+
+
+@pytest.mark.parametrize("answer", [[{"schema": "{}"}], "text", {}, {"schema": 5}], ids=repr)
+def test_a_registry_answer_that_is_no_schema_stops_the_run_naming_it(answer: Any) -> None:
+    """Known bug of issue 26: a JSON array for `/schemas/ids/N` stopped the run with the client's internal
+    `TypeError: pop expected at most 1 argument, got 2`. The registry's fault (a stop, not a dead letter),
+    named by the URL asked (without the credentials) and the id."""
+    with LocalSchemaRegistry() as server:
+        server.answers["/schemas/ids/7"] = answer
+        registry = SchemaRegistry(server.url.replace("http://", "http://user:secret@"))
+        with pytest.raises(SchemaRegistryError) as caught:
+            registry.schema(7)
+    assert str(caught.value).startswith(f"the schema registry answered {server.url}/schemas/ids/7 with ")
+    assert "not a schema" in str(caught.value) and "secret" not in str(caught.value)
 
 
 def test_avro_golden_record_shapes(schema_registry: LocalSchemaRegistry) -> None:
@@ -142,9 +170,10 @@ def test_avro_round_trip_every_type(
         DebeziumOptions(),
         DebeziumOptions(disable_schema=True),
         DebeziumOptions(tidb_extension=True, disable_schema=True, output_old_value=False, compression="lz4"),
+        DebeziumOptions(tidb_extension=True, compression="snappy"),
         None,
     ],
-    ids=["extension", "connect-types", "schema-less", "schema-less-compressed", "any"],
+    ids=["extension", "connect-types", "schema-less", "schema-less-compressed", "snappy", "any"],
 )
 @PROPERTY
 @given(data=st.data())
@@ -153,7 +182,7 @@ def test_debezium_round_trip_every_type(options: DebeziumOptions | None, data: A
     options = options or data.draw(debezium_options())
     schema = data.draw(debezium_table_schemas(max_columns=6))
     changes = [data.draw(debezium_changes(options, schema, kind)) for kind in DMLType]
-    decoder = DebeziumDecoder()
+    decoder = DebeziumDecoder("snappy" if options.compression == "snappy" else "auto")  # snappy: configured
     raws = [decoder.decode_record(change.key, change.value) for change in changes]
     derived = decoder.described_schema(raws[0].schema_key)  # type: ignore[union-attr]
     assert derived is not None and derived.handle_key() == ("id",)
@@ -182,6 +211,24 @@ def test_debezium_golden_watermark_and_ddl() -> None:
     assert (ddl.pre_table_schema.table, ddl.table_schema.table) == ("table1", "table2")  # type: ignore[union-attr]
     with pytest.raises(MalformedMessageError):
         decoder.decode_record(None, b'{"payload":{"op":"x"}}')
+
+
+def test_a_debezium_database_level_ddl_names_its_database() -> None:
+    """Known bug of issue 26: `CREATE DATABASE test` (spec §8: `source.db` and `databaseName` name the
+    database, `tableChanges` is empty) decoded with database null, in the decode output and the DDL log."""
+    create = {
+        "payload": {
+            "source": {"db": "test", "table": "", "commit_ts": COMMIT_TS},
+            "ts_ms": 1, "databaseName": "test", "schemaName": None, "ddl": "CREATE DATABASE `test`",
+            "tableChanges": [],
+        }
+    }  # fmt: skip
+    ddl = DebeziumDecoder().decode_record(b'{"payload":{"databaseName":"test"}}', json.dumps(create).encode())
+    assert isinstance(ddl, DDL) and ddl.table_schema is None  # a barrier for every table
+    assert (ddl.type, ddl.database_name()) == (DDLType.QUERY, "test")
+    assert message_object(ddl)["database"] == "test" and message_object(ddl)["table"] is None
+    key, value = DebeziumEncoder().encode_ddl(ddl)
+    assert DebeziumDecoder().decode_record(key, value) == ddl  # the encoder writes it back
 
 
 # -- found by fuzzing (consumer.testing.protocol_fuzz) and the known bugs of issue 14 -------------------
@@ -283,6 +330,45 @@ def test_debezium_compressed_keys_decode_as_their_values(compression: Compressio
     derived = decoder.described_schema(raw.schema_key)  # type: ignore[union-attr]
     assert derived is not None and derived.handle_key() == ("id",)
     assert TableCodec(derived).decode(raw).data == {"id": 1, "a": 2}  # type: ignore[arg-type]
+
+
+def _debezium_insert(compression: Compression = "none") -> tuple[bytes, bytes]:
+    schema = _schema(Column("a", DataType("int"), nullable=True))
+    encoder = DebeziumEncoder(DebeziumOptions(tidb_extension=True, compression=compression))
+    key, value = encoder.encode_dml(_dml(schema, DMLType.INSERT, {"id": 1, "a": 2}), schema)
+    assert key is not None and value is not None
+    return key, value
+
+
+@pytest.mark.parametrize(
+    ("part", "bad", "words"),
+    [
+        ("value", b"\xff\xfe not JSON", "needs compression = snappy"),  # was compression-bomb
+        ("value", b'[{"payload": {}}]', "got `array`"),  # was compression-invalid
+        ("key", b"not JSON", "invalid Debezium key"),  # was compression-invalid
+    ],
+    ids=["invalid-utf8", "json-array", "non-json-key"],
+)
+def test_debezium_bytes_that_are_no_json_document_are_malformed_not_a_guessed_snappy(
+    part: str, bad: bytes, words: str
+) -> None:
+    """Known bug of issue 26: under compression `auto` every value not starting with `{` was taken for a
+    snappy block, so invalid UTF-8 was a `compression-bomb` and an array or a bad key `compression-invalid`.
+    TiCDC compresses Debezium records only when configured, and a snappy block carries no mark: `auto`
+    recognises LZ4 alone, and the rest is JSON or malformed."""
+    key, value = _debezium_insert()
+    record = (bad, value) if part == "key" else (key, bad)
+    with pytest.raises(MalformedMessageError, match=re.escape(words)) as caught:
+        DebeziumDecoder().decode_record(*record)
+    assert caught.value.code == "malformed-message"
+
+
+def test_debezium_auto_compression_recognises_lz4_and_leaves_snappy_to_the_setting() -> None:
+    assert isinstance(DebeziumDecoder().decode_record(*_debezium_insert("lz4")), RawDML)
+    key, value = _debezium_insert("snappy")
+    assert isinstance(DebeziumDecoder("snappy").decode_record(key, value), RawDML)
+    with pytest.raises(MalformedMessageError, match="needs compression = snappy"):
+        DebeziumDecoder().decode_record(key, value)
 
 
 @pytest.mark.parametrize("disable_schema", [False, True])

@@ -30,6 +30,8 @@ def test_every_public_name_resolves_to_its_home() -> None:
     assert consumer.DeltaSink.__module__ == "consumer.sinks.delta"
     assert consumer.strategies.__name__ == "consumer.testing.strategies"
     assert issubclass(consumer.SourceError, consumer.ConsumerError)
+    assert issubclass(consumer.ConfigError, consumer.ConsumerError)
+    assert issubclass(consumer.ConfigError, ValueError)  # what it was before: `except ValueError` still works
     for name in consumer.__all__:
         assert getattr(consumer, name) is not None
     assert importlib.resources.files("consumer").joinpath("py.typed").is_file()

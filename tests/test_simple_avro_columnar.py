@@ -181,7 +181,9 @@ def _varint_each(buffer: bytes) -> Any:
     """The byte-by-byte reading the packed one replaced."""
     result = shift = position = 0
     while True:
-        if position >= len(buffer) or shift > 63:
+        if shift > 63:
+            return "Avro varint at byte 0 is longer than 10 bytes (no Avro long is), in the DML header"
+        if position >= len(buffer):
             return "truncated or corrupt Avro DML header"
         byte = buffer[position]
         position += 1

@@ -65,8 +65,8 @@ class UnitOutput:
         tables[name] = tables.get(name, 0) + changes.changelog.num_rows
 
     def apply_ddl(self, unit: DDLUnit) -> None:
-        schema = unit.ddl.table_schema
-        event = DDLEvent(unit.ddl, schema.database if schema else None, schema.table if schema else None)
+        ddl = unit.ddl
+        event = DDLEvent(ddl, ddl.database_name(), ddl.table_schema.table if ddl.table_schema else None)
         for sink in self._sinks:
             sink.apply_ddl(event, self._context)
         self.tally.ddls += 1

@@ -19,6 +19,7 @@ import numpy as np
 
 from consumer.errors import MalformedMessageError
 from consumer.protocol.avro_container import datum_error
+from consumer.protocol.avro_varints import overlong_reason, overlong_varint
 from consumer.protocol.checks import MessageChecks
 from consumer.protocol.limits import MAX_TSO
 from consumer.protocol.model import (
@@ -56,18 +57,19 @@ def writer_schema_json() -> list[dict[str, Any]]:
     return json.loads(resources.files("consumer.protocol").joinpath("message.avsc").read_text())
 
 
-def _wire_schemas() -> tuple[Any, Any]:
-    """The whole union, and the DML record alone (a DML datum is 3 header bytes, then that record)."""
+def _wire_schemas() -> tuple[Any, Any, dict[str, Any]]:
+    """The whole union, the DML record alone (a DML datum is 3 header bytes, then that record), and their
+    named types."""
     schema = writer_schema_json()
     column_schema = next(t for t in schema if t["name"] == "ColumnSchema")
     default = next(f for f in column_schema["fields"] if f["name"] == "default")
     default["type"] = ["null", "bytes"]
     named: dict[str, Any] = {}
     union = fastavro.parse_schema(schema, named)
-    return union, fastavro.parse_schema(next(t for t in schema if t["name"] == "DML"), named)
+    return union, fastavro.parse_schema(next(t for t in schema if t["name"] == "DML"), named), named
 
 
-_SCHEMA, _DML_SCHEMA = _wire_schemas()
+_SCHEMA, _DML_SCHEMA, _NAMED = _wire_schemas()
 DML_PREFIX = bytes((MESSAGE_BRANCH, 0x06, 0x06))  # Message branch, MessageType.DML, payload branch DML
 
 
@@ -88,7 +90,7 @@ def decode(payload: bytes, checks: MessageChecks = _DEFAULT_CHECKS) -> DecodedMe
 
 def read_datum(payload: bytes) -> dict[str, Any]:
     """The whole Message record; the datum must fill the value exactly."""
-    message = _read_exactly(io.BytesIO(payload), _SCHEMA, len(payload))
+    message = _read_exactly(payload, 0, _SCHEMA)
     if not isinstance(message, dict) or "payload" not in message:
         raise MalformedMessageError("Avro datum is not a Message record")
     return message
@@ -98,18 +100,23 @@ def read_dml(payload: bytes) -> dict[str, Any]:
     """The DML record of a DML message, read without the union's per-call overhead."""
     if not payload.startswith(DML_PREFIX):
         raise MalformedMessageError("not an Avro DML message")
+    return _read_exactly(payload, len(DML_PREFIX), _DML_SCHEMA)
+
+
+def _read_exactly(payload: bytes, start: int, schema: Any) -> Any:
+    """The datum at `payload[start:]`, which must fill the payload, read strictly: fastavro's reading of
+    varints of any length is checked after it."""
     stream = io.BytesIO(payload)
-    stream.seek(len(DML_PREFIX))
-    return _read_exactly(stream, _DML_SCHEMA, len(payload))
-
-
-def _read_exactly(stream: io.BytesIO, schema: Any, size: int) -> Any:
+    stream.seek(start)
     try:
         datum = fastavro.schemaless_reader(stream, schema, None)
     except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError... for corrupt input
         raise MalformedMessageError(datum_error(exc)) from exc
-    if stream.tell() != size:
-        raise MalformedMessageError(f"{size - stream.tell()} bytes of garbage after the Avro datum")
+    if stream.tell() != len(payload):
+        raise MalformedMessageError(f"{len(payload) - stream.tell()} bytes of garbage after the Avro datum")
+    overlong = overlong_varint(payload, start, schema, _NAMED)
+    if overlong is not None:
+        raise MalformedMessageError(overlong_reason(overlong))
     return datum
 
 
@@ -376,6 +383,8 @@ class _HeaderReader:
         window = int.from_bytes(buffer[position : position + 10], "little")
         stops = ~window & _STOP_BITS[min(10, len(buffer) - position)]
         if not stops:  # no final byte within 10 bytes (or the buffer)
+            if len(buffer) - position >= 10:
+                raise MalformedMessageError(f"{overlong_reason(position)}, in the DML header")
             raise MalformedMessageError("truncated or corrupt Avro DML header")
         last = stops & -stops
         self.position = position + last.bit_length() // 8

@@ -11,6 +11,9 @@ one, and its traps are handled here:
   sentinel differs is misaligned;
 - it may fail or panic on hostile bytes.
 
+It refuses a varint over 10 bytes, as Avro does (fastavro does not: the datum-by-datum reading checks
+them itself, `avro_varints`).
+
 In each case `read` gives None, and the caller reads the datums one by one (fastavro, strictly), which
 names the bad row.
 """

@@ -2,8 +2,8 @@
 
 A batch's datums of one writer schema are read columnar through `avro_container` (~10x faster than fastavro's
 generic reader, benchmarks/decode.py); vectorized casts then give each column its SDK type. Where the
-container cannot settle the datums, fastavro reads them one by one, strictly (no byte may be left over),
-which names the bad row, or builds the columns when all are valid.
+container cannot settle the datums, fastavro reads them one by one, strictly (no byte may be left over, no
+varint over 10 bytes: `avro_varints`), which names the bad row, or builds the columns when all are valid.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from consumer.errors import MalformedMessageError, ValueDecodeError
 from consumer.protocol.avro_container import DatumContainer, datum_error, private_field
+from consumer.protocol.avro_varints import overlong_reason, overlong_varint
 from consumer.protocol.confluent_avro import (
     BEFORE_FIELD,
     COMMIT_TS,
@@ -54,7 +55,8 @@ class _Reader:
         self.reader_json = _readable(writer)
         frame = {"name": _FRAME_FIELD, "type": {"type": "fixed", "name": _FRAME_FIELD, "size": 5}}
         self.container = DatumContainer({**self.reader_json, "fields": [frame, *self.reader_json["fields"]]})
-        self.parsed = fastavro.parse_schema(self.reader_json)
+        self.named: dict[str, Any] = {}
+        self.parsed = fastavro.parse_schema(self.reader_json, self.named)
 
     def read(self, payloads: Sequence[bytes]) -> pa.RecordBatch:
         """Columns of the datums (after their 5-byte frames, which must all be the same: the native reader
@@ -78,6 +80,9 @@ class _Reader:
                 raise ValueDecodeError(
                     f"{left} bytes of garbage after the Avro datum", column="<row>", row=index
                 )
+            overlong = overlong_varint(payload, 5, self.parsed, self.named)  # fastavro reads any length
+            if overlong is not None:
+                raise ValueDecodeError(overlong_reason(overlong), column="<row>", row=index)
         schema = _arrow_schema(self.reader_json)
         try:
             return pa.RecordBatch.from_pylist(rows, schema=schema)

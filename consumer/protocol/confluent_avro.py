@@ -28,6 +28,7 @@ import fastavro
 import msgspec
 
 from consumer.errors import ConsumerError, EncodeError, MalformedMessageError, UnsupportedTypeError
+from consumer.protocol.avro_varints import MAX_VARINT_BYTES, overlong_reason
 from consumer.protocol.checks import MessageChecks
 from consumer.protocol.containment import KeyedValue, decoded_each, raise_contained
 from consumer.protocol.model import (
@@ -520,8 +521,8 @@ def _tail_fast(value: bytes) -> tuple[DMLType, int] | None:
         return None
     physical = flags.rfind(b"0", 0, _TAIL_WINDOW - 1) + 1  # where _tidb_commit_physical_time starts
     start = flags.rfind(b"0", 0, physical - 1) + 1 if physical > 1 else 0  # where _tidb_commit_ts starts
-    if start < 2 or physical - start > 10 or window[start - 2] != 2:
-        return None
+    if start < 2 or physical - start > 10 or _TAIL_WINDOW - physical > 10 or window[start - 2] != 2:
+        return None  # over-long varints are named by `_tail_each`
     kind = _OPS.get(chr(window[start - 1]))
     if kind is None:
         return None
@@ -577,6 +578,8 @@ def _varint_start(buffer: bytes, end: int) -> int:
         raise ValueError("no varint")
     while position > 5 and buffer[position - 1] & 0x80:
         position -= 1
+    if end - position > MAX_VARINT_BYTES:  # the value fastavro would read from it, but no Avro long
+        raise MalformedMessageError(f"{overlong_reason(position)}, in the TiDB extension fields")
     return position
 
 

@@ -265,7 +265,7 @@ class DebeziumDecoder:
                 body = bytes(envelope.payload)
                 payload = _PAYLOAD.decode(body)
             except _INVALID as exc:
-                raise MalformedMessageError(f"invalid Debezium JSON: {exc}") from exc
+                raise self._invalid("JSON", value, exc) from exc
             schema_bytes = bytes(envelope.schema)
             if payload.op in _OPS:
                 self._remember_suffix(value, schema_bytes)
@@ -327,14 +327,14 @@ class DebeziumDecoder:
             del self._suffixes[_KNOWN_SCHEMAS:]
 
     def _plain(self, value: bytes) -> bytes:
-        """Keys and values are JSON: `auto` takes `{` for plain, LZ4's magic for LZ4, anything else for
-        snappy (whose first byte, a length, may be any byte)."""
+        """Keys and values are JSON, compressed only when the changefeed says so (spec §2): `auto` takes an
+        LZ4 frame by its magic and anything else for JSON. A snappy block has no mark (its first byte, a
+        length, may be any byte): guessing it made every bad value a bad snappy block, so snappy is
+        configured."""
         compression = self.compression
         if compression == "auto":
-            if value[:1] == b"{":
-                return value
-            compression = "lz4" if value.startswith(LZ4_MAGIC) else "snappy"
-        elif compression == "none":
+            compression = "lz4" if value.startswith(LZ4_MAGIC) else "none"
+        if compression == "none":
             return value
         return decompress(value, compression, self.policy.limits.max_decompressed_bytes)
 
@@ -381,10 +381,23 @@ class DebeziumDecoder:
         """The key, compressed as the value is (spec §2); None for none."""
         if not key:
             return None
+        plain = self._plain(key)
         try:
-            return _KEY.decode(self._plain(key))
+            return _KEY.decode(plain)
         except _INVALID as exc:
-            raise MalformedMessageError(f"invalid Debezium key: {exc}") from exc
+            raise self._invalid("key", plain, exc) from exc
+
+    def _invalid(self, what: str, data: bytes, exc: Exception) -> MalformedMessageError:
+        """Bytes that are no JSON document of the envelope's shape. Under `auto`, bytes that do not even
+        start like JSON may be snappy's, which is never guessed: the reason says so."""
+        hint = ""
+        if (
+            self.compression == "auto"
+            and not isinstance(exc, msgspec.ValidationError)
+            and data.lstrip()[:1] not in (b"{", b"[")
+        ):
+            hint = " (not JSON: a changefeed compressing with snappy needs compression = snappy)"
+        return MalformedMessageError(f"invalid Debezium {what}: {exc}{hint}")
 
 
 def _key_of(parsed: _KeyEnvelope | None) -> tuple[Any, tuple[str, ...]]:
@@ -546,7 +559,13 @@ def _ddl(payload: _Payload, source: _Source, *, typed: bool) -> DDL:
             if old:
                 pre = msgspec.structs.replace(schema, database=old[0][0], table=old[0][1])
     return DDL(
-        type=kind, sql=sql, commit_ts=source.commit_ts, build_ts=0, table_schema=schema, pre_table_schema=pre
+        type=kind,
+        sql=sql,
+        commit_ts=source.commit_ts,
+        build_ts=0,
+        table_schema=schema,
+        pre_table_schema=pre,
+        database=source.db if schema is None else "",  # a database-level DDL's (spec §8.2)
     )
 
 
@@ -916,7 +935,7 @@ class DebeziumEncoder:
 
     def encode_ddl(self, ddl: DDL, wall_ms: int = 0) -> tuple[bytes, bytes]:
         schema = ddl.table_schema
-        database = schema.database if schema else ""
+        database = schema.database if schema else ddl.database
         table = schema.table if schema and ddl.type is not DDLType.QUERY else ""
         payload = {
             "source": self._source(database, table, ddl.commit_ts),

@@ -112,6 +112,9 @@ class Bootstrap(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DDL(msgspec.Struct, frozen=True, kw_only=True):
+    """`database`: of a DDL without a table schema (CREATE DATABASE...), the database the wire names apart
+    from one (Debezium's `source.db`); "" where it names none (the Simple protocol)."""
+
     type: DDLType
     sql: str
     commit_ts: int
@@ -119,6 +122,12 @@ class DDL(msgspec.Struct, frozen=True, kw_only=True):
     table_schema: TableSchema | None = None
     pre_table_schema: TableSchema | None = None
     version: int = 1
+    database: str = ""
+
+    def database_name(self) -> str | None:
+        """The database the DDL acted on: its table's, else the one the wire named (None: not known)."""
+        schema = self.table_schema
+        return schema.database if schema is not None else self.database or None
 
 
 class DML(msgspec.Struct, frozen=True, kw_only=True):

@@ -32,7 +32,7 @@ def message_object(message: Watermark | Bootstrap | DDL | DML) -> dict[str, Any]
             "type": message.type.value,
             "sql": message.sql,
             "commitTs": message.commit_ts,
-            "database": described.database if described else None,
+            "database": message.database_name(),
             "table": described.table if described else None,
             "schemaVersion": described.version if described else None,
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 from typing import Any
+from urllib.parse import urlsplit
 
 from cachetools import LRUCache
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
@@ -19,6 +20,9 @@ from consumer.errors import SchemaRegistryError, UnknownSchemaError
 
 SCHEMAS_CACHED = 10_000
 _NOT_FOUND = (40401, 40402, 40403)
+# What confluent-kafka's client raises reading fields of an answer that is no JSON object (`list.pop` with a
+# default, `str.get`...), or no JSON at all
+_UNREADABLE_ANSWER = (TypeError, AttributeError, KeyError, ValueError)
 
 
 class SchemaRegistry:
@@ -52,15 +56,29 @@ class SchemaRegistry:
             if exc.http_status_code == 404 or exc.error_code in _NOT_FOUND:
                 raise UnknownSchemaError(f"schema id {schema_id} is not in the registry") from exc
             raise SchemaRegistryError(f"fetching schema id {schema_id}: {exc}") from exc
+        except _UNREADABLE_ANSWER as exc:  # the client read fields of an answer that has none
+            raise self._not_a_schema(schema_id) from exc
         except Exception as exc:  # connection refused, timeouts, TLS: the registry, not the record
             raise SchemaRegistryError(f"fetching schema id {schema_id}: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(text, str):  # an object without schema text
+            raise self._not_a_schema(schema_id)
         try:
-            parsed = json.loads(text or "")
+            parsed = json.loads(text)
         except json.JSONDecodeError as exc:
             raise UnknownSchemaError(f"schema id {schema_id} is not JSON: {exc}") from exc
         with self._lock:
             self._schemas[schema_id] = parsed
         return parsed
+
+    def _not_a_schema(self, schema_id: int) -> SchemaRegistryError:
+        """The registry's fault, not the record's: its answer is no schema object (a JSON array, a bare
+        value, no JSON at all). Named by the URL it came from, without credentials."""
+        address = urlsplit(self.url)
+        shown = address._replace(netloc=address.netloc.rpartition("@")[2]).geturl().rstrip("/")
+        return SchemaRegistryError(
+            f"the schema registry answered {shown}/schemas/ids/{schema_id} with something that is not a "
+            'schema (expected {"schema": "<Avro schema text>"})'
+        )
 
     def register(self, subject: str, schema: Any) -> int:
         """Register `schema` (JSON) under `subject` (compact text, as TiCDC sends it); returns its id."""

@@ -12,7 +12,8 @@ decode, or they raise a `ConsumerError`. Use them against your own consumer too:
 
 `Mutator` makes the same kinds of damage from a seed, without hypothesis, for long fuzz runs
 (`benchmarks/fuzz.py`): bit flips, truncation, splices, deep nesting, invalid UTF-8, huge numbers and
-strings, wrong value types per column, hostile schemas and timestamps, compression bombs, in JSON and Avro.
+strings, wrong value types per column, hostile schemas and timestamps, compression bombs, Avro varints over
+10 bytes, in JSON and Avro.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ HUGE_NUMBERS = (
 )
 ZONES = ("Europe", "A" * 300, "../../etc/passwd", "/etc/localtime", "", "Local", "UTC+8", "Asia/Shanghai\x00")
 NESTING_DEPTHS = (100, 129, 1_000, 5_000, 100_000)
+OVERLONG_VARINT = b"\xff" * 11 + b"\x01"  # 12 bytes: no Avro long, -2^63 to a reader of any length
+_VARINT_END = re.compile(rb"[\x00-\x7f]")
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _JSON_NUMBER = re.compile(rb"(?<=[:\[,])-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 
@@ -151,6 +154,7 @@ class Mutator:
             (self.hostile_header, 3),
             (self.compress, 2),
             (self.bomb, 1),
+            (self.overlong_varint, 2),
         ]
         self._weights = [weight for _, weight in self._operators]
 
@@ -349,6 +353,23 @@ class Mutator:
         if choice < 0.7:
             return b"\xff\xff\xff\xff\x0f" + value  # snappy: 4 GiB declared
         return bytes(cramjam.snappy.compress_raw(b"{" + b" " * self.bomb_bytes))
+
+    def overlong_varint(self, value: bytes) -> bytes:
+        """An Avro varint (any byte below 0x80 may end one) made longer than the 10 bytes a long may take:
+        padded with zero groups, the same value to a reader of any length (fastavro's), or the `ff` x11
+        `01` of issue 26, -2^63 to such a reader."""
+        end = _VARINT_END.search(value, self._position(value))
+        if end is None:
+            return value + OVERLONG_VARINT
+        stop = start = end.start()
+        while start and value[start - 1] & 0x80:
+            start -= 1
+        if self.random.random() < 0.3:
+            return value[:start] + OVERLONG_VARINT + value[stop + 1 :]
+        groups = value[start:stop] + bytes([value[stop] | 0x80])
+        size = self.random.choice((11, 12, 20))
+        padded = groups + b"\x80" * max(0, size - len(groups) - 1) + b"\x00"
+        return value[:start] + padded + value[stop + 1 :]
 
 
 def mutations(values: Sequence[bytes], seed: int, count: int, **options: Any) -> Iterator[bytes]:

@@ -6,7 +6,8 @@ live in a schema registry (the `LocalSchemaRegistry` fixture, reached through co
 together with hostile variants of them (`hostile_writer_schemas`: wrong Avro types, unknown `tidb_type`s,
 decimals and BITs beyond TiDB's limits, arrays, maps, fixed, recursion...) that a mutation may frame a datum
 with. `RecordMutator` damages a record's value or key: every `Mutator` operator, plus re-framing an Avro
-datum with another schema id, and edits of a Debezium record's Connect schema or DDL `tableChanges`.
+datum with another schema id, edits of a Debezium record's Connect schema or DDL `tableChanges`, and a
+Debezium value or key that is no JSON object (`not_json`).
 
 `ProtocolFuzzHarness` runs each case as a consumer does: `decode_record`; for a row, a `TableCodec` of the
 version the record described decoding it alone (`decode`), in a batch with valid rows of that version
@@ -23,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from consumer.protocol.compression import compress
 from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
 from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions
 from consumer.protocol.model import DDL, RawDML, TableSchema
@@ -33,7 +35,7 @@ from consumer.protocol.types import ValuePolicy
 from consumer.simulate.output import AvroStream, DebeziumStream, KafkaPair, encoded
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.testing.fuzz import CORPUS_MS, FUZZ_LIMITS, FuzzReport, FuzzStages
-from consumer.testing.hostile import Mutator
+from consumer.testing.hostile import INVALID_UTF8, Mutator
 
 ForeignProtocol = Literal["avro", "debezium"]
 FOREIGN_PROTOCOLS: tuple[ForeignProtocol, ...] = ("avro", "debezium")
@@ -223,7 +225,27 @@ class RecordMutator:
             return key, self.bytes.mutate(value) if self.random.random() < 0.3 else value
         if self.corpus.protocol == "debezium" and choice < 0.35:
             return key, self.debezium_schema(value)
+        if self.corpus.protocol == "debezium" and choice < 0.45:
+            return self.not_json(key, value)
         return key, self.bytes.mutate(value)
+
+    def not_json(self, key: bytes | None, value: bytes) -> KafkaPair:
+        """The value, or the key, as bytes that are no JSON object: invalid UTF-8, a top-level array or
+        string, a snappy block (which a decoder's `auto` does not guess), random bytes."""
+        on_key = bool(key) and self.random.random() < 0.3
+        target = key if on_key and key else value
+        how = self.random.randrange(5)
+        if how == 0:
+            damaged = self.random.choice(INVALID_UTF8[:5]) + target
+        elif how == 1:
+            damaged = b"[" + target + b"]"
+        elif how == 2:
+            damaged = json.dumps(target.decode("utf-8", "replace")).encode()
+        elif how == 3:
+            damaged = compress(target, "snappy")
+        else:
+            damaged = self.random.randbytes(self.random.randint(1, 64))
+        return (damaged, value) if on_key else (key, damaged)
 
     def reframe(self, value: bytes) -> bytes:
         """The datum framed with another writer schema's id: mostly a hostile variant, sometimes another

@@ -10,7 +10,8 @@ consumer use through confluent-kafka's `SchemaRegistryClient`:
 - `GET /subjects`, `GET /subjects/{subject}/versions`, `GET /subjects/{subject}/versions/{n|latest}`
 
 It keeps everything in memory, checks no compatibility level, and optionally demands HTTP basic auth. It is
-a test fixture, not a registry to run anything on.
+a test fixture, not a registry to run anything on. `answers` makes it misbehave: a path found there is
+answered with that JSON body (status 200), whatever the routes would say.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class LocalSchemaRegistry:
     def __init__(self, *, credentials: tuple[str, str] | None = None) -> None:
         self.store = _Store()
         self.requests = 0  # how many requests were served: tests check the decoder's cache by it
+        self.answers: dict[str, Any] = {}  # path -> the JSON body served for it instead (a broken registry)
         expected = (
             "Basic " + base64.b64encode(f"{credentials[0]}:{credentials[1]}".encode()).decode()
             if credentials
@@ -101,7 +103,11 @@ def _handler(registry: LocalSchemaRegistry, expected_auth: str | None) -> type[B
 
         def do_GET(self) -> None:
             if self._authorized():
-                self._answer(*_get(store, urlsplit(self.path).path))
+                path = urlsplit(self.path).path
+                if path in registry.answers:
+                    self._answer(200, registry.answers[path])
+                else:
+                    self._answer(*_get(store, path))
 
         def do_POST(self) -> None:
             if not self._authorized():

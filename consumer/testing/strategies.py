@@ -389,13 +389,15 @@ def avro_options(draw: st.DrawFn) -> AvroOptions:
 
 @st.composite
 def debezium_options(draw: st.DrawFn) -> DebeziumOptions:
-    """Any combination of the Debezium protocol's options that change the wire (spec §11)."""
+    """Any combination of the Debezium protocol's options that change the wire (spec §11), with the
+    compressions a decoder's `auto` recognises (a snappy block has no mark: it is configured, so draw it as
+    `DebeziumOptions(compression="snappy")` beside a decoder configured so)."""
     return DebeziumOptions(
         tidb_extension=draw(st.booleans()),
         disable_schema=draw(st.booleans()),
         output_old_value=draw(st.booleans()),
         cluster_id=draw(st.sampled_from(("default", "cluster-1"))),
-        compression=draw(st.sampled_from(("none", "lz4", "snappy"))),
+        compression=draw(st.sampled_from(("none", "lz4"))),
     )
 
 
