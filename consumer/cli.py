@@ -10,11 +10,14 @@ from typing import Any
 
 import click
 import msgspec
+from rich.console import Console
+from rich.table import Table
 
 from consumer import __version__, app
 from consumer.config import ConfigError, DecodeConfig, load_config
-from consumer.configured import build_decoder
+from consumer.configured import build_decoder, lake_status
 from consumer.errors import ConsumerError
+from consumer.lakehouse.status import LakeStatus
 from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import DEFAULT_MAX_MESSAGE_BYTES, LargeMessageEncoder
 from consumer.pipeline import PipelineStats
@@ -46,6 +49,8 @@ EXIT_BAD_INPUT = 2  # stopped on a ConsumerError: a bad record under policy "fai
 EXIT_SCHEMA_MISSING = 3  # `decode`: DMLs whose schema never came
 EXIT_UNAPPLIED = 3  # `run --until-idle`: went idle with rows still waiting (for a WATERMARK or a schema)
 EXIT_SOURCE_UNAVAILABLE = 4  # the brokers refused this client, or none could be reached
+EXIT_NO_LAKEHOUSE = 2  # `status`: the root holds no lakehouse (or another ConsumerError, e.g. no such topic)
+EXIT_BEHIND = 3  # `status --max-lag-s S`: the consistent point is older than S seconds (or unknown)
 EXIT_INTERRUPTED = 130  # a second Ctrl-C/SIGTERM before the clean stop the first asked for finished
 _ENCODINGS = click.Choice(["auto", "json", "avro"])
 _COMPRESSIONS = click.Choice(["auto", "none", "snappy", "lz4"])
@@ -448,6 +453,87 @@ def maintain(
     )
     if any(done.error for done in report.tables):
         sys.exit(1)
+
+
+@main.command()
+@click.option(
+    "--sink", "sink_url", help="ROOT (a directory or an object-store URI), or delta:ROOT / parquet:ROOT"
+)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--brokers", help="Kafka bootstrap servers HOST:PORT: adds committed and end offsets, the lag")
+@click.option("--topic", help="the topic the lake consumes (with --brokers)")
+@click.option("--group", help="only this consumer group (default: every group the lake recorded)")
+@click.option(
+    "--dead-letter", help="where dead letters go when not the default: file:PATH, a URI or kafka://HOST/TOPIC"
+)
+@click.option("--max-lag-s", type=float, help="exit 3 when the consistent point is older than this")
+@click.option("--json", "as_json", is_flag=True, help="print the status as JSON (the README's shape)")
+def status(
+    sink_url: str | None,
+    config_path: Path | None,
+    brokers: str | None,
+    topic: str | None,
+    group: str | None,
+    dead_letter: str | None,
+    max_lag_s: float | None,
+    as_json: bool,
+) -> None:
+    """How far a lakehouse is, and whether anything is stuck: its tables, consistent point, each group's
+    offsets and lag, rows left waiting at the last stop, dead letters. A health check with --max-lag-s."""
+    if bool(brokers) != bool(topic):
+        raise click.UsageError("give --brokers and --topic together")
+    if sink_url and not sink_url.startswith(("delta:", "parquet:")):
+        sink_url = f"delta:{sink_url}"
+    overrides = {"sink": {"url": sink_url}, "errors": {"dead_letter": dead_letter}}
+    try:
+        config = load_config(config_path, overrides=overrides, sink_only=True)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        report = lake_status(config, group=group, brokers=brokers, topic=topic)
+    except (SourceAuthenticationError, SourceUnreachableError) as exc:
+        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_SOURCE_UNAVAILABLE)
+    except ConsumerError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_NO_LAKEHOUSE)
+    if as_json:
+        click.echo(msgspec.json.encode(report).decode())
+    else:
+        _show_status(report)
+    if max_lag_s is not None and report.behind(max_lag_s):
+        sys.exit(EXIT_BEHIND)
+
+
+def _show_status(report: LakeStatus) -> None:
+    age = "unknown" if report.consistent_age_s is None else f"{report.consistent_age_s:.1f} s ago"
+    console = Console()
+    console.print(f"[bold]{report.root}[/bold]: consistent at TSO {report.consistent_ts} ({age})")
+    tables = Table("table", "location", "mirror rows", "changelog rows", "last change ts", "committed s ago")
+    for t in report.tables:
+        sizes = (t.mirror_rows, t.changelog_rows, t.last_change_ts, t.freshness_s)
+        tables.add_row(f"{t.database}.{t.table}", t.location, *map(_cell, sizes))
+    partitions = Table(
+        "group", "partition", "lake offset", "committed", "end", "lag", "lag s", "waiting", "held"
+    )
+    for p in report.partitions:
+        numbers = (p.lake_offset, p.committed_offset, p.end_offset, p.lag_records, p.lag_s)
+        partitions.add_row(
+            p.group, f"{p.topic}[{p.partition}]", *map(_cell, (*numbers, p.waiting_rows, p.held_rows))
+        )
+    console.print(tables, partitions)
+    letters = report.dead_letters
+    if letters is not None:
+        codes = ", ".join(f"{code or '(none)'}: {n}" for code, n in letters.by_reason_code.items())
+        console.print(
+            f"dead letters in {letters.destination}: {letters.total}" + (f" ({codes})" if codes else "")
+        )
+
+
+def _cell(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
 @main.command()

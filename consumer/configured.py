@@ -1,13 +1,16 @@
 """What a `RunConfig` names, built: the decoder, the large-message resolver, the sinks and the dead-letter
-queue. One construction for both engines (the loop in `consumer.app`, Spark in `consumer.spark.engine`)."""
+queue. One construction for both engines (the loop in `consumer.app`, Spark in `consumer.spark.engine`);
+and the status of what they wrote (`lake_status`), read where the configuration says it went."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pyarrow as pa
 
 from consumer.config import ConfigError, DecodeConfig, RunConfig, kafka_source_parts
+from consumer.lakehouse.status import DeadLetterStatus, LakeStatus, read_status, with_kafka
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.large_messages.upstream import UpstreamLookup
@@ -15,7 +18,14 @@ from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.protocols import DecoderSettings, RecordDecoder, record_decoder
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
-from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterObjects, DeadLetterQueue, DeadLetterTopic
+from consumer.sinks.dead_letter import (
+    DeadLetterFile,
+    DeadLetterObjects,
+    DeadLetterQueue,
+    DeadLetterTopic,
+    count_letters,
+)
+from consumer.sources.lookups import count_by_header, group_offsets
 from consumer.state.machine import ConsumerState
 
 
@@ -49,20 +59,53 @@ def build_sinks(config: RunConfig) -> list[Sink]:
     return [JsonLinesSink(root)]
 
 
-def build_dead_letters(config: RunConfig) -> DeadLetterQueue:
+def dead_letter_target(config: RunConfig) -> str:
     """`errors.dead_letter`: `file:PATH`, an object-store URI (one object per letter) or a Kafka topic;
     default: `_dead_letters.jsonl` (a directory on object stores) at the sink's root."""
     root = config.sink.url.partition(":")[2]
     default = (
         f"{root.rstrip('/')}/_dead_letters" if "://" in root else f"file:{Path(root) / '_dead_letters.jsonl'}"
     )
-    target = config.errors.dead_letter or default
+    return config.errors.dead_letter or default
+
+
+def build_dead_letters(config: RunConfig) -> DeadLetterQueue:
+    target = dead_letter_target(config)
     if target.startswith("kafka://"):
         servers, topics = kafka_source_parts(target)
         return DeadLetterTopic(servers, topics[0], config.errors.kafka)
     if "://" in target:
         return DeadLetterObjects(target, config.sink.storage_options)
     return DeadLetterFile(target.partition(":")[2])
+
+
+def lake_status(
+    config: RunConfig, *, group: str | None = None, brokers: str | None = None, topic: str | None = None
+) -> LakeStatus:
+    """The configured sink root's status (`consumer.lakehouse.status`): with each group's Kafka offsets in
+    `topic` when `brokers` and `topic` are given (`group`, else every group the lake recorded), and the
+    dead letters wherever the configuration sends them."""
+    root = config.sink.url.partition(":")[2]
+    status = read_status(root, config.sink.storage_options, group=group)
+    if brokers and topic:
+        groups = [group] if group else sorted({p.group for p in status.partitions})
+        status = with_kafka(status, group_offsets(brokers, topic, groups, config=config.source.kafka))
+    return msgspec.structs.replace(status, dead_letters=_dead_letter_status(config))
+
+
+def _dead_letter_status(config: RunConfig) -> DeadLetterStatus:
+    target = dead_letter_target(config)
+    if target.startswith("kafka://"):
+        servers, topics = kafka_source_parts(target)
+        counts = count_by_header(
+            servers, topics[0], "ticdc.reason_code", distinct_by="ticdc.source", config=config.errors.kafka
+        )
+    else:
+        where = target if "://" in target else target.partition(":")[2]
+        counts = count_letters(where, config.sink.storage_options)
+    return DeadLetterStatus(
+        destination=target, total=sum(counts.values()), by_reason_code=dict(sorted(counts.items()))
+    )
 
 
 def build_policy(config: RunConfig) -> ValuePolicy:

@@ -7,9 +7,12 @@
     applied_ts                every change of the partition with commit ts <= it is durably applied (null:
                               not known yet, e.g. while rows wait for their schema)
     member, recorded_at       who recorded it, when
+    waiting_rows, held_rows   only in a record made at a stop (the run ends, the partition goes): rows left
+                              unapplied then, waiting for a WATERMARK / held for their schema; null otherwise
 
-Each value only ever grows as a claim (a row stays true once written), so readers take the maximum of each
-per partition, a stale member's row is harmless, and appends of different members never conflict.
+Offsets and applied ts only ever grow as claims (a row stays true once written), so readers take the maximum
+of each per partition, a stale member's row is harmless, and appends of different members never conflict.
+The counts at a stop are no claim: readers take the newest stop row of each partition (`last_stops`).
 `<root>/_schemas` keeps each member's schema-cache snapshot (msgpack), so a member taking over a partition
 decodes rows whose schema no later message announces. Both are compacted to their newest rows now and then.
 """
@@ -20,9 +23,10 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 import pyarrow as pa
@@ -32,6 +36,7 @@ from deltalake.exceptions import CommitFailedError
 
 from consumer.lakehouse.storage import LakeRoot, retry_commits
 from consumer.sources.record import TopicPartition
+from consumer.state.machine import Unapplied
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,8 @@ PROGRESS_SCHEMA = pa.schema(
         pa.field("applied_ts", pa.int64()),
         pa.field("member", pa.string(), nullable=False),
         pa.field("recorded_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("waiting_rows", pa.int64()),  # added later: older tables gain them on the next append
+        pa.field("held_rows", pa.int64()),
     ]
 )
 SCHEMAS_SCHEMA = pa.schema(
@@ -66,6 +73,16 @@ class PartitionProgress:
     applied_ts: int | None
 
 
+@dataclass(frozen=True)
+class PartitionStop:
+    """What a partition left unapplied at its last stop: rows waiting for a WATERMARK, rows held for their
+    schema (a restart reads both again)."""
+
+    waiting_rows: int
+    held_rows: int
+    recorded_at: datetime
+
+
 class ProgressLog:
     """A root's progress and schema records; `member` names this writer in the rows it appends."""
 
@@ -81,8 +98,10 @@ class ProgressLog:
         resume_offsets: Mapping[TopicPartition, int],
         applied_ts: Mapping[TopicPartition, int],
         schema_snapshot: bytes | None = None,
+        stopped: Sequence[Unapplied] | None = None,
     ) -> None:
-        """Append a member's progress (and its schema snapshot, when given: record it whenever it changed)."""
+        """Append a member's progress (and its schema snapshot, when given: record it whenever it changed).
+        `stopped`: at a stop, what the partitions left unapplied (a partition not in it left nothing)."""
         now = datetime.now(UTC)
         if schema_snapshot:
             row = {"member": self.member, "recorded_at": now, "snapshot": schema_snapshot}
@@ -98,6 +117,7 @@ class ProgressLog:
                 "applied_ts": applied_ts.get((topic, partition)),
                 "member": self.member,
                 "recorded_at": now,
+                **_stop_counts((topic, partition), stopped),
             }
             for (topic, partition), offset in sorted(resume_offsets.items())
         ]
@@ -119,6 +139,19 @@ class ProgressLog:
             for row in _furthest(rows).to_pylist()
         }
 
+    def last_stops(self, group: str) -> dict[TopicPartition, PartitionStop]:
+        """Per partition, what it left unapplied at its newest recorded stop."""
+        table = self.root.open(self.progress_uri)
+        if table is None:
+            return {}
+        rows = self.root.scan(table).to_table(filter=pc.field("group") == group)
+        return {
+            (row["topic"], row["partition"]): PartitionStop(
+                row["waiting_rows"], row["held_rows"], row["recorded_at"]
+            )
+            for row in _newest_stops(rows)
+        }
+
     def schema_snapshot(self) -> bytes | None:
         """Every schema any member recorded, as one snapshot."""
         table = self.root.open(self.schemas_uri)
@@ -137,7 +170,9 @@ class ProgressLog:
         def attempt() -> None:  # conflicts only with a compaction that removed files this handle saw
             table = self.root.open(uri)
             target = table if table is not None else uri
-            write_deltalake(target, rows, mode="append", storage_options=self.root.options())
+            write_deltalake(
+                target, rows, mode="append", schema_mode="merge", storage_options=self.root.options()
+            )
 
         retry_commits(f"progress {uri}", attempt)
         table = self.root.open(uri)
@@ -159,12 +194,33 @@ def _furthest(rows: pa.Table) -> pa.Table:
     )
 
 
+def _stop_counts(tp: TopicPartition, stopped: Sequence[Unapplied] | None) -> dict[str, int | None]:
+    if stopped is None:
+        return {"waiting_rows": None, "held_rows": None}
+    mine = [u for u in stopped if u.partition == tp]
+    return {"waiting_rows": sum(u.waiting_rows for u in mine), "held_rows": sum(u.held_rows for u in mine)}
+
+
+def _newest_stops(rows: pa.Table) -> list[dict[str, Any]]:
+    """The newest stop row of each (group, topic, partition) among `rows` (none in a table older than the
+    stop counts)."""
+    if "waiting_rows" not in rows.column_names:
+        return []
+    newest: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for row in rows.filter(pc.field("waiting_rows").is_valid()).to_pylist():
+        key = (row["group"], row["topic"], row["partition"])
+        if key not in newest or row["recorded_at"] > newest[key]["recorded_at"]:
+            newest[key] = row
+    return list(newest.values())
+
+
 def _newest_progress(rows: pa.Table) -> pa.Table:
+    """The furthest offsets and applied ts per partition, and its newest stop row as it was."""
     now = datetime.now(UTC)
     furthest = rows.group_by(["group", "topic", "partition"], use_threads=False).aggregate(
         [("resume_offset", "max"), ("applied_ts", "max")]
     )
-    return pa.table(
+    compacted = pa.table(
         {
             "group": furthest["group"],
             "topic": furthest["topic"],
@@ -173,9 +229,13 @@ def _newest_progress(rows: pa.Table) -> pa.Table:
             "applied_ts": furthest["applied_ts_max"],
             "member": pa.array(["compacted"] * furthest.num_rows, pa.string()),
             "recorded_at": pa.array([now] * furthest.num_rows, pa.timestamp("us", tz="UTC")),
+            "waiting_rows": pa.nulls(furthest.num_rows, pa.int64()),
+            "held_rows": pa.nulls(furthest.num_rows, pa.int64()),
         },
         schema=PROGRESS_SCHEMA,
     )
+    stops = pa.Table.from_pylist(_newest_stops(rows), schema=PROGRESS_SCHEMA)
+    return pa.concat_tables([compacted, stops])
 
 
 def _newest_schemas(rows: pa.Table) -> pa.Table:

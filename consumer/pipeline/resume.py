@@ -158,7 +158,8 @@ class RecordedProgress:
         is applied is complete up to its own watermark, the others up to the last watermark whose units all
         applied. Nothing is claimed while rows wait for their schema. Without `force`, only every
         PROGRESS_SECONDS or when schemas changed, on the writer's thread, one record at a time; with it
-        (the run ends, partitions go), once every unit is applied, before this returns."""
+        (the run ends, partitions go), once every unit is applied, before this returns, with what each
+        partition leaves unapplied."""
         if not self._recorders or self.writer.failed:
             return
         self._collect()
@@ -170,7 +171,7 @@ class RecordedProgress:
             self._settle()
         elif self._recording is not None:
             return  # the next cycle records what is new
-        context = self._context(fresh)
+        context = self._context(fresh, stopping=force)
         if context is None:
             return
         recording = self.writer.after_written(lambda: self._record(context))
@@ -190,7 +191,7 @@ class RecordedProgress:
             return None
         return self._durable_offsets
 
-    def _context(self, fresh: bool) -> CommitContext | None:
+    def _context(self, fresh: bool, *, stopping: bool) -> CommitContext | None:
         resume: dict[TopicPartition, int] = {}
         applied: dict[TopicPartition, int] = {}
         held = self.state.stats().held_rows
@@ -209,6 +210,7 @@ class RecordedProgress:
             resolved_ts=self.applied_ts or 0,
             schema_snapshot=self.state.schemas.snapshot() if fresh else b"",
             applied_ts=applied,
+            stopped=tuple(self.state.unapplied()) if stopping else None,
         )
 
     def _record(self, context: CommitContext) -> bool:

@@ -12,6 +12,7 @@ from typing import Protocol, runtime_checkable
 from consumer.batches.changes import TableChanges
 from consumer.protocol.model import DDL
 from consumer.sources.record import TopicPartition
+from consumer.state.machine import Unapplied
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,9 @@ class CommitContext:
     before it is durably applied everywhere). `resolved_ts`: the global watermark the commit is consistent
     at. `schema_snapshot`: the schema cache, so a restarted consumer need not wait for a BOOTSTRAP.
     `applied_ts`: per (topic, partition), a commit ts every change of that partition up to which is
-    durably applied (given to `ProgressRecorder.record_progress`).
+    durably applied (given to `ProgressRecorder.record_progress`). `stopped`: in the record made as the run
+    ends or partitions go, what each partition left unapplied (None: no stop), so the lake says what a
+    restart must read again.
     """
 
     group: str
@@ -30,6 +33,7 @@ class CommitContext:
     resolved_ts: int = 0
     schema_snapshot: bytes = b""
     applied_ts: dict[TopicPartition, int] = field(default_factory=dict)
+    stopped: tuple[Unapplied, ...] | None = None
 
 
 @dataclass(frozen=True)

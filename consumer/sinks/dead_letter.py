@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
 import msgspec
+import pyarrow.fs as pafs
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from consumer.errors import DeadLetter, SinkError
@@ -51,6 +53,42 @@ class _Origin(msgspec.Struct):
     topic: str
     partition: int
     offset: int
+
+
+class _Coded(_Origin):
+    reason_code: str = ""
+
+
+def count_letters(target: str, storage_options: Mapping[str, str] | None = None) -> dict[str, int]:
+    """Letters per `reason_code` in a dead-letter file (a path) or under an object-store prefix or directory
+    (a URI); a record set aside twice (a replay before the commit covering it) counts once."""
+    lines = _object_lines(target, storage_options) if "://" in target else _file_lines(Path(target))
+    decoder = msgspec.json.Decoder(_Coded)
+    codes: dict[tuple[str, int, int], str] = {}
+    for line in lines:
+        try:
+            letter = decoder.decode(line)
+        except msgspec.DecodeError:  # a torn last line, from a crash mid-write
+            continue
+        codes[letter.topic, letter.partition, letter.offset] = letter.reason_code
+    return dict(Counter(codes.values()))
+
+
+def _file_lines(path: Path) -> Iterator[bytes]:
+    if path.exists():
+        with path.open("rb") as file:
+            yield from file
+
+
+def _object_lines(uri: str, storage_options: Mapping[str, str] | None) -> Iterator[bytes]:
+    from consumer.lakehouse.storage import LakeRoot  # delta-rs loads only for object-store letters
+
+    filesystem, prefix = LakeRoot.of(uri, storage_options).filesystem()
+    selector = pafs.FileSelector(prefix, recursive=True, allow_not_found=True)
+    for info in filesystem.get_file_info(selector):
+        if info.type == pafs.FileType.File and info.path.endswith(".json"):
+            with filesystem.open_input_stream(info.path) as stream:
+                yield stream.read()
 
 
 class DeadLetterFile:

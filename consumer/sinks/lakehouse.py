@@ -84,7 +84,11 @@ class LakehouseSink:
         """Append the pipeline's progress to `_progress` (and its schema snapshot to `_schemas` when the
         context carries one)."""
         self.progress.record(
-            context.group, context.resume_offsets, context.applied_ts, context.schema_snapshot or None
+            context.group,
+            context.resume_offsets,
+            context.applied_ts,
+            context.schema_snapshot or None,
+            context.stopped,
         )
 
     def close(self) -> None:
