@@ -270,7 +270,10 @@ def test_options_arrive_in_any_case_and_go_back_to_spark() -> None:
         ({"kafka.bootstrap.servers": "b", "subscribe": "t", "startingoffset": "0"}, "unknown option"),
         ({"kafka.bootstrap.servers": "b", "subscribe": "t", "decode.ordering": "random"}, "invalid"),
         # the registry's credentials are the driver's (`ChangeBatches` reads them from the run configuration)
-        ({"kafka.bootstrap.servers": "b", "subscribe": "t", "decode.schema_registry": "x"}, "unknown option"),
+        ({"kafka.bootstrap.servers": "b", "subscribe": "t", "decode.schema_registry": "x"}, "table stream"),
+        ({"kafka.bootstrap.servers": "b", "subscribe": "t", "errors.policy": "fail"}, "table stream"),
+        ({"kafka.bootstrap.servers": "b", "subscribe": "t", "table": "orders"}, "DATABASE.TABLE"),
+        ({"kafka.bootstrap.servers": "b", "subscribe": "t", "table": "shop.orders"}, "stateLocation"),
     ],
 )
 def test_bad_options_are_refused(options: dict[str, str], message: str) -> None:

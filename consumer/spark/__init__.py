@@ -4,6 +4,8 @@
   `LakehouseQuery`; `on_table(table, frame, info)` adds your own function over every typed table batch
 - its parts, for your own query: `register` (the `ticdc` data source), `stream_options`,
   `checkpoint_location`, `ChangeBatches` (the foreachBatch function)
+- one table's typed changes as a stream: `table_stream(spark, config, "shop.orders", checkpoint)`; a change
+  of its columns stops the query with `TableSchemaChanged` (restart to go on with the new schema)
 - reading a lakehouse: `read_changelog`, `read_mirror`, `read_ddl_log` (typed DataFrames, no Delta jar)
 - a configured session: `spark_session`; a table batch as Spark sees it: `TableName`, `BatchInfo`
 
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from consumer.spark.readers import read_changelog, read_ddl_log, read_mirror
     from consumer.spark.session import spark_session
     from consumer.spark.source import TicdcOptions, register
+    from consumer.spark.table_source import TableSchemaChanged, table_stream
 
 __all__ = [
     "BatchInfo",
@@ -35,6 +38,7 @@ __all__ = [
     "LakehouseQuery",
     "SparkQueryError",
     "TableName",
+    "TableSchemaChanged",
     "TicdcOptions",
     "checkpoint_location",
     "read_changelog",
@@ -44,6 +48,7 @@ __all__ = [
     "spark_session",
     "start_lakehouse",
     "stream_options",
+    "table_stream",
 ]
 _HOMES = {  # public name -> the module defining it
     "start_lakehouse": "consumer.spark.engine",
@@ -58,6 +63,8 @@ _HOMES = {  # public name -> the module defining it
     "read_mirror": "consumer.spark.readers",
     "read_ddl_log": "consumer.spark.readers",
     "spark_session": "consumer.spark.session",
+    "table_stream": "consumer.spark.table_source",
+    "TableSchemaChanged": "consumer.spark.table_source",
     "BatchInfo": "consumer.sinks.foreach_batch",
     "TableName": "consumer.sinks.foreach_batch",
 }

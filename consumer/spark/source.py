@@ -92,7 +92,8 @@ class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
     poll_timeout_ms: int = 120_000
     group: str = "ticdc-consumer"
     state_location: str = ""
-    settings: RunConfig = msgspec.field(default_factory=RunConfig)  # only `TASK_SETTINGS` are read
+    table: str = ""  # DATABASE.TABLE: that table's typed changes (`consumer.spark.table_source`)
+    settings: RunConfig = msgspec.field(default_factory=RunConfig)  # `TASK_SETTINGS` / `TABLE_SETTINGS`
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> TicdcOptions:
@@ -110,14 +111,15 @@ class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
                 fields["topics"] = tuple(topic.strip() for topic in value.split(",") if topic.strip())
             elif key in _OPTION_FIELDS:
                 fields[_OPTION_FIELDS[key]] = value
-            elif _is_task_setting(key):
+            elif _is_setting(key, TABLE_SETTINGS):
                 section, _, field = key.partition(".")
-                fields["settings"].setdefault(section, {})[field] = value
+                fields["settings"].setdefault(section, {})[field] = _setting_value(section, field, value)
             else:
                 raise ValueError(f"unknown option {name!r} of the {NAME} source")
         for required, option in (("bootstrap_servers", "kafka.bootstrap.servers"), ("topics", "subscribe")):
             if not fields.get(required):
                 raise ValueError(f"the {NAME} source needs the option {option!r}")
+        _check_settings(fields)
         try:
             return msgspec.convert(fields, cls, strict=False)
         except msgspec.ValidationError as exc:
@@ -137,7 +139,7 @@ class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
             value = getattr(self, name)
             if value != getattr(defaults, name):
                 options[_SPARK_NAMES[option]] = str(value)
-        for section, names in TASK_SETTINGS.items():
+        for section, names in (TABLE_SETTINGS if self.table else TASK_SETTINGS).items():
             ours, default = getattr(self.settings, section), getattr(defaults.settings, section)
             for field in names:
                 value = getattr(ours, field)
@@ -159,12 +161,45 @@ def _task_settings() -> dict[str, tuple[str, ...]]:
     return {"decode": decode, "integrity": ("verify_checksums",), "source": ("unreachable_timeout_s",)}
 
 
+def _table_settings() -> dict[str, tuple[str, ...]]:
+    """The `RunConfig` fields a table stream reads: its planner runs the whole pipeline (no sink of the
+    run configuration's: the stream is the output)."""
+    whole = ("decode", "integrity", "errors", "budget", "large_messages")
+    settings = {section: getattr(RunConfig(), section).__struct_fields__ for section in whole}
+    return {**settings, "source": ("unreachable_timeout_s", "retries", "retry_backoff_s")}
+
+
 TASK_SETTINGS = _task_settings()
+TABLE_SETTINGS = _table_settings()
 
 
-def _is_task_setting(key: str) -> bool:
+def _is_setting(key: str, settings: Mapping[str, tuple[str, ...]]) -> bool:
     section, _, field = key.partition(".")
-    return field in TASK_SETTINGS.get(section, ())
+    return field in settings.get(section, ())
+
+
+def _setting_value(section: str, field: str, text: str) -> Any:
+    """Option values are text: a scalar converts from it, a table or a list is JSON."""
+    default = getattr(getattr(RunConfig(), section), field)
+    return json.loads(text) if isinstance(default, dict | list) else text
+
+
+def _check_settings(fields: Mapping[str, Any]) -> None:
+    """A table stream stages in its state location. Without `table`, only what tasks read: the engine's
+    driver reads the rest from its run configuration, and an option nothing reads must not look honoured."""
+    if fields.get("table"):
+        if "." not in fields["table"] or not fields.get("state_location"):
+            raise ValueError(
+                "option 'table' names DATABASE.TABLE and needs 'stateLocation' (<checkpoint>/ticdc)"
+            )
+        return
+    for section, values in fields["settings"].items():
+        for field in values:
+            if not _is_setting(f"{section}.{field}", TASK_SETTINGS):
+                raise ValueError(
+                    f"option {section}.{field!r} is read by a table stream (option 'table'); the Spark "
+                    "engine's driver takes it from its run configuration (`ChangeBatches(config)`)"
+                )
 
 
 _SPARK_NAMES = {
@@ -177,6 +212,7 @@ _SPARK_NAMES = {
         "kafkaConsumer.pollTimeoutMs",
         "group",
         "stateLocation",
+        "table",
     )
 }
 _OPTION_FIELDS = {
@@ -187,6 +223,7 @@ _OPTION_FIELDS = {
     "kafkaconsumer.polltimeoutms": "poll_timeout_ms",
     "group": "group",
     "statelocation": "state_location",
+    "table": "table",
 }
 
 
@@ -196,18 +233,34 @@ def register(spark: SparkSession) -> None:
 
 
 class TicdcDataSource(DataSource):
+    """Segments of every record (for `ChangeBatches`), or with option `table` that table's typed changes
+    (`consumer.spark.table_source`)."""
+
     @classmethod
     def name(cls) -> str:
         return NAME
 
-    def schema(self) -> str:
+    def schema(self) -> StructType | str:
+        options = TicdcOptions.parse(self.options)
+        if options.table:
+            from consumer.spark.table_source import stream_schema  # it plans on this module's helpers
+
+            return stream_schema(options)
         return SPARK_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return TicdcBatchReader(TicdcOptions.parse(self.options))
+        options = TicdcOptions.parse(self.options)
+        if options.table:
+            raise ValueError(f"option 'table' makes a stream: use spark.readStream.format({NAME!r})")
+        return TicdcBatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return TicdcStreamReader(TicdcOptions.parse(self.options))
+        options = TicdcOptions.parse(self.options)
+        if options.table:
+            from consumer.spark.table_source import TableStreamReader
+
+            return TableStreamReader(options, schema)
+        return TicdcStreamReader(options)
 
 
 class OffsetRange(InputPartition):
