@@ -10,11 +10,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+import pyarrow as pa
+
+from consumer.batches.changes import stored_schema
 from consumer.lakehouse.catalog import Catalog, CatalogEntry, Name
 from consumer.lakehouse.ddl import DDLLog, renamed_from
 from consumer.lakehouse.progress import ProgressLog
 from consumer.lakehouse.storage import LakeRoot, check_atomic_commits
 from consumer.protocol.model import DDL, DDLType
+from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sources.record import TopicPartition
 
@@ -45,7 +49,7 @@ class LakehouseSink:
             return
         if database is not None and table is not None:
             self._apply_to_table(ddl, (database, table), context)
-        self.ddl_log.record(ddl, database, table, commit_metadata(context))
+        self.ddl_log.record(ddl, database, table, commit_metadata(context), _columns(ddl))
 
     def _apply_to_table(self, ddl: DDL, name: Name, context: CommitContext) -> CatalogEntry | None:
         """The catalog's part of a DDL on a table; returns the table a TRUNCATE or DROP emptied.
@@ -65,6 +69,11 @@ class LakehouseSink:
         elif ddl.type is DDLType.ERASE:
             return self.catalog.drop(name, ddl.commit_ts)
         return None
+
+    def _wrote(self, entry: CatalogEntry) -> None:
+        """After a write to the table's location: its first makes it ready in the catalog."""
+        if not entry.ready:
+            self.catalog.mark_ready(entry)
 
     def recorded_offsets(self, group: str) -> dict[TopicPartition, int]:
         """Per partition, the furthest resume offset any member of the group recorded (`record_progress`).
@@ -89,6 +98,12 @@ class LakehouseSink:
 
     def close(self) -> None:
         return None
+
+
+def _columns(ddl: DDL) -> pa.Schema | None:
+    """The stored columns the DDL leaves its table with; None when it names none (TiCDC Avro's DDLs)."""
+    schema = ddl.table_schema
+    return stored_schema(TableCodec(schema)) if schema is not None and schema.columns else None
 
 
 def commit_metadata(context: CommitContext) -> dict[str, str]:
