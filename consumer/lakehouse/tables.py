@@ -176,38 +176,43 @@ def _smallest_ts(lake: LakeRoot, table: DeltaTable) -> int:
 
 # -- a table as of a TSO -------------------------------------------------------------------------------
 def _mirror_at(lake: LakeRoot, entry: CatalogEntry, tso: int) -> pa.Table | None:
+    """The table's rows as of `tso`; None for a table without a key (a changelog, no mirror)."""
     ddls = [row for row in DDLLog(lake).rows() if row["commit_ts"] <= tso and _concerns(entry, row)]
     logged = next((table_schema(r["schema"]) for r in reversed(ddls) if r["schema"] is not None), None)
     mirror = lake.open(entry_uri(lake, entry, "mirror"))
-    if mirror is None:
-        return _unwritten(lake, entry, logged)
-    stored = pa.schema(mirror.schema().to_arrow())
-    names = logged.names if logged is not None else [n for n in stored.names if n not in MIRROR_META]
-    key = mirror.metadata().configuration.get(KEY_PROPERTY)
-    base, since = _base(lake, mirror, tso) if key else (None, LATEST)
     changelog = lake.open(entry_uri(lake, entry, "changelog"))
-    window = None if changelog is None or since >= tso else _changes(lake, changelog, since, tso)
-    schema = _output_schema(names, [stored, *_schemas(changelog), *([logged] if logged else [])])
+    stored = [pa.schema(t.schema().to_arrow()) for t in (mirror, changelog) if t is not None]
+    key = _key(mirror, logged)
+    if not key and mirror is None and changelog is not None:
+        return None
+    base, since = _base(lake, mirror, tso) if mirror is not None and key else (None, -1)
+    window = _changes(lake, changelog, since, tso) if changelog is not None and key else None
+    names = _user_columns(logged if logged is not None else mirror and pa.schema(mirror.schema().to_arrow()))
+    schema = _output_schema(names, [*stored, *([logged] if logged is not None else [])])
     floor = max([r["commit_ts"] for r in ddls if r["type"] == "TRUNCATE"], default=0)
     if entry.truncated_ts is not None and entry.truncated_ts <= tso:
         floor = max(floor, entry.truncated_ts)
-    rows = _applied(schema, base, window, key.split(",") if key else [], floor)
-    return as_durations(rows, stored_durations(stored))
+    rows = _applied(schema, base, window, key, floor)
+    return as_durations(rows, stored_durations(stored[0])) if stored else rows
+
+
+def _key(mirror: DeltaTable | None, logged: pa.Schema | None) -> list[str]:
+    """The table's key columns: the mirror's, else its DDLs' (a run stopped before the mirror's first
+    commit); [] when neither knows one (no key, or nothing written or announced yet)."""
+    recorded = mirror.metadata().configuration.get(KEY_PROPERTY) if mirror is not None else None
+    if not recorded and logged is not None and logged.metadata:
+        recorded = logged.metadata.get(KEY_PROPERTY.encode(), b"").decode()
+    return recorded.split(",") if recorded else []
+
+
+def _user_columns(schema: pa.Schema | None) -> list[str]:
+    """The columns the DDLs gave the table, else (none logged) every user column its mirror has."""
+    return [] if schema is None else [name for name in schema.names if name not in MIRROR_META]
 
 
 def _concerns(entry: CatalogEntry, ddl: Mapping[str, Any]) -> bool:
     """Whether a logged DDL acted on this table (by its name at the DDL's commit ts)."""
     return ddl["database"] is not None and entry.name_at(ddl["commit_ts"]) == (ddl["database"], ddl["table"])
-
-
-def _unwritten(lake: LakeRoot, entry: CatalogEntry, logged: pa.Schema | None) -> pa.Table | None:
-    """A table without a mirror: a changelog only (no key: None), or nothing written yet (a run stopped
-    between its catalog commit and its first Delta commit, or no rows yet): empty, with the columns its
-    DDLs gave it, if any."""
-    if lake.open(entry_uri(lake, entry, "changelog")) is not None:
-        return None
-    meta = [pa.field(name, pa.int64(), nullable=False) for name in MIRROR_META]
-    return pa.schema([*(logged or []), *meta]).empty_table()
 
 
 def _base(lake: LakeRoot, mirror: DeltaTable, tso: int) -> tuple[pa.Table | None, int]:
@@ -237,10 +242,12 @@ def _schemas(table: DeltaTable | None) -> list[pa.Schema]:
 
 
 def _output_schema(names: Sequence[str], sources: Sequence[pa.Schema]) -> pa.Schema:
-    """The user columns `names` then the mirror's own, each typed as the first source having it types it."""
+    """The user columns `names` then the mirror's own, each typed as the first source having it types it
+    (the mirror's bookkeeping columns as int64 where no table exists yet)."""
+    meta = pa.schema([pa.field(name, pa.int64(), nullable=False) for name in MIRROR_META])
     fields = []
     for name in [*names, *MIRROR_META]:
-        fields.append(next(s.field(name) for s in sources if name in s.names))
+        fields.append(next(s.field(name) for s in [*sources, meta] if name in s.names))
     return pa.schema(fields)
 
 

@@ -12,11 +12,12 @@ from collections.abc import Mapping
 
 import pyarrow as pa
 
-from consumer.batches.changes import stored_schema
+from consumer.batches.changes import stored_name, stored_schema
 from consumer.lakehouse.catalog import Catalog, CatalogEntry, Name
 from consumer.lakehouse.ddl import DDLLog, renamed_from
 from consumer.lakehouse.progress import ProgressLog
 from consumer.lakehouse.storage import LakeRoot, check_atomic_commits
+from consumer.lakehouse.tables import KEY_PROPERTY
 from consumer.protocol.model import DDL, DDLType
 from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
@@ -101,9 +102,13 @@ class LakehouseSink:
 
 
 def _columns(ddl: DDL) -> pa.Schema | None:
-    """The stored columns the DDL leaves its table with; None when it names none (TiCDC Avro's DDLs)."""
+    """The stored columns the DDL leaves its table with, its key in the metadata (readers of a table
+    whose mirror has no commit yet need it); None when the DDL names no columns (TiCDC Avro's DDLs)."""
     schema = ddl.table_schema
-    return stored_schema(TableCodec(schema)) if schema is not None and schema.columns else None
+    if schema is None or not schema.columns:
+        return None
+    key = ",".join(stored_name(name) for name in schema.handle_key())
+    return stored_schema(TableCodec(schema)).with_metadata({KEY_PROPERTY: key} if key else {})
 
 
 def commit_metadata(context: CommitContext) -> dict[str, str]:

@@ -26,6 +26,7 @@ from consumer.lakehouse.manifest import manifest_files
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import as_durations, stored_durations
 from consumer.lakehouse.tables import read_delta as read_delta_arrow
+from consumer.lakehouse.tables import read_mirror as read_mirror_arrow
 
 ChangelogFormat = Literal["delta", "parquet"]
 Root = str | os.PathLike[str]
@@ -73,10 +74,16 @@ def read_mirror(
     database: str,
     table: str,
     storage_options: Mapping[str, str] | None = None,
+    as_of_tso: int | None = None,
 ) -> DataFrame:
-    """The live table `database.table`'s current rows, as the Delta sink's MERGEs left them."""
-    lake = LakeRoot.of(root, storage_options)
-    return read_delta(spark, lake.join(_entry(lake, database, table).location, "mirror"), storage_options)
+    """The rows and columns `database.table` had as of `as_of_tso` (default: the consistent point), as
+    `consumer.lakehouse.read_mirror` gives them (a mirror version plus the changelog after it); a table with
+    no rows written yet is an empty frame. Raises FileNotFoundError when no table with a mirror had the name
+    then, `TsoOutOfRangeError` for a TSO outside `retained_range(root)`."""
+    rows = read_mirror_arrow(root, database, table, storage_options=storage_options, as_of_tso=as_of_tso)
+    if rows is None:
+        raise FileNotFoundError(f"no table {database}.{table} with a mirror in {root} at that TSO")
+    return _from_arrow(spark, rows)
 
 
 def read_ddl_log(
