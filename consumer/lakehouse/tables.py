@@ -183,9 +183,11 @@ def _mirror_at(lake: LakeRoot, entry: CatalogEntry, tso: int) -> pa.Table | None
     changelog = lake.open(entry_uri(lake, entry, "changelog"))
     stored = [pa.schema(t.schema().to_arrow()) for t in (mirror, changelog) if t is not None]
     key = _key(mirror, logged)
-    if not key and mirror is None and changelog is not None:
+    if not key and mirror is not None:  # not a mirror this SDK keeps: as written
+        return read_delta(lake, mirror)
+    if not key and changelog is not None:
         return None
-    base, since = _base(lake, mirror, tso) if mirror is not None and key else (None, -1)
+    base, since = _base(lake, mirror, tso, changelog is not None) if mirror is not None else (None, -1)
     window = _changes(lake, changelog, since, tso) if changelog is not None and key else None
     names = _user_columns(logged if logged is not None else mirror and pa.schema(mirror.schema().to_arrow()))
     schema = _output_schema(names, [*stored, *([logged] if logged is not None else [])])
@@ -215,12 +217,13 @@ def _concerns(entry: CatalogEntry, ddl: Mapping[str, Any]) -> bool:
     return ddl["database"] is not None and entry.name_at(ddl["commit_ts"]) == (ddl["database"], ddl["table"])
 
 
-def _base(lake: LakeRoot, mirror: DeltaTable, tso: int) -> tuple[pa.Table | None, int]:
+def _base(lake: LakeRoot, mirror: DeltaTable, tso: int, logged: bool) -> tuple[pa.Table | None, int]:
     """The newest mirror version holding no change after `tso`, and a TSO it holds every change up to
-    (-1: none; the changelog is replayed whole). A version vacuumed away counts as none."""
+    (-1: none; the changelog is replayed whole). A version vacuumed away counts as none. Without a
+    changelog (`logged` false: a mirror-only sink) and no such version: the mirror as it is."""
     usable = [v for v in mirror_versions(mirror) if v.newest_ts is not None and v.newest_ts <= tso]
     if not usable:
-        return None, -1
+        return (None, -1) if logged else (lake.scan(mirror).to_table(), LATEST)
     chosen = usable[-1]
     try:
         table = mirror

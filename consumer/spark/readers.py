@@ -18,6 +18,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from consumer.batches.frames import spark_schema
 from consumer.lakehouse.catalog import Catalog, CatalogEntry
@@ -82,8 +83,10 @@ def read_mirror(
     then, `TsoOutOfRangeError` for a TSO outside `retained_range(root)`."""
     rows = read_mirror_arrow(root, database, table, storage_options=storage_options, as_of_tso=as_of_tso)
     if rows is None:
-        raise FileNotFoundError(f"no table {database}.{table} with a mirror in {root} at that TSO")
-    return _from_arrow(spark, rows)
+        when = "now" if as_of_tso is None else f"at TSO {as_of_tso}"
+        raise FileNotFoundError(f"no table {database}.{table} with a mirror {when} in the catalog of {root}")
+    nullable = T.StructType([_nullable(field) for field in spark_schema(rows.schema).fields])
+    return spark.createDataFrame(rows, schema=nullable)  # nullable, as Spark reads files
 
 
 def read_ddl_log(
@@ -113,6 +116,10 @@ def _read_parquet_log(spark: SparkSession, root: LakeRoot, entry: CatalogEntry) 
         return _from_arrow(spark, as_durations(rows, durations))
     frame = spark.read.option("mergeSchema", "true").parquet(*files)
     return _with_intervals(frame, durations)
+
+
+def _nullable(field: T.StructField) -> T.StructField:
+    return T.StructField(field.name, field.dataType, True, field.metadata)
 
 
 def _from_arrow(spark: SparkSession, rows: pa.Table) -> DataFrame:
