@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,15 @@ from consumer.progress import ProgressReporter
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
 from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions
-from consumer.protocol.model import DDL, Bootstrap, KeyOnlyDML, RawDML, TableSchema, Watermark
+from consumer.protocol.model import (
+    DDL,
+    TSO_PHYSICAL_SHIFT,
+    Bootstrap,
+    KeyOnlyDML,
+    RawDML,
+    TableSchema,
+    Watermark,
+)
 from consumer.protocol.plain import message_object
 from consumer.protocol.protocols import PROTOCOLS, RecordDecoder
 from consumer.protocol.registry import SchemaRegistry
@@ -453,6 +462,60 @@ def maintain(
     )
     if any(done.error for done in report.tables):
         sys.exit(1)
+
+
+@main.command()
+@click.option("--sink", "sink_url", help="delta:ROOT (a directory or an object-store URI)")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--table", "name", required=True, help="DATABASE.TABLE, the name the table had then")
+@click.option("--as-of-tso", type=int, help="a TSO (default: the consistent point)")
+@click.option(
+    "--as-of-time",
+    type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S.%f%z", "%Y-%m-%dT%H:%M:%S"]),
+    help="a wall-clock time, ISO 8601 (UTC unless it has an offset), as the TSO of its millisecond",
+)
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Parquet file")
+def snapshot(
+    sink_url: str | None,
+    config_path: Path | None,
+    name: str,
+    as_of_tso: int | None,
+    as_of_time: datetime | None,
+    out: Path,
+) -> None:
+    """Write a table's rows as of a TSO (or a time) to a Parquet file, exact from the lakehouse's earliest
+    retained change to its consistent point."""
+    import pyarrow.parquet as pq
+
+    from consumer.lakehouse.tables import TsoOutOfRangeError, read_mirror
+
+    if as_of_tso is not None and as_of_time is not None:
+        raise click.UsageError("give --as-of-tso or --as-of-time, not both")
+    database, dot, table = name.partition(".")
+    if not dot:
+        raise click.UsageError(f"--table {name!r}: expected DATABASE.TABLE")
+    try:
+        config = load_config(config_path, overrides={"sink": {"url": sink_url}}, sink_only=True)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    tso = as_of_tso if as_of_time is None else time_tso(as_of_time)
+    root = config.sink.url.partition(":")[2]
+    try:
+        rows = read_mirror(root, database, table, storage_options=config.sink.storage_options, as_of_tso=tso)
+    except TsoOutOfRangeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if rows is None:
+        raise click.ClickException(f"no table {name} with a mirror {'now' if tso is None else f'at {tso}'}")
+    pq.write_table(rows, out)
+    click.echo(
+        f"{rows.num_rows} rows of {name} as of {'the consistent point' if tso is None else tso} -> {out}"
+    )
+
+
+def time_tso(moment: datetime) -> int:
+    """The TSO of a wall-clock time's millisecond (physical milliseconds << 18); naive times are UTC."""
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return int(aware.timestamp() * 1000) << TSO_PHYSICAL_SHIFT
 
 
 @main.command()

@@ -7,8 +7,9 @@ import datetime as dt
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumer.batches.changes import METADATA_NAMES, latest_per_key, stored_name, table_changes
+from consumer.batches.changes import METADATA_NAMES, stored_name, table_changes
 from consumer.errors import RecordLocation, ValueDecodeError
+from consumer.lakehouse.tables import latest_per_key
 from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema
 from consumer.protocol.rows import TableCodec

@@ -21,9 +21,11 @@ from lakehouse_checks import (
 )
 
 from consumer.lakehouse.progress import consistent_ts
+from consumer.lakehouse.tables import read_mirror
 from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.model import Watermark
 from consumer.simulate.output import produce_to_kafka, write_ground_truth
-from consumer.simulate.truth import delta_mirror_state, differences
+from consumer.simulate.truth import arrow_table_rows, delta_mirror_state, differences, sent, truth_at
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.testing.broker import EmbeddedBroker
 
@@ -158,3 +160,22 @@ def test_three_members_of_one_group_equal_one_process(
     written = versions(shared)
     _run(kafka_broker, topic, shared, "trio")  # the group again: it resumes at the end, commits nothing
     assert versions(shared) == written
+
+
+def test_as_of_every_watermark_equals_the_truth_then(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    topic = kafka_topic(3)
+    config = {"rows": 1200, "dispatch": "primary-key", "start_physical_ms": int(time.time() * 1000)}
+    _produce(kafka_broker, topic, **config)
+    records = sent(Workload(WorkloadConfig(**{"tables": 3, "partitions": 3, **config})))  # the same stream
+    _run(kafka_broker, topic, tmp_path / "lake", "asof")
+    watermarks = sorted({r.message.commit_ts for r in records if isinstance(r.message, Watermark)})
+    for watermark in watermarks:
+        for name, expected in truth_at(records, watermark).items():
+            database, table = name.split(".")
+            rows = read_mirror(tmp_path / "lake", database, table, as_of_tso=watermark)
+            assert rows is not None, f"{name} at {watermark}"
+            columns = [c.name for c in expected.schema.columns]
+            assert rows.column_names == [*columns, "_commit_ts", "_schema_version"], f"{name} at {watermark}"
+            assert arrow_table_rows(rows, expected.schema) == expected.rows, f"{name} at {watermark}"

@@ -34,15 +34,17 @@ from consumer.testing.s3_server import serialized_writes
 
 def plain_mirror(root: str, database: str, table: str) -> list[dict[str, Any]]:
     """What a user with nothing but deltalake does (the README's recipe): look the table's location up in
-    `<root>/_catalog` with SQL, then read its mirror."""
+    `<root>/_catalog` with SQL, then read its mirror unless it is not ready (no rows written yet)."""
     catalog = QueryBuilder().register("catalog", DeltaTable(f"{root}/_catalog"))
     found = pa.table(
         catalog.execute(
-            f"SELECT location FROM catalog WHERE database = '{database}' AND \"table\" = '{table}' "
+            f"SELECT location, ready FROM catalog WHERE database = '{database}' AND \"table\" = '{table}' "
             "AND dropped_ts IS NULL"
         ).read_all()
     )
-    (location,) = found["location"].to_pylist()
+    ((location, ready),) = zip(found["location"].to_pylist(), found["ready"].to_pylist(), strict=True)
+    if ready is False:
+        return []
     mirror = QueryBuilder().register("mirror", DeltaTable(f"{root}/{location}/mirror"))
     return pa.table(mirror.execute("SELECT * FROM mirror ORDER BY id").read_all()).to_pylist()
 

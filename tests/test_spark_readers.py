@@ -75,7 +75,7 @@ def test_readers_find_a_renamed_table_by_its_new_name(spark: SparkSession, tmp_p
     write_deltalake(tmp_path / location / "mirror", ROWS)
     catalog.rename(("shop", "orders"), ("shop", "orders_v2"), 5)
     assert sorted(r["id"] for r in read_mirror(spark, tmp_path, "shop", "orders_v2").collect()) == [1, 2, 3]
-    with pytest.raises(FileNotFoundError, match=r"no live table shop\.orders in the catalog"):
+    with pytest.raises(FileNotFoundError, match=r"no table shop\.orders with a mirror now in the catalog"):
         read_mirror(spark, tmp_path, "shop", "orders")
 
 

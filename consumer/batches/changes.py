@@ -138,24 +138,3 @@ def _metadata(origins: RowOrigins, source: pa.Array, kinds: pa.Array) -> list[pa
         pa.array(origins.offsets, pa.int64()),
     ]
     return [kinds, ts, commit_time, *(column.take(source) for column in per_dml)]
-
-
-def latest_per_key(changelog: pa.Table, key_columns: Sequence[str]) -> pa.Table:
-    """Each key's last change in the batch by (commit_ts, partition, offset); preimages never win.
-
-    The result is what a mirror MERGE needs: one source row per key (delta-rs rejects duplicates), with
-    `_change_type` telling upsert from delete.
-    """
-    images = changelog.filter(pc.not_equal(changelog["_change_type"], "update_preimage"))
-    order = pc.sort_indices(
-        images,
-        [
-            ("_commit_ts", "ascending"),
-            ("_partition", "ascending"),
-            ("_offset", "ascending"),
-            ("_change_type", "descending"),
-        ],
-    )
-    ordered = images.take(order).append_column("_position", pa.array(range(images.num_rows), pa.int64()))
-    last = ordered.group_by(list(key_columns), use_threads=False).aggregate([("_position", "max")])
-    return ordered.take(last["_position_max"]).drop_columns(["_position"])

@@ -11,10 +11,13 @@ and created again gets a new row):
     truncated_ts   the latest TRUNCATE's commit ts
     names          every name it had: list of {since_ts, database, table}, oldest first
     updated_at     when this row last changed
+    ready          its Delta tables hold a first commit; false between the catalog commit and that commit (a
+                   run stopped there leaves a location with no table yet: read it as empty); null: written
+                   before the flag existed
 
 The Delta tables of a row live at `<root>/<location>/changelog` and `<root>/<location>/mirror`. Any Delta
-reader finds a live table's location with
-`SELECT location FROM <root>/_catalog WHERE database = 'shop' AND "table" = 'orders' AND dropped_ts IS NULL`.
+reader finds a live table's location with `SELECT location, ready FROM <root>/_catalog WHERE database = 'shop'
+AND "table" = 'orders' AND dropped_ts IS NULL` (`ready` false: no rows yet, its Delta tables may not exist).
 
 Every change is an optimistic Delta commit that rewrites the (small) table and carries the app transaction
 `ticdc-catalog` with the next version: two writers changing the catalog at once conflict, and the loser
@@ -58,6 +61,7 @@ CATALOG_SCHEMA = pa.schema(
         pa.field("truncated_ts", pa.int64()),
         pa.field("names", pa.list_(pa.field("element", _NAME, nullable=False)), nullable=False),
         pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("ready", pa.bool_()),
     ]
 )
 
@@ -82,6 +86,7 @@ class CatalogEntry:
     dropped_ts: int | None = None
     truncated_ts: int | None = None
     updated_at: datetime | None = None  # None: changed now, not committed yet
+    ready: bool = True  # False until a sink's first commit to its Delta tables (see the module doc)
 
     @property
     def name(self) -> Name:
@@ -175,6 +180,18 @@ class Catalog:
 
         return self._change(f"catalog: RENAME {old} to {new}", change)
 
+    def mark_ready(self, entry: CatalogEntry) -> CatalogEntry:
+        """Record that the table's first rows are committed, so readers stop treating it as half-made."""
+
+        def change(entries: list[CatalogEntry]) -> tuple[list[CatalogEntry] | None, CatalogEntry]:
+            current = next(e for e in entries if e.location == entry.location)
+            if current.ready:
+                return None, current
+            ready = replace(current, ready=True, updated_at=None)
+            return _replaced(entries, current, ready), ready
+
+        return self._change(f"catalog: {entry.location} ready", change)
+
     def truncate(self, name: Name, commit_ts: int) -> CatalogEntry:
         return self._mark(name, commit_ts, "truncated_ts")
 
@@ -221,6 +238,7 @@ class Catalog:
                     table,
                     _arrow(changed),
                     mode="overwrite",
+                    schema_mode="merge",  # a catalog written before the `ready` column gains it
                     commit_properties=CommitProperties(app_transactions=[Transaction(CATALOG_APP, version)]),
                 )
             self._entries = changed if changed is not None else entries
@@ -250,7 +268,7 @@ def _new_entry(entries: Iterable[CatalogEntry], name: Name, since: int) -> Catal
     while location in taken:
         location = f"{base}@{suffix}"
         suffix += 1
-    return CatalogEntry(location, (NamePeriod(since, *name),))
+    return CatalogEntry(location, (NamePeriod(since, *name),), ready=False)
 
 
 def _replaced(entries: list[CatalogEntry], old: CatalogEntry, new: CatalogEntry) -> list[CatalogEntry]:
@@ -266,6 +284,7 @@ def _read(root: LakeRoot, table: DeltaTable) -> list[CatalogEntry]:
             row["dropped_ts"],
             row["truncated_ts"],
             row["updated_at"],
+            row.get("ready") is not False,
         )
         for row in sorted(rows, key=lambda r: r["location"])
     ]
@@ -283,6 +302,7 @@ def _arrow(entries: list[CatalogEntry]) -> pa.Table:
             "truncated_ts": e.truncated_ts,
             "names": [{"since_ts": p.since_ts, "database": p.database, "table": p.table} for p in e.names],
             "updated_at": e.updated_at or now,
+            "ready": e.ready,
         }
         for e in entries
     ]

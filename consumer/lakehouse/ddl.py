@@ -2,7 +2,9 @@
 
 The log is a Delta table, one row per DDL. A DDL's row is written after its effects, with an app
 transaction named after the DDL, so two members cannot both log it and a DDL found in the log needs nothing
-more: re-running a stream skips it entirely.
+more: re-running a stream skips it entirely. Its `schema` (the table's stored columns after the DDL, as an
+Arrow IPC schema) tells as-of readers the column set at any TSO, which Delta's own schema cannot: a dropped
+column stays in the Delta tables.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
@@ -31,8 +34,14 @@ DDL_LOG_SCHEMA = pa.schema(
         pa.field("table", pa.string()),
         pa.field("schema_version", pa.int64()),
         pa.field("applied_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("schema", pa.binary()),
     ]
 )
+
+
+def table_schema(logged: bytes | None) -> pa.Schema | None:
+    """The stored columns a logged DDL left its table with (None: the DDL named no columns)."""
+    return None if logged is None else pa.ipc.read_schema(pa.py_buffer(logged))
 
 
 class DDLLog:
@@ -45,9 +54,15 @@ class DDLLog:
         return log is not None and log.transaction_version(_app_id(ddl, database, table)) is not None
 
     def record(
-        self, ddl: DDL, database: str | None, table: str | None, metadata: Mapping[str, str] | None = None
+        self,
+        ddl: DDL,
+        database: str | None,
+        table: str | None,
+        metadata: Mapping[str, str] | None = None,
+        columns: pa.Schema | None = None,
     ) -> None:
-        """Append the DDL's row, once across every writer of the root."""
+        """Append the DDL's row, once across every writer of the root; `columns`: the table's stored
+        columns after it, when the DDL carries them."""
         app_id = _app_id(ddl, database, table)
         row = {
             "commit_ts": ddl.commit_ts,
@@ -57,6 +72,7 @@ class DDLLog:
             "table": table,
             "schema_version": ddl.table_schema.version if ddl.table_schema else None,
             "applied_at": datetime.now(UTC),
+            "schema": None if columns is None else columns.serialize().to_pybytes(),
         }
 
         def attempt() -> None:
@@ -67,6 +83,7 @@ class DDLLog:
                 log if log is not None else self.uri,
                 pa.Table.from_pylist([row], schema=DDL_LOG_SCHEMA),
                 mode="append",
+                schema_mode="merge",  # a log written before the `schema` column gains it
                 storage_options=self.root.options(),
                 commit_properties=CommitProperties(
                     custom_metadata=dict(metadata or {}), app_transactions=[Transaction(app_id, 1)]
@@ -74,6 +91,14 @@ class DDLLog:
             )
 
         retry_commits(f"DDL log {self.uri}", attempt)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every logged DDL, oldest first."""
+        log = self.root.open(self.uri)
+        if log is None:
+            return []
+        rows = self.root.scan(log).to_table().to_pylist()
+        return sorted(rows, key=lambda row: row["commit_ts"])
 
 
 def _app_id(ddl: DDL, database: str | None, table: str | None) -> str:

@@ -9,18 +9,29 @@ Each table of the catalog has, under `<root>/<location>/`:
 
 TIME columns are stored as int64 microseconds (Delta has no duration type), marked in the field metadata;
 the readers here give them back as durations.
+
+As of a TSO: every mirror commit says, in its commit metadata, which changes the mirror holds after it
+(`mirror_versions`). `read_mirror(..., as_of_tso=T)` takes the newest mirror version holding no change
+after T and applies the changelog's changes it may lack, up to T, with the MERGE's own rules
+(`latest_per_key`); TRUNCATEs and the column set at T come from the `_ddl` log. With no such version it
+replays the whole changelog.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from consumer.lakehouse.catalog import Catalog, CatalogEntry
+from consumer.lakehouse.ddl import DDLLog, table_schema
+from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
 
 Kind = Literal["changelog", "mirror", "deletes"]
@@ -28,6 +39,16 @@ KINDS: tuple[Kind, ...] = ("changelog", "mirror", "deletes")
 STORED_AS, STORED_DURATION = "ticdc.stored_as", "duration[us]"  # field metadata of a stored TIME column
 FLOOR_PROPERTY = "ticdc.truncated_at"  # on a mirror: its latest TRUNCATE/DROP, older changes never apply
 KEY_PROPERTY = "ticdc.key"  # on a mirror: its key columns, comma-separated (`maintain` clusters by them)
+COMPLETE_TS = "ticdc.mirror.complete_ts"  # mirror commit metadata: the table then holds every change up to it
+NEWEST_TS = "ticdc.mirror.newest_ts"  # mirror commit metadata: the newest change the commit applied
+ROW_OPERATIONS = frozenset({"WRITE", "MERGE", "DELETE", "UPDATE"})  # commits that may change a mirror's rows
+MIRROR_META = ("_commit_ts", "_schema_version")  # a mirror's columns beside the user's
+ORDER = (  # what orders a key's changes besides `_commit_ts`
+    pa.field("_change_type", pa.string()),
+    pa.field("_partition", pa.int32()),
+    pa.field("_offset", pa.int64()),
+)
+LATEST = 2**63 - 1
 RootLike = str | os.PathLike[str] | LakeRoot
 
 
@@ -54,15 +75,243 @@ def entry_uri(root: LakeRoot, entry: CatalogEntry, kind: Kind) -> str:
     return root.join(entry.location, kind)
 
 
+class TsoOutOfRangeError(ValueError):
+    """An as-of read for a TSO the lakehouse cannot answer exactly."""
+
+    def __init__(self, tso: int, earliest: int | None, latest: int | None) -> None:
+        self.tso, self.earliest, self.latest = tso, earliest, latest
+        super().__init__(
+            f"TSO {tso} is outside the range this lakehouse answers as of: from {earliest} (its earliest "
+            f"retained change) to {latest} (its consistent point, consistent_ts)"
+        )
+
+
+@dataclass(frozen=True)
+class MirrorVersion:
+    """Which changes a mirror version holds: every one up to `complete_ts` and none after `newest_ts`
+    (None: unknown, a commit without the metadata changed rows); it is exact at any TSO between them."""
+
+    version: int
+    complete_ts: int
+    newest_ts: int | None
+
+
 def read_mirror(
     root: RootLike,
     database: str,
     table: str,
     columns: Sequence[str] | None = None,
     storage_options: Mapping[str, str] | None = None,
+    as_of_tso: int | None = None,
 ) -> pa.Table | None:
-    """The live rows of `database.table` (TIME as durations); None when there is no such mirror."""
-    return _read(LakeRoot.of(root, storage_options), database, table, "mirror", columns)
+    """The rows and columns `database.table` had as of `as_of_tso`, after every change with commit ts <= it
+    (TIME as durations), found under the name the table had then (renamed or dropped since: still found);
+    by default as of `consistent_ts(root)` (before any progress is recorded: of everything written). A table
+    with no rows written yet is empty. None when no table had the name then, or it has no mirror (no key).
+
+    Raises TsoOutOfRangeError for a TSO outside `retained_range(root)`.
+    """
+    lake = LakeRoot.of(root, storage_options)
+    tso = _target(lake, as_of_tso)
+    entry = Catalog(lake).find((database, table), tso)
+    rows = None if entry is None else _mirror_at(lake, entry, tso)
+    return rows if rows is None or columns is None else rows.select(list(columns))
+
+
+def retained_range(
+    root: RootLike, storage_options: Mapping[str, str] | None = None
+) -> tuple[int | None, int | None]:
+    """The TSOs as-of reads answer: from the earliest change the lakehouse retains (a DDL or a row) to its
+    consistent point; None where unknown (nothing written, no progress recorded)."""
+    lake = LakeRoot.of(root, storage_options)
+    return _earliest(lake), consistent_ts(lake)
+
+
+def mirror_versions(table: DeltaTable) -> list[MirrorVersion]:
+    """What each version of a mirror holds, from its commits' metadata (a commit's claims hold for every
+    later version too). A log cleaned of its first commits says nothing of the newest change."""
+    commits = sorted(table.history(), key=lambda commit: commit["version"])
+    complete, newest = 0, 0 if commits and commits[0]["version"] == 0 else None
+    versions = []
+    for commit in commits:
+        complete = max(complete, int(commit.get(COMPLETE_TS, 0)))
+        newest = _newest(newest, commit)
+        versions.append(MirrorVersion(commit["version"], complete, newest))
+    return versions
+
+
+def _newest(before: int | None, commit: Mapping[str, Any]) -> int | None:
+    if NEWEST_TS in commit:
+        return None if before is None else max(before, int(commit[NEWEST_TS]))
+    return None if commit.get("operation") in ROW_OPERATIONS else before
+
+
+def _target(lake: LakeRoot, as_of_tso: int | None) -> int:
+    point = consistent_ts(lake)
+    if as_of_tso is None:
+        return LATEST if point is None else point
+    earliest = _earliest(lake)
+    if point is None or earliest is None or not earliest <= as_of_tso <= point:
+        raise TsoOutOfRangeError(as_of_tso, earliest, point)
+    return as_of_tso
+
+
+def _earliest(lake: LakeRoot) -> int | None:
+    starts = [row["commit_ts"] for row in DDLLog(lake).rows()[:1]]
+    for entry in Catalog(lake).entries():
+        changelog = lake.open(entry_uri(lake, entry, "changelog"))
+        if changelog is not None and changelog.file_uris():
+            starts.append(_smallest_ts(lake, changelog))
+    return min(starts, default=None)
+
+
+def _smallest_ts(lake: LakeRoot, table: DeltaTable) -> int:
+    """From the files' statistics, or their `_commit_ts` column where a file has none."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    column = "min._commit_ts"
+    if column in actions.column_names and not actions[column].null_count:
+        return int(pc.min(actions[column]).as_py())
+    return int(pc.min(lake.scan(table).to_table(columns=["_commit_ts"])["_commit_ts"]).as_py())
+
+
+# -- a table as of a TSO -------------------------------------------------------------------------------
+def _mirror_at(lake: LakeRoot, entry: CatalogEntry, tso: int) -> pa.Table | None:
+    """The table's rows as of `tso`; None for a table without a key (a changelog, no mirror)."""
+    ddls = [row for row in DDLLog(lake).rows() if row["commit_ts"] <= tso and _concerns(entry, row)]
+    logged = next((table_schema(r["schema"]) for r in reversed(ddls) if r["schema"] is not None), None)
+    mirror = lake.open(entry_uri(lake, entry, "mirror"))
+    changelog = lake.open(entry_uri(lake, entry, "changelog"))
+    stored = [pa.schema(t.schema().to_arrow()) for t in (mirror, changelog) if t is not None]
+    key = _key(mirror, logged)
+    if not key and mirror is not None:  # not a mirror this SDK keeps: as written
+        return read_delta(lake, mirror)
+    if not key and changelog is not None:
+        return None
+    base, since = _base(lake, mirror, tso, changelog is not None) if mirror is not None else (None, -1)
+    window = _changes(lake, changelog, since, tso) if changelog is not None and key else None
+    names = _user_columns(logged if logged is not None else mirror and pa.schema(mirror.schema().to_arrow()))
+    schema = _output_schema(names, [*stored, *([logged] if logged is not None else [])])
+    floor = max([r["commit_ts"] for r in ddls if r["type"] == "TRUNCATE"], default=0)
+    if entry.truncated_ts is not None and entry.truncated_ts <= tso:
+        floor = max(floor, entry.truncated_ts)
+    rows = _applied(schema, base, window, key, floor)
+    return as_durations(rows, stored_durations(stored[0])) if stored else rows
+
+
+def _key(mirror: DeltaTable | None, logged: pa.Schema | None) -> list[str]:
+    """The table's key columns: the mirror's, else its DDLs' (a run stopped before the mirror's first
+    commit); [] when neither knows one (no key, or nothing written or announced yet)."""
+    recorded = mirror.metadata().configuration.get(KEY_PROPERTY) if mirror is not None else None
+    if not recorded and logged is not None and logged.metadata:
+        recorded = logged.metadata.get(KEY_PROPERTY.encode(), b"").decode()
+    return recorded.split(",") if recorded else []
+
+
+def _user_columns(schema: pa.Schema | None) -> list[str]:
+    """The columns the DDLs gave the table, else (none logged) every user column its mirror has."""
+    return [] if schema is None else [name for name in schema.names if name not in MIRROR_META]
+
+
+def _concerns(entry: CatalogEntry, ddl: Mapping[str, Any]) -> bool:
+    """Whether a logged DDL acted on this table (by its name at the DDL's commit ts)."""
+    return ddl["database"] is not None and entry.name_at(ddl["commit_ts"]) == (ddl["database"], ddl["table"])
+
+
+def _base(lake: LakeRoot, mirror: DeltaTable, tso: int, logged: bool) -> tuple[pa.Table | None, int]:
+    """The newest mirror version holding no change after `tso`, and a TSO it holds every change up to
+    (-1: none; the changelog is replayed whole). A version vacuumed away counts as none. Without a
+    changelog (`logged` false: a mirror-only sink) and no such version: the mirror as it is."""
+    usable = [v for v in mirror_versions(mirror) if v.newest_ts is not None and v.newest_ts <= tso]
+    if not usable:
+        return (None, -1) if logged else (lake.scan(mirror).to_table(), LATEST)
+    chosen = usable[-1]
+    try:
+        table = mirror
+        if chosen.version != mirror.version():
+            table = DeltaTable(mirror.table_uri, version=chosen.version, storage_options=lake.options())
+        rows = lake.scan(table).to_table()
+    except (OSError, DeltaError):
+        return None, -1
+    return rows, chosen.complete_ts or -1
+
+
+def _changes(lake: LakeRoot, changelog: DeltaTable, since: int, tso: int) -> pa.Table:
+    ts = pc.field("_commit_ts")
+    return lake.scan(changelog).to_table(filter=(ts > since) & (ts <= tso))
+
+
+def _schemas(table: DeltaTable | None) -> list[pa.Schema]:
+    return [] if table is None else [pa.schema(table.schema().to_arrow())]
+
+
+def _output_schema(names: Sequence[str], sources: Sequence[pa.Schema]) -> pa.Schema:
+    """The user columns `names` then the mirror's own, each typed as the first source having it types it
+    (the mirror's bookkeeping columns as int64 where no table exists yet)."""
+    meta = pa.schema([pa.field(name, pa.int64(), nullable=False) for name in MIRROR_META])
+    fields = []
+    for name in [*names, *MIRROR_META]:
+        fields.append(next(s.field(name) for s in [*sources, meta] if name in s.names))
+    return pa.schema(fields)
+
+
+def _applied(
+    schema: pa.Schema, base: pa.Table | None, window: pa.Table | None, key: list[str], floor: int
+) -> pa.Table:
+    """The base's rows with the window's changes applied: each key's latest image wins (base rows first
+    at an equal commit ts), deletes remove, and nothing older than the last TRUNCATE (`floor`) stays."""
+    parts = [
+        _conformed(part, schema) for part in (_as_changes(base), window) if part is not None and part.num_rows
+    ]
+    if not parts:
+        return schema.empty_table()
+    latest = latest_per_key(pa.concat_tables(parts), key)
+    kept = pc.and_(
+        pc.not_equal(latest["_change_type"], "delete"), pc.greater_equal(latest["_commit_ts"], floor)
+    )
+    rows = latest.filter(kept).select(schema.names)
+    return rows.take(pc.sort_indices(rows, [(name, "ascending") for name in key]))
+
+
+def _as_changes(rows: pa.Table | None) -> pa.Table | None:
+    """Mirror rows as changes ordered before any change of the same commit ts."""
+    if rows is None:
+        return None
+    count = rows.num_rows
+    rows = rows.append_column("_change_type", pa.array(["insert"] * count, pa.string()))
+    rows = rows.append_column("_partition", pa.array([-1] * count, pa.int32()))
+    return rows.append_column("_offset", pa.array([-1] * count, pa.int64()))
+
+
+def _conformed(part: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`part` with `schema`'s columns (null where it lacks one) and its ordering columns."""
+    columns = [
+        part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(part.num_rows, f.type)
+        for f in schema
+    ]
+    ordering = [part[f.name].cast(f.type) for f in ORDER]
+    fields = [*(f.with_nullable(True) for f in schema), *ORDER]
+    return pa.Table.from_arrays([*columns, *ordering], schema=pa.schema(fields))
+
+
+def latest_per_key(changelog: pa.Table, key_columns: Sequence[str]) -> pa.Table:
+    """Each key's last change in the batch by (commit_ts, partition, offset); preimages never win.
+
+    The result is what a mirror MERGE needs: one source row per key (delta-rs rejects duplicates), with
+    `_change_type` telling upsert from delete.
+    """
+    images = changelog.filter(pc.not_equal(changelog["_change_type"], "update_preimage"))
+    order = pc.sort_indices(
+        images,
+        [
+            ("_commit_ts", "ascending"),
+            ("_partition", "ascending"),
+            ("_offset", "ascending"),
+            ("_change_type", "descending"),
+        ],
+    )
+    ordered = images.take(order).append_column("_position", pa.array(range(images.num_rows), pa.int64()))
+    last = ordered.group_by(list(key_columns), use_threads=False).aggregate([("_position", "max")])
+    return ordered.take(last["_position_max"]).drop_columns(["_position"])
 
 
 def read_changelog(

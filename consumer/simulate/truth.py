@@ -8,23 +8,96 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 
 from consumer.batches.changes import stored_name
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import entry_uri, read_delta, read_mirror, tables
-from consumer.protocol.model import DML, DMLType, TableSchema
+from consumer.protocol.model import DDL, DML, DDLType, DMLType, TableSchema
 from consumer.protocol.plain import value_object
 from consumer.protocol.rows import TableCodec
-from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.simulate.workload import StreamRecord, Workload, WorkloadConfig
 
 TableRows = dict[Any, dict[str, Any]]
 
 _DDL_BEFORE_ROWS = 0  # at equal commit_ts a DDL applies first: rows of its commit already use it
 _ROWS = 1
+
+
+@dataclass
+class TableAt:
+    """A table as of a TSO: its schema then and its rows by key, values in plain form (`value_object`)."""
+
+    schema: TableSchema
+    rows: TableRows = field(default_factory=dict)
+
+
+def sent(workload: Workload) -> list[StreamRecord]:
+    """The workload's stream as sent: each DML's images copied when produced (the simulator keeps changing
+    its row dicts afterwards, e.g. an ALTER ADD COLUMN fills the new column in)."""
+    return [
+        StreamRecord(r.partition, _copied(r.message), r.schema) if isinstance(r.message, DML) else r
+        for r in workload.records()
+    ]
+
+
+def _copied(dml: DML) -> DML:
+    return msgspec.structs.replace(
+        dml, data=None if dml.data is None else dict(dml.data), old=None if dml.old is None else dict(dml.old)
+    )
+
+
+def truth_at(records: Iterable[StreamRecord], tso: int) -> dict[str, TableAt]:
+    """Every table that existed as of `tso`, by name: the stream's DMLs and DDLs with commit ts <= it
+    replayed in order (a DDL first at its commit ts; each broadcast DDL once). A column added by ALTER is
+    null in rows written before it, as the lakehouse keeps them, not the upstream's DEFAULT."""
+    tables: dict[str, TableAt] = {}
+    seen: set[tuple[int, str]] = set()
+    for record in records:
+        message = record.message
+        if (
+            isinstance(message, DDL)
+            and message.commit_ts <= tso
+            and (message.commit_ts, message.sql) not in seen
+        ):
+            seen.add((message.commit_ts, message.sql))
+            _replay_ddl(tables, message)
+        elif isinstance(message, DML) and message.commit_ts <= tso:
+            _replay_dml(tables[f"{message.database}.{message.table}"], message)
+    return tables
+
+
+def _replay_ddl(tables: dict[str, TableAt], ddl: DDL) -> None:
+    schema = ddl.table_schema
+    if schema is None:  # the simulator's DDLs all carry their table's schema
+        return
+    name = f"{schema.database}.{schema.table}"
+    if ddl.type is DDLType.CREATE:
+        tables[name] = TableAt(schema)
+    elif ddl.type is DDLType.ERASE:
+        del tables[name]
+    elif ddl.type is DDLType.RENAME:
+        tables[name] = tables.pop(_renamed_from(ddl.sql, schema.database))
+    if ddl.type is DDLType.TRUNCATE:
+        tables[name].rows.clear()
+    columns = [column.name for column in schema.columns]
+    table = tables.get(name)
+    if table is not None:
+        table.schema = schema
+        table.rows = {k: {c: row.get(c) for c in columns} for k, row in table.rows.items()}
+
+
+def _replay_dml(table: TableAt, dml: DML) -> None:
+    if dml.type is DMLType.DELETE:
+        table.rows.pop((dml.old or {})["id"], None)
+    else:
+        row = dml.data or {}
+        table.rows[row["id"]] = {c.name: value_object(row.get(c.name)) for c in table.schema.columns}
 
 
 def load_truth(path: str | Path) -> dict[str, Any]:

@@ -7,7 +7,9 @@ alone (the catalog, the DDL log, the progress records), so group members on seve
 Exactly-once: each commit carries Delta app transactions with app id `ticdc:<group>:<topic>:<partition>`
 and version = the next offset of that partition not yet in this table (`consumer.lakehouse.offsets`), so
 the rows of a replayed batch that a table already holds are dropped; a DDL found in the `_ddl` log is
-skipped whole. Commits carry `ticdc.group` and `ticdc.resolved_ts` as commit metadata.
+skipped whole. Commits carry `ticdc.group` and `ticdc.resolved_ts` as commit metadata; every commit that
+changes a mirror's rows also says which changes it holds (`consumer.lakehouse.tables.mirror_versions`), so a
+mirror version plus the changelog after it gives the table as of any TSO.
 
 Mirror: MERGE on the key, each key reduced to its last change of the batch; a change older than the row's
 `_commit_ts` never wins; a DELETE removes the row. A deleted key is also appended (key and commit ts) to
@@ -35,13 +37,22 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from consumer.batches.changes import META_COLUMNS, TableChanges, latest_per_key, stored_name, stored_schema
+from consumer.batches.changes import META_COLUMNS, TableChanges, stored_name, stored_schema
 from consumer.errors import SinkError
 from consumer.lakehouse.catalog import CatalogEntry, Name
 from consumer.lakehouse.offsets import delta_applied, next_offsets, transactions, unapplied
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import retry_commits
-from consumer.lakehouse.tables import FLOOR_PROPERTY, KEY_PROPERTY, STORED_AS, STORED_DURATION
+from consumer.lakehouse.tables import (
+    COMPLETE_TS,
+    FLOOR_PROPERTY,
+    KEY_PROPERTY,
+    MIRROR_META,
+    NEWEST_TS,
+    STORED_AS,
+    STORED_DURATION,
+    latest_per_key,
+)
 from consumer.protocol.model import DDL, DDLType, TableSchema
 from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import CommitContext
@@ -52,7 +63,6 @@ log = logging.getLogger(__name__)
 Mode = Literal["changelog", "mirror", "both"]
 
 KINDS = ("changelog", "mirror")
-MIRROR_META = ("_commit_ts", "_schema_version")
 DEFAULT_TARGET_FILE_SIZE = 1024 * 1024  # mirror files: a MERGE rewrites the few holding changed keys
 # commit ts 0 is "unknown" (a change without one, e.g. an Avro tombstone first on its partition): it came
 # after the row's earlier changes on that partition, so it is never stale
@@ -100,6 +110,7 @@ class DeltaSink(LakehouseSink):
         self._metrics = dict.fromkeys(("merges", *MERGE_METRICS), 0)
         self._deletes_read: dict[str, dict[str, pa.Table]] = {}  # per side table: rows by file read
         self._warned_keyless: set[tuple[str, str]] = set()
+        self._complete_ts = 0  # a consistent point of the root this sink read: every mirror holds it
 
     # -- Sink ------------------------------------------------------------------------------------------
     def write(self, changes: TableChanges, context: CommitContext) -> None:
@@ -121,6 +132,12 @@ class DeltaSink(LakehouseSink):
                     changes.database,
                     changes.table,
                 )
+        self._wrote(entry)
+
+    def record_progress(self, context: CommitContext) -> None:
+        """Also re-reads the root's consistent point, which later mirror commits claim to hold."""
+        super().record_progress(context)
+        self._complete_ts = max(self._complete_ts, consistent_ts(self.root, context.group) or 0)
 
     def _apply_to_table(self, ddl: DDL, name: Name, context: CommitContext) -> CatalogEntry | None:
         """The catalog's part (`LakehouseSink`), and the tables':
@@ -144,7 +161,7 @@ class DeltaSink(LakehouseSink):
                 self.catalog.refresh()
                 entry = self.catalog.find(name, ddl.commit_ts - 1)
             if entry is not None:
-                self._alter(entry, stored_schema(TableCodec(ddl.table_schema)), context)
+                self._alter(entry, stored_schema(TableCodec(ddl.table_schema)), context, ddl.commit_ts)
         return emptied
 
     def operation_metrics(self) -> dict[str, int]:
@@ -197,7 +214,10 @@ class DeltaSink(LakehouseSink):
                 return
             source = _conform(latest.select(columns), self._evolved(mirror, latest.select(columns).schema))
             source = source.append_column("_change_type", latest["_change_type"])
-            self._merge(mirror, source, keys, context, transactions(fresh, context.group))
+            newest = pc.max(fresh["_commit_ts"]).as_py()
+            self._merge(
+                mirror, source, keys, self._properties(context, newest, transactions(fresh, context.group))
+            )
 
         self._commit(f"mirror {uri}", attempt)
 
@@ -206,8 +226,7 @@ class DeltaSink(LakehouseSink):
         mirror: DeltaTable,
         source: pa.Table,
         keys: tuple[str, ...],
-        context: CommitContext,
-        offsets: list[Transaction],
+        properties: CommitProperties,
     ) -> None:
         # Explicit column maps: delta-rs's *_all forms do not quote names (a backtick in one breaks them).
         assignments = {_quote(n): f"s.{_quote(n)}" for n in source.column_names if n != "_change_type"}
@@ -222,7 +241,7 @@ class DeltaSink(LakehouseSink):
                 source_alias="s",
                 target_alias="t",
                 streamed_exec=False,  # the source's key stats prune files too
-                commit_properties=_properties(context, offsets),
+                commit_properties=properties,
             )
             .when_matched_update(assignments, f"s._change_type <> 'delete' AND ({NEWER})")
             .when_matched_delete(f"s._change_type = 'delete' AND ({NEWER})")
@@ -317,13 +336,13 @@ class DeltaSink(LakehouseSink):
         return pa.concat_tables(files.values()) if files else schema.empty_table()
 
     # -- DDL -------------------------------------------------------------------------------------------
-    def _alter(self, entry: CatalogEntry, schema: pa.Schema, context: CommitContext) -> None:
+    def _alter(self, entry: CatalogEntry, schema: pa.Schema, context: CommitContext, commit_ts: int) -> None:
         fields = [_storable(field) for field in schema]
         for kind in KINDS:
             uri = self.root.join(entry.location, kind)
-            self._commit(f"ALTER {uri}", partial(self._evolve, uri, fields, context))
+            self._commit(f"ALTER {uri}", partial(self._evolve, uri, fields, context, commit_ts))
 
-    def _evolve(self, uri: str, fields: list[pa.Field], context: CommitContext) -> None:
+    def _evolve(self, uri: str, fields: list[pa.Field], context: CommitContext, commit_ts: int) -> None:
         table = self.root.open(uri)
         if table is None:
             return
@@ -340,7 +359,7 @@ class DeltaSink(LakehouseSink):
             table.update(
                 updates={_quote(n): "NULL" for n in dropped},
                 predicate=" OR ".join(f"{_quote(n)} IS NOT NULL" for n in dropped),
-                commit_properties=_properties(context),
+                commit_properties=self._properties(context, commit_ts),
             )
         added = [Field.from_arrow(field) for field in fields if field.name not in current.names]
         if added:
@@ -365,11 +384,23 @@ class DeltaSink(LakehouseSink):
                     raise_if_not_exists=False,
                     commit_properties=_properties(context),
                 )
-            table.delete(f"_commit_ts < {ddl.commit_ts}", commit_properties=_properties(context))
+            table.delete(
+                f"_commit_ts < {ddl.commit_ts}", commit_properties=self._properties(context, ddl.commit_ts)
+            )
 
         self._commit(f"emptying {uri}", attempt)
 
     # -- plumbing --------------------------------------------------------------------------------------
+    def _properties(
+        self, context: CommitContext, newest_ts: int, offsets: list[Transaction] | None = None
+    ) -> CommitProperties:
+        """A mirror commit's properties, saying which changes the mirror holds after it: every change up
+        to the consistent point last read, and none newer than `newest_ts` besides earlier commits'."""
+        marks = {COMPLETE_TS: str(self._complete_ts), NEWEST_TS: str(newest_ts)}
+        return CommitProperties(
+            custom_metadata=commit_metadata(context) | marks, app_transactions=offsets or None
+        )
+
     def _commit(self, what: str, attempt: Callable[[], None]) -> None:
         """Run `attempt` (which reloads its table and re-checks what is applied) until it commits."""
         try:

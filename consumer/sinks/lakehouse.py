@@ -10,11 +10,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+import pyarrow as pa
+
+from consumer.batches.changes import stored_name, stored_schema
 from consumer.lakehouse.catalog import Catalog, CatalogEntry, Name
 from consumer.lakehouse.ddl import DDLLog, renamed_from
 from consumer.lakehouse.progress import ProgressLog
 from consumer.lakehouse.storage import LakeRoot, check_atomic_commits
+from consumer.lakehouse.tables import KEY_PROPERTY
 from consumer.protocol.model import DDL, DDLType
+from consumer.protocol.rows import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sources.record import TopicPartition
 
@@ -45,7 +50,7 @@ class LakehouseSink:
             return
         if database is not None and table is not None:
             self._apply_to_table(ddl, (database, table), context)
-        self.ddl_log.record(ddl, database, table, commit_metadata(context))
+        self.ddl_log.record(ddl, database, table, commit_metadata(context), _columns(ddl))
 
     def _apply_to_table(self, ddl: DDL, name: Name, context: CommitContext) -> CatalogEntry | None:
         """The catalog's part of a DDL on a table; returns the table a TRUNCATE or DROP emptied.
@@ -65,6 +70,11 @@ class LakehouseSink:
         elif ddl.type is DDLType.ERASE:
             return self.catalog.drop(name, ddl.commit_ts)
         return None
+
+    def _wrote(self, entry: CatalogEntry) -> None:
+        """After a write to the table's location: its first makes it ready in the catalog."""
+        if not entry.ready:
+            self.catalog.mark_ready(entry)
 
     def recorded_offsets(self, group: str) -> dict[TopicPartition, int]:
         """Per partition, the furthest resume offset any member of the group recorded (`record_progress`).
@@ -93,6 +103,16 @@ class LakehouseSink:
 
     def close(self) -> None:
         return None
+
+
+def _columns(ddl: DDL) -> pa.Schema | None:
+    """The stored columns the DDL leaves its table with, its key in the metadata (readers of a table
+    whose mirror has no commit yet need it); None when the DDL names no columns (TiCDC Avro's DDLs)."""
+    schema = ddl.table_schema
+    if schema is None or not schema.columns:
+        return None
+    key = ",".join(stored_name(name) for name in schema.handle_key())
+    return stored_schema(TableCodec(schema)).with_metadata({KEY_PROPERTY: key} if key else {})
 
 
 def commit_metadata(context: CommitContext) -> dict[str, str]:

@@ -73,6 +73,7 @@ class ParquetSink(LakehouseSink):
         )
         self._replace(f"{directory}/{MANIFEST}", msgspec.json.encode(committed))
         self._manifests[directory] = committed
+        self._wrote(entry)
 
     def _write_files(self, changelog: pa.Table, directory: str) -> list[str]:
         """The batch in files of at most `rows_per_file` rows, TIME as marked int64 microseconds (Parquet

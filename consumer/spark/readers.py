@@ -18,6 +18,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from consumer.batches.frames import spark_schema
 from consumer.lakehouse.catalog import Catalog, CatalogEntry
@@ -26,6 +27,7 @@ from consumer.lakehouse.manifest import manifest_files
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import as_durations, stored_durations
 from consumer.lakehouse.tables import read_delta as read_delta_arrow
+from consumer.lakehouse.tables import read_mirror as read_mirror_arrow
 
 ChangelogFormat = Literal["delta", "parquet"]
 Root = str | os.PathLike[str]
@@ -73,10 +75,18 @@ def read_mirror(
     database: str,
     table: str,
     storage_options: Mapping[str, str] | None = None,
+    as_of_tso: int | None = None,
 ) -> DataFrame:
-    """The live table `database.table`'s current rows, as the Delta sink's MERGEs left them."""
-    lake = LakeRoot.of(root, storage_options)
-    return read_delta(spark, lake.join(_entry(lake, database, table).location, "mirror"), storage_options)
+    """The rows and columns `database.table` had as of `as_of_tso` (default: the consistent point), as
+    `consumer.lakehouse.read_mirror` gives them (a mirror version plus the changelog after it); a table with
+    no rows written yet is an empty frame. Raises FileNotFoundError when no table with a mirror had the name
+    then, `TsoOutOfRangeError` for a TSO outside `retained_range(root)`."""
+    rows = read_mirror_arrow(root, database, table, storage_options=storage_options, as_of_tso=as_of_tso)
+    if rows is None:
+        when = "now" if as_of_tso is None else f"at TSO {as_of_tso}"
+        raise FileNotFoundError(f"no table {database}.{table} with a mirror {when} in the catalog of {root}")
+    nullable = T.StructType([_nullable(field) for field in spark_schema(rows.schema).fields])
+    return spark.createDataFrame(rows, schema=nullable)  # nullable, as Spark reads files
 
 
 def read_ddl_log(
@@ -106,6 +116,10 @@ def _read_parquet_log(spark: SparkSession, root: LakeRoot, entry: CatalogEntry) 
         return _from_arrow(spark, as_durations(rows, durations))
     frame = spark.read.option("mergeSchema", "true").parquet(*files)
     return _with_intervals(frame, durations)
+
+
+def _nullable(field: T.StructField) -> T.StructField:
+    return T.StructField(field.name, field.dataType, True, field.metadata)
 
 
 def _from_arrow(spark: SparkSession, rows: pa.Table) -> DataFrame:
