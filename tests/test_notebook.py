@@ -3,6 +3,7 @@ recomputed here independently from the workload configuration the notebook repor
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -16,7 +17,7 @@ from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from consumer.protocol.model import DDL, DDLType
+from consumer.protocol.model import DDL, DML, DDLType, DMLType
 from consumer.simulate.workload import Workload, WorkloadConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,3 +152,16 @@ def test_the_notebook_works_in_a_temporary_directory_and_removes_it(executed: An
     work = Path(printed.removeprefix("working in").strip())
     assert work.is_absolute() and not work.is_relative_to(REPO)
     assert not work.exists()  # the last cell cleaned up
+
+
+@pytest.mark.slow
+def test_one_tables_typed_stream_saw_each_of_its_changes_once(summary: dict[str, Any]) -> None:
+    workload = Workload(WorkloadConfig(**summary["workload_config"]))
+    kinds = {DMLType.INSERT: "insert", DMLType.UPDATE: "update_postimage", DMLType.DELETE: "delete"}
+    expected = collections.Counter(
+        kinds[r.message.type]
+        for r in workload.records()
+        if isinstance(r.message, DML) and (r.message.database, r.message.table) == ("shop", "t1")
+    )
+    assert summary["stream_counts"] == dict(expected)
+    assert summary["stream_delta_rows"] == sum(expected.values()) > 0

@@ -213,6 +213,18 @@ def test_debezium_golden_watermark_and_ddl() -> None:
         decoder.decode_record(None, b'{"payload":{"op":"x"}}')
 
 
+def test_a_ticdc_avro_database_level_ddl_names_its_database() -> None:
+    """A watermark-mode DDL of a database (`schema` set, `table` empty) keeps its database, as Debezium's."""
+    ddl = DDL(
+        type=DDLType.QUERY, sql="CREATE DATABASE `test`", commit_ts=COMMIT_TS, build_ts=0, database="test"
+    )
+    value = ConfluentAvroEncoder(SchemaRegistry("http://127.0.0.1:9"), AvroOptions()).encode_ddl(ddl, 1)
+    decoded = ConfluentAvroDecoder(SchemaRegistry("http://127.0.0.1:9")).decode_record(None, value)
+    assert isinstance(decoded, DDL) and decoded.table_schema is None
+    assert decoded.database_name() == "test"
+    assert decoded == ddl
+
+
 def test_a_debezium_database_level_ddl_names_its_database() -> None:
     """Known bug of issue 26: `CREATE DATABASE test` (spec §8: `source.db` and `databaseName` name the
     database, `tableChanges` is empty) decoded with database null, in the decode output and the DDL log."""

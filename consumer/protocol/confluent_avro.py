@@ -630,6 +630,7 @@ def _ddl(value: bytes) -> DDL:
         commit_ts=record.commitTs,
         build_ts=0,
         table_schema=_named(record.schema, record.table, record.commitTs) if named else None,
+        database="" if named else record.schema,  # CREATE DATABASE names its database alone
     )
 
 
@@ -688,7 +689,7 @@ class ConfluentAvroEncoder:
         body = {
             "query": ddl.sql,
             "type": action,
-            "schema": schema.database if schema else "",
+            "schema": schema.database if schema else ddl.database,
             "table": schema.table if schema else "",
             "commitTs": ddl.commit_ts,
         }

@@ -40,7 +40,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from consumer.batches.changes import TableChanges, changelog_schema, table_changes
-from consumer.config import RunConfig, check_engine, kafka_source_parts
+from consumer.config import RunConfig, check_engine
 from consumer.configured import (
     build_dead_letters,
     build_decoder,
@@ -402,14 +402,10 @@ def checkpoint_location(config: RunConfig) -> str:
 
 def stream_options(config: RunConfig) -> TicdcOptions:
     """The `ticdc` source's options for a run configuration (the loop engine's settings, one for one)."""
-    servers, topics = kafka_source_parts(config.source.url)
-    return TicdcOptions(
-        bootstrap_servers=servers,
-        topics=tuple(topics),
-        kafka=dict(config.source.kafka),
+    return TicdcOptions.of_run(
+        config,
+        f"{checkpoint_location(config)}/{STATE_DIRECTORY}",
         max_offsets_per_trigger=config.budget.max_batch_records,
-        group=config.source.group,
-        state_location=f"{checkpoint_location(config)}/{STATE_DIRECTORY}",
         settings=_task_settings(config),
     )
 

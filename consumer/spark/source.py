@@ -43,7 +43,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from consumer.config import DecodeConfig, RunConfig
+from consumer.config import DecodeConfig, RunConfig, kafka_source_parts
 from consumer.configured import build_decoder, build_policy
 from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.types import ValuePolicy
@@ -94,6 +94,19 @@ class TicdcOptions(msgspec.Struct, frozen=True, kw_only=True):
     state_location: str = ""
     table: str = ""  # DATABASE.TABLE: that table's typed changes (`consumer.spark.table_source`)
     settings: RunConfig = msgspec.field(default_factory=RunConfig)  # `TASK_SETTINGS` / `TABLE_SETTINGS`
+
+    @classmethod
+    def of_run(cls, config: RunConfig, state_location: str, **fields: Any) -> TicdcOptions:
+        """For a run configuration's Kafka source and group; `fields` as the constructor takes them."""
+        servers, topics = kafka_source_parts(config.source.url)
+        return cls(
+            bootstrap_servers=servers,
+            topics=tuple(topics),
+            kafka=dict(config.source.kafka),
+            group=config.source.group,
+            state_location=state_location,
+            **fields,
+        )
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> TicdcOptions:

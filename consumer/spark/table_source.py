@@ -41,7 +41,7 @@ from pyspark.sql.types import StructField, StructType
 
 from consumer.batches.changes import TableChanges, changelog_schema
 from consumer.batches.frames import spark_schema
-from consumer.config import RunConfig, kafka_source_parts
+from consumer.config import RunConfig
 from consumer.configured import (
     build_dead_letters,
     build_decoder,
@@ -421,16 +421,7 @@ def table_stream(spark: SparkSession, config: RunConfig, table: str, checkpoint:
 
 
 def table_options(config: RunConfig, table: str, checkpoint: str) -> TicdcOptions:
-    servers, topics = kafka_source_parts(config.source.url)
-    return TicdcOptions(
-        bootstrap_servers=servers,
-        topics=tuple(topics),
-        kafka=dict(config.source.kafka),
-        group=config.source.group,
-        state_location=f"{checkpoint.rstrip('/')}/ticdc",
-        table=table,
-        settings=config,
-    )
+    return TicdcOptions.of_run(config, f"{checkpoint.rstrip('/')}/ticdc", table=table, settings=config)
 
 
 def stream_schema(options: TicdcOptions) -> StructType:
