@@ -31,12 +31,15 @@ class RecordLocation(msgspec.Struct, frozen=True, gc=False):
 @dataclass(frozen=True, slots=True, eq=False)
 class DeadLetter:
     """A record the error policy set aside: undecodable, or a row whose schema never arrived or was
-    rejected. `reason_code` is the `code` of the error that set it aside (machine-readable, stable)."""
+    rejected. `reason_code` is the `code` of the error that set it aside (machine-readable, stable).
+    `value`: the record's value, or for a row set aside after its header decoded, the DML's decompressed
+    payload (what decoding it again needs either way)."""
 
     location: RecordLocation
     reason: str
     value: bytes | None
     reason_code: str
+    key: bytes | None = None  # the record's key, where the record itself was set aside (replay needs it)
 
 
 MAX_REASON_CHARS = 1000  # a reason quoting a hostile value (Arrow quotes whole values) stays readable
