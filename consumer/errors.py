@@ -228,6 +228,13 @@ class UnknownSchemaError(DecodeError):
     code = "schema-id-unknown"
 
 
+class ReplayWithoutCommitTsError(ConsumerError):
+    """A replayed DML carries no commit ts (a TiCDC Avro tombstone): nothing says whether the lake's row of
+    its key is newer, so a dead-letter replay keeps its letter rather than risk overwriting it."""
+
+    code = "replay-without-commit-ts"
+
+
 class LargeMessageError(ConsumerError):
     """A DML whose message carries only its handle key (spec §7) could not be made whole."""
 

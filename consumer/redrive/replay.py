@@ -37,7 +37,7 @@ from consumer.configured import (
     build_state,
     dead_letter_target,
 )
-from consumer.errors import ConsumerError, DeadLetter
+from consumer.errors import ConsumerError, DeadLetter, ReplayWithoutCommitTsError
 from consumer.pipeline import Pipeline
 from consumer.protocol.containment import KeyedValue
 from consumer.protocol.model import DecodedMessage, KeyOnlyDML, RawDML, TableSchema
@@ -70,12 +70,6 @@ class ReplayReport(msgspec.Struct):
     runs: list[str] = msgspec.field(default_factory=list)
     resolved: int = 0
     failed: list[LetterState] = msgspec.field(default_factory=list)
-
-
-class ReplayWithoutCommitTsError(ConsumerError):
-    """A replayed DML carries no commit ts: nothing says whether the lake's row of its key is newer."""
-
-    code = "replay-without-commit-ts"
 
 
 def stored_letters(config: RunConfig) -> list[StoredLetter]:
