@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import msgspec
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from consumer import __version__, app
-from consumer.config import ConfigError, DecodeConfig, load_config
+from consumer.config import ConfigError, DecodeConfig, RunConfig, load_config
 from consumer.configured import build_decoder, lake_status
 from consumer.errors import ConsumerError
 from consumer.lakehouse.status import LakeStatus
@@ -40,6 +41,7 @@ from consumer.protocol.protocols import PROTOCOLS, RecordDecoder
 from consumer.protocol.registry import SchemaRegistry
 from consumer.protocol.rows import TableCodec
 from consumer.protocol.types import ValuePolicy
+from consumer.redrive import LetterState, letter_states, replay
 from consumer.simulate.output import (
     AvroStream,
     DebeziumStream,
@@ -53,6 +55,8 @@ from consumer.sources.errors import SourceAuthenticationError, SourceUnreachable
 from consumer.sources.kafka import capture_topic
 from consumer.testing.extra import MissingExtraError
 
+T = TypeVar("T")
+
 # Exit codes (the README's table): 1 is an unexpected error (a traceback), 2 also click's usage errors.
 EXIT_BAD_INPUT = 2  # stopped on a ConsumerError: a bad record under policy "fail", a sink that failed...
 EXIT_SCHEMA_MISSING = 3  # `decode`: DMLs whose schema never came
@@ -60,6 +64,7 @@ EXIT_UNAPPLIED = 3  # `run --until-idle`: went idle with rows still waiting (for
 EXIT_SOURCE_UNAVAILABLE = 4  # the brokers refused this client, or none could be reached
 EXIT_NO_LAKEHOUSE = 2  # `status`: the root holds no lakehouse (or another ConsumerError, e.g. no such topic)
 EXIT_BEHIND = 3  # `status --max-lag-s S`: the consistent point is older than S seconds (or unknown)
+EXIT_UNRESOLVED = 3  # `dead-letters replay`: letters failed again (they keep their letter, with the reason)
 EXIT_INTERRUPTED = 130  # a second Ctrl-C/SIGTERM before the clean stop the first asked for finished
 _ENCODINGS = click.Choice(["auto", "json", "avro"])
 _COMPRESSIONS = click.Choice(["auto", "none", "snappy", "lz4"])
@@ -597,6 +602,117 @@ def _cell(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def _dead_letter_options(function: Any) -> Any:
+    """What `dead-letters list` and `replay` share: the lake, its configuration, a reason filter, JSON."""
+    options = [
+        click.option(
+            "--sink",
+            "sink_url",
+            help="ROOT (a directory or an object-store URI), or delta:ROOT / parquet:ROOT",
+        ),
+        click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path)),
+        click.option(
+            "--group", help="the consumer group the lake is written by (a replay commits beside it)"
+        ),
+        click.option(
+            "--dead-letter",
+            help="where dead letters go when not the default: file:PATH, a URI or kafka://HOST/TOPIC",
+        ),
+        click.option("--reason", "reason_code", help="only letters set aside for this reason_code now"),
+        click.option("--json", "as_json", is_flag=True, help="print JSON"),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def _dead_letter_config(config_path: Path | None, sink_url: str | None, flags: dict[str, Any]) -> RunConfig:
+    """`run`'s layered configuration for a lake given by --sink (bare roots are Delta lakes)."""
+    if sink_url and not sink_url.startswith(("delta:", "parquet:", "jsonl:")):
+        sink_url = f"delta:{sink_url}"
+    overrides = {
+        "source": {"group": flags.get("group")},
+        "sink": {"url": sink_url, "mode": flags.get("mode")},
+        "errors": {"dead_letter": flags.get("dead_letter")},
+        "decode": {name: flags.get(name) for name in _DECODE_FLAGS},
+    }
+    try:
+        return load_config(config_path, overrides=overrides, sink_only=True)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+_DECODE_FLAGS = ("encoding", "protocol", "schema_registry", "schema_registry_auth", "timestamp_zone")
+
+
+@main.group("dead-letters")
+def dead_letters() -> None:
+    """Records the error policy set aside: list them, replay them once their cause is fixed."""
+
+
+@dead_letters.command("list")
+@_dead_letter_options
+def list_letters(
+    config_path: Path | None, sink_url: str | None, reason_code: str | None, as_json: bool, **flags: Any
+) -> None:
+    """The letters (origin, reason, whether a replay applied them), each record once."""
+    config = _dead_letter_config(config_path, sink_url, flags)
+    letters = _redriving(lambda: letter_states(config, reason_code))
+    if as_json:
+        click.echo(msgspec.json.encode(letters).decode())
+        return
+    _show_letters(letters, f"{len(letters)} dead letters, {sum(x.resolved for x in letters)} resolved")
+
+
+@dead_letters.command("replay")
+@_dead_letter_options
+@click.option("--mode", type=click.Choice(["changelog", "mirror", "both"]))
+@click.option("--encoding", type=_ENCODINGS)
+@_protocol_options
+def replay_letters(
+    config_path: Path | None, sink_url: str | None, reason_code: str | None, as_json: bool, **flags: Any
+) -> None:
+    """Apply the unresolved letters to the lake with the current configuration, exactly once; a letter
+    that fails again keeps its new reason (exit 3)."""
+    config = _dead_letter_config(config_path, sink_url, flags)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    report = _redriving(lambda: replay(config, reason_code))
+    if as_json:
+        click.echo(msgspec.json.encode(report).decode())
+    else:
+        runs = ", ".join(report.runs) or "none needed"
+        summary = f"{report.resolved} letters applied, {len(report.failed)} failed again (runs: {runs})"
+        _show_letters(report.failed, summary)
+    if report.failed:
+        sys.exit(EXIT_UNRESOLVED)
+
+
+def _redriving(job: Callable[[], T]) -> T:
+    """Run a dead-letter command's job; a failure it names ends the command with its exit code."""
+    try:
+        return job()
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    except (SourceAuthenticationError, SourceUnreachableError) as exc:
+        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_SOURCE_UNAVAILABLE)
+    except ConsumerError as exc:
+        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _show_letters(letters: Sequence[LetterState], summary: str) -> None:
+    console = Console()
+    if letters:
+        table = Table("origin", "reason code", "resolved", "reason")
+        for x in letters:
+            table.add_row(
+                f"{x.topic}[{x.partition}]@{x.offset}", x.reason_code, "yes" if x.resolved else "no", x.reason
+            )
+        console.print(table)
+    console.print(summary)
 
 
 @main.command()

@@ -31,12 +31,15 @@ class RecordLocation(msgspec.Struct, frozen=True, gc=False):
 @dataclass(frozen=True, slots=True, eq=False)
 class DeadLetter:
     """A record the error policy set aside: undecodable, or a row whose schema never arrived or was
-    rejected. `reason_code` is the `code` of the error that set it aside (machine-readable, stable)."""
+    rejected. `reason_code` is the `code` of the error that set it aside (machine-readable, stable).
+    `value`: the record's value, or for a row set aside after its header decoded, the DML's decompressed
+    payload (what decoding it again needs either way)."""
 
     location: RecordLocation
     reason: str
     value: bytes | None
     reason_code: str
+    key: bytes | None = None  # the record's key, where the record itself was set aside (replay needs it)
 
 
 MAX_REASON_CHARS = 1000  # a reason quoting a hostile value (Arrow quotes whole values) stays readable
@@ -223,6 +226,13 @@ class UnknownSchemaError(DecodeError):
     """A record names a writer schema id the registry does not have (the record's fault)."""
 
     code = "schema-id-unknown"
+
+
+class ReplayWithoutCommitTsError(ConsumerError):
+    """A replayed DML carries no commit ts (a TiCDC Avro tombstone): nothing says whether the lake's row of
+    its key is newer, so a dead-letter replay keeps its letter rather than risk overwriting it."""
+
+    code = "replay-without-commit-ts"
 
 
 class LargeMessageError(ConsumerError):

@@ -17,7 +17,7 @@ from consumer.state.machine import ConsumerState
 
 DecodedRecord = tuple[RecordLocation, DecodedMessage | ConsumerError, bytes | None]
 """A record decoded before it reached the pipeline: its message, or the error decoding it met, and its value
-(kept for the dead-letter destination)."""
+(kept for the dead-letter destination; its key is not: such a letter is replayed by its value alone)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +26,7 @@ class _Failed:
 
     error: ConsumerError
     value: bytes | None
+    key: bytes | None = None
 
 
 Decoded = list[tuple[RecordLocation, DecodedMessage | _Failed]]
@@ -33,11 +34,12 @@ Decoded = list[tuple[RecordLocation, DecodedMessage | _Failed]]
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Decoded records ready for the state; `values` (the records' own) only when some failed or are
-    key-only: the exceptional path needs them."""
+    """Decoded records ready for the state; `values` and `keys` (the records' own) only when some failed or
+    are key-only: the exceptional path needs them (a dead letter keeps both, for a replay)."""
 
     records: Decoded
     values: list[bytes | None] | None
+    keys: list[bytes | None] | None = None
 
 
 class RecordIntake:
@@ -59,12 +61,14 @@ class RecordIntake:
         exceptional = False
         for record, message in zip(records, messages, strict=True):
             if isinstance(message, ConsumerError):
-                decoded.append((record.location, _Failed(message, record.value)))
+                decoded.append((record.location, _Failed(message, record.value, record.key)))
                 exceptional = True
             else:
                 exceptional = exceptional or message.__class__ is KeyOnlyDML
                 decoded.append((record.location, message))
-        return Batch(decoded, [record.value for record in records] if exceptional else None)
+        if not exceptional:
+            return Batch(decoded, None)
+        return Batch(decoded, [record.value for record in records], [record.key for record in records])
 
     def decoded_elsewhere(self, records: Iterable[DecodedRecord]) -> Batch:
         """Records decoded before they reached the pipeline, in each partition's offset order."""
@@ -84,11 +88,13 @@ class RecordIntake:
     def take(self, batch: Batch) -> bool:
         """Hand the batch to the state in one call (in runs, when some records are exceptional)."""
         if batch.values is not None:
-            return self._take_exceptional(batch.records, batch.values)
+            return self._take_exceptional(batch.records, batch.values, batch.keys)
         self.state.process_many(batch.records)  # type: ignore[arg-type]
         return any(not isinstance(message, Watermark) for _, message in batch.records)
 
-    def _take_exceptional(self, decoded: Decoded, values: list[bytes | None]) -> bool:
+    def _take_exceptional(
+        self, decoded: Decoded, values: list[bytes | None], keys: list[bytes | None] | None
+    ) -> bool:
         """Resolve the batch's key-only DMLs together (their claim-checks are fetched concurrently), then
         feed the state in runs split at the records that go to the error policy."""
         positions = [i for i, (_, message) in enumerate(decoded) if message.__class__ is KeyOnlyDML]
@@ -97,7 +103,8 @@ class RecordIntake:
             for position, whole in zip(positions, resolved, strict=True):
                 location = decoded[position][0]
                 if isinstance(whole, ConsumerError):
-                    decoded[position] = (location, _Failed(whole, values[position]))
+                    key = keys[position] if keys is not None else None
+                    decoded[position] = (location, _Failed(whole, values[position], key))
                 else:
                     decoded[position] = (location, whole)
         run: list[tuple[RecordLocation, DecodedMessage]] = []
@@ -105,7 +112,8 @@ class RecordIntake:
             if isinstance(message, _Failed):
                 self.state.process_many(run)
                 run = []
-                self.state.process_failed(location, message.error.with_location(location), message.value)
+                error = message.error.with_location(location)
+                self.state.process_failed(location, error, message.value, key=message.key)
             else:
                 run.append((location, message))
         self.state.process_many(run)

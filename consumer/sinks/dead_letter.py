@@ -1,7 +1,9 @@
 """Where records the error policy sets aside go: a JSON-lines file or a Kafka topic. Never dropped.
 
-Each letter carries its origin (topic, partition, offset), the reason, and the machine-readable
-`reason_code` (the `code` of the error that set it aside).
+Each letter carries its origin (topic, partition, offset), the reason, the machine-readable `reason_code`
+(the `code` of the error that set it aside), and the bytes a replay decodes again: the value and, where the
+record itself was set aside, its key (TiCDC Avro routes rows by their key's schema; a tombstone is only a
+key). `read_letters` gives them back from any destination (`consumer.redrive` replays them).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import msgspec
 import pyarrow.fs as pafs
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from consumer.errors import DeadLetter, SinkError
+from consumer.errors import DeadLetter, RecordLocation, SinkError
 from consumer.kafka_config import create_client, scrubbed, secret_values
 from consumer.lakehouse.layout import segment
 
@@ -39,12 +41,44 @@ class _Letter(msgspec.Struct):
     reason: str
     value: str | None  # standard base64 of the raw record value
     reason_code: str = ""  # letters written before reason codes have none
+    key: str | None = None  # standard base64 of the record's key; letters written before keys have none
 
     @classmethod
     def of(cls, letter: DeadLetter) -> _Letter:
-        value = None if letter.value is None else base64.b64encode(letter.value).decode("ascii")
         where = letter.location
-        return cls(where.topic, where.partition, where.offset, letter.reason, value, letter.reason_code)
+        return cls(
+            where.topic,
+            where.partition,
+            where.offset,
+            letter.reason,
+            _text(letter.value),
+            letter.reason_code,
+            _text(letter.key),
+        )
+
+
+class StoredLetter(msgspec.Struct, frozen=True):
+    """A letter as a destination holds it: the record's origin, why it was set aside, and its bytes."""
+
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    reason_code: str
+    key: bytes | None
+    value: bytes | None
+
+    @property
+    def location(self) -> RecordLocation:
+        return RecordLocation(self.topic, self.partition, self.offset)
+
+
+def _text(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def _bytes(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text, validate=True)
 
 
 class _Origin(msgspec.Struct):
@@ -59,10 +93,57 @@ class _Coded(_Origin):
     reason_code: str = ""
 
 
+def read_letters(target: str, storage_options: Mapping[str, str] | None = None) -> list[StoredLetter]:
+    """The letters in a dead-letter file (a path) or under an object-store prefix or directory (a URI), in
+    origin order, each record once (the copy written last: a replay before the commit covering it writes
+    it again). A torn line (a crash mid-write) or one that is no letter is skipped."""
+    decoder = msgspec.json.Decoder(_Letter)
+    letters: dict[tuple[str, int, int], StoredLetter] = {}
+    for line in _lines(target, storage_options):
+        try:
+            letter = decoder.decode(line)
+            stored = StoredLetter(
+                letter.topic,
+                letter.partition,
+                letter.offset,
+                letter.reason,
+                letter.reason_code,
+                _bytes(letter.key),
+                _bytes(letter.value),
+            )
+        except (msgspec.DecodeError, ValueError):  # binascii.Error is a ValueError
+            continue
+        letters[stored.topic, stored.partition, stored.offset] = stored
+    return [letters[origin] for origin in sorted(letters)]
+
+
+def letter_of_record(
+    key: bytes | None, value: bytes | None, headers: Mapping[str, bytes | None]
+) -> StoredLetter:
+    """A letter `DeadLetterTopic` produced, from the record read back; raises ValueError when the headers
+    do not say where it came from (not a letter). Letters produced before the origin headers existed
+    name it in `ticdc.source` only (`topic[partition]@offset`)."""
+    reason = (headers.get("ticdc.reason") or b"").decode(errors="replace")
+    code = (headers.get("ticdc.reason_code") or b"").decode(errors="replace")
+    topic, partition, offset = (
+        headers.get("ticdc.topic"),
+        headers.get("ticdc.partition"),
+        headers.get("ticdc.offset"),
+    )
+    if topic is not None and partition is not None and offset is not None:
+        return StoredLetter(topic.decode(), int(partition), int(offset), reason, code, key, value)
+    source = (headers.get("ticdc.source") or b"").decode()
+    rest, _, offset_text = source.rpartition("@")
+    topic_text, _, partition_text = rest.rpartition("[")
+    if not topic_text or not partition_text.endswith("]"):
+        raise ValueError(f"not a dead letter: no origin headers ({source!r})")
+    return StoredLetter(topic_text, int(partition_text[:-1]), int(offset_text), reason, code, key, value)
+
+
 def count_letters(target: str, storage_options: Mapping[str, str] | None = None) -> dict[str, int]:
     """Letters per `reason_code` in a dead-letter file (a path) or under an object-store prefix or directory
     (a URI); a record set aside twice (a replay before the commit covering it) counts once."""
-    lines = _object_lines(target, storage_options) if "://" in target else _file_lines(Path(target))
+    lines = _lines(target, storage_options)
     decoder = msgspec.json.Decoder(_Coded)
     codes: dict[tuple[str, int, int], str] = {}
     for line in lines:
@@ -72,6 +153,10 @@ def count_letters(target: str, storage_options: Mapping[str, str] | None = None)
             continue
         codes[letter.topic, letter.partition, letter.offset] = letter.reason_code
     return dict(Counter(codes.values()))
+
+
+def _lines(target: str, storage_options: Mapping[str, str] | None) -> Iterator[bytes]:
+    return _object_lines(target, storage_options) if "://" in target else _file_lines(Path(target))
 
 
 def _file_lines(path: Path) -> Iterator[bytes]:
@@ -140,7 +225,8 @@ class DeadLetterObjects:
 
 
 class DeadLetterTopic:
-    """Produces the raw value to a Kafka topic with the reason and origin in headers; waits for the ack.
+    """Produces the raw key and value to a Kafka topic with the reason and origin in headers (`ticdc.topic`,
+    `ticdc.partition`, `ticdc.offset`; `ticdc.source` says all three as text); waits for the ack.
 
     `config`: the producer's own librdkafka settings (`[errors.kafka]`: TLS, SASL...), not the consumer's:
     the dead-letter topic may live on other brokers, with other credentials. Its secrets never reach an error.
@@ -164,10 +250,14 @@ class DeadLetterTopic:
             "ticdc.reason": letter.reason.encode(),
             "ticdc.reason_code": letter.reason_code.encode(),
             "ticdc.source": str(where).encode(),
+            "ticdc.topic": where.topic.encode(),
+            "ticdc.partition": str(where.partition).encode(),
+            "ticdc.offset": str(where.offset).encode(),
         }
         try:
             self._producer.produce(
                 self.topic,
+                key=letter.key,
                 value=letter.value,
                 headers=headers,
                 on_delivery=lambda err, _msg: errors.append(err.str()) if err else None,

@@ -12,17 +12,17 @@ from consumer.sources.capture import read_capture
 from consumer.sources.record import SourceRecord, TopicPartition
 
 
-class FileSource:
-    """Serves a capture file's records as if it were a Kafka assignment of every partition in the file.
+class RecordSource:
+    """Serves records given up front (each partition's in offset order) as if they were a Kafka assignment of
+    every partition among them.
 
-    The file is read up front (the assignment must be known before the first poll). Commits live in memory
-    only, so every FileSource replays from the start unless `listener.on_assign` returns start offsets. The
-    listener is told of the assignment once, here; a file is never revoked.
+    Commits live in memory only, so every source replays from the start unless `listener.on_assign` returns
+    start offsets. The listener is told of the assignment once, here; nothing is ever revoked.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, listener: RebalanceListener | None = None) -> None:
+    def __init__(self, records: Iterable[SourceRecord], *, listener: RebalanceListener | None = None) -> None:
         self._queued: dict[TopicPartition, deque[SourceRecord]] = {}
-        for record in read_capture(path):
+        for record in records:
             self._queued.setdefault((record.topic, record.partition), deque()).append(record)
         starts = (listener.on_assign(list(self._queued)) if listener else None) or {}
         for partition, start in starts.items():
@@ -68,4 +68,12 @@ class FileSource:
         return set(self._queued)
 
     def close(self) -> None:
-        """Nothing to release: the file was read and closed in the constructor."""
+        """Nothing to release: the records were given whole."""
+
+
+class FileSource(RecordSource):
+    """Serves a capture file's records as if it were a Kafka assignment of every partition in the file; the
+    file is read up front (the assignment must be known before the first poll)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, listener: RebalanceListener | None = None) -> None:
+        super().__init__(read_capture(path), listener=listener)

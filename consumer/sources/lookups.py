@@ -1,6 +1,6 @@
-"""Read-only looks at Kafka for `ticdc-consumer status`: where consumer groups are in a topic, and what a
-dead-letter topic holds. No group is joined and nothing is committed: a client carrying a group's id reads
-its committed offsets without subscribing.
+"""Read-only looks at Kafka for `ticdc-consumer status` and `dead-letters`: where consumer groups are in a
+topic, and what a dead-letter topic holds. No group is joined and nothing is committed: a client carrying a
+group's id reads its committed offsets without subscribing.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from consumer.sources.errors import SourceError, SourceUnreachableError
 from consumer.sources.record import TopicPartition
 
 _CONSUME_BATCH = 1000
+HeadedRecord = tuple[bytes | None, bytes | None, dict[str, bytes | None]]
+"""A record read back whole: key, value and headers."""
 _CONSUME_SECONDS = 0.5
 
 
@@ -62,9 +64,22 @@ def count_by_header(
     with _Client(bootstrap_servers, f"ticdc-status-{uuid.uuid4().hex}", config) as client:
         ends = client.watermarks(topic, timeout)
         seen: dict[bytes | None, str] = {}
-        for headers in client.read_headers(ends, time.monotonic() + timeout):
+        for _, _, headers in client.read_records(ends, time.monotonic() + timeout):
             seen[headers.get(distinct_by)] = (headers.get(header) or b"").decode(errors="replace")
     return dict(Counter(seen.values()))
+
+
+def read_topic(
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    config: Mapping[str, object] | None = None,
+    timeout: float = 60.0,
+) -> list[HeadedRecord]:
+    """Every record `topic` holds now (key, value, headers), each partition in offset order."""
+    with _Client(bootstrap_servers, f"ticdc-read-{uuid.uuid4().hex}", config) as client:
+        ends = client.watermarks(topic, timeout)
+        return list(client.read_records(ends, time.monotonic() + timeout))
 
 
 class _Client:
@@ -115,10 +130,10 @@ class _Client:
             raise self._error("cannot read committed offsets", exc.args[0]) from exc
         return {(tp.topic, tp.partition): tp.offset for tp in result if tp.error is None and tp.offset >= 0}
 
-    def read_headers(
+    def read_records(
         self, ends: Mapping[TopicPartition, tuple[int, int]], deadline: float
-    ) -> Iterable[dict[str, bytes | None]]:
-        """The headers of every record from each partition's start to its end (as given)."""
+    ) -> Iterable[HeadedRecord]:
+        """Every record from each partition's start to its end (as given)."""
         left = {tp: end for tp, (start, end) in ends.items() if end > start}
         self._consumer.assign([KafkaTopicPartition(*tp, ends[tp][0]) for tp in left])
         while left:
@@ -126,9 +141,10 @@ class _Client:
                 raise SourceError(f"reading {sorted(left)} timed out", retriable=True)
             for message in self._consumer.consume(_CONSUME_BATCH, _CONSUME_SECONDS):
                 if message.error() is None:
-                    yield dict(
-                        cast(list[tuple[str, bytes | None]], message.headers() or [])
-                    )  # a list when consumed
+                    headers = cast(
+                        list[tuple[str, bytes | None]], message.headers() or []
+                    )  # consumed: a list
+                    yield message.key(), message.value(), dict(headers)
             done = self._consumer.position([KafkaTopicPartition(*tp) for tp in left])
             for tp in done:
                 if tp.offset >= left[tp.topic, tp.partition]:

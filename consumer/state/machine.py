@@ -282,8 +282,11 @@ class ConsumerState:
         for schema in schemas:
             self._learn(schema)
 
-    def process_failed(self, location: RecordLocation, error: ConsumerError, value: bytes | None) -> None:
-        """Take a record that failed to decode: a `DeadLetter`, or `error` raised under policy "fail".
+    def process_failed(
+        self, location: RecordLocation, error: ConsumerError, value: bytes | None, *, key: bytes | None = None
+    ) -> None:
+        """Take a record that failed to decode: a `DeadLetter` (keeping its `key` and `value`), or `error`
+        raised under policy "fail".
 
         A `SchemaRejectedError` also marks its schema keys rejected: rows held for them, and rows of them
         arriving later, are set aside rather than waiting for a schema that cannot decode them.
@@ -292,16 +295,21 @@ class ConsumerState:
         if offsets.admit(location.offset):
             if isinstance(error, SchemaRejectedError):
                 self._reject(error)
-            self._fail(location, offsets, error, value)
+            self._fail(location, offsets, error, value, key)
 
     def _fail(
-        self, location: RecordLocation, offsets: PartitionOffsets, error: ConsumerError, value: bytes | None
+        self,
+        location: RecordLocation,
+        offsets: PartitionOffsets,
+        error: ConsumerError,
+        value: bytes | None,
+        key: bytes | None = None,
     ) -> None:
         if self.policy == "fail":
             raise error.with_location(location)
         offsets.hold(location.offset)
         self._failed.append(
-            DeadLetter(location, f"{type(error).__name__}: {error.reason}", value, error.code)
+            DeadLetter(location, f"{type(error).__name__}: {error.reason}", value, error.code, key)
         )
 
     def _reject(self, error: SchemaRejectedError) -> None:
