@@ -27,14 +27,23 @@ from consumer.pipeline import Pipeline, PipelineStats
 from consumer.sinks.base import Sink
 from consumer.sources.base import Source
 from consumer.sources.files import FileSource
+from consumer.sources.groups import GroupDescription, describe_group
 from consumer.sources.kafka import KafkaSource
 from consumer.sources.retry import SourceRetry
 from consumer.stopping import StopRequest
+from consumer.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
 
-def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None, *, pause_gc: bool = False) -> Pipeline:
+def build_pipeline(
+    config: RunConfig,
+    sinks: list[Sink] | None = None,
+    *,
+    pause_gc: bool = False,
+    watchdog: Watchdog | None = None,
+) -> Pipeline:
+    """`watchdog`: one shared with the metrics endpoint (default: the pipeline's own, as configured)."""
     policy = build_policy(config)
     decoder = build_decoder(config.decode, policy)
     return Pipeline(
@@ -49,6 +58,8 @@ def build_pipeline(config: RunConfig, sinks: list[Sink] | None = None, *, pause_
         large_messages=build_large_messages(config, policy),
         source_retry=SourceRetry(attempts=config.source.retries, backoff=config.source.retry_backoff_s),
         pause_gc=pause_gc,
+        join_grace=config.source.join_grace_s,
+        watchdog=watchdog or Watchdog(config.watchdog.stall_after_s),
     )
 
 
@@ -68,7 +79,12 @@ def build_source(config: RunConfig, pipeline: Pipeline) -> Source:
 
 
 def run(
-    config: RunConfig, *, until_idle: float | None = None, on_cycle: Any = None, pause_gc: bool = False
+    config: RunConfig,
+    *,
+    until_idle: float | None = None,
+    on_cycle: Any = None,
+    pause_gc: bool = False,
+    watchdog: Watchdog | None = None,
 ) -> PipelineStats:
     """Run the configured consumer; returns its totals once stopped (idle, end of file, Ctrl-C or SIGTERM).
 
@@ -76,8 +92,11 @@ def run(
     interrupts at once (KeyboardInterrupt). With `parallelism.processes` > 1 this process is one member of the
     group and starts the others, each a process with its own loop; the totals are every member's,
     `on_cycle` sees this process's member, and a member's failure stops them all. `pause_gc`: see
-    `Pipeline` (it changes process-wide state, so only the `run` command turns it on). With `engine.kind`
+    `Pipeline` (it changes process-wide state, so only the `run` command turns it on). `watchdog`: this
+    process's member's (for the metrics endpoint; the other members log their stalls). With `engine.kind`
     "spark" it runs as a Spark streaming query (`consumer.spark.engine.run`), stopped the same way.
+
+    With `until_idle`, the totals' `unassigned_s` says the run went idle with no member holding a partition.
     """
     with StopRequest.on_signals() as stop:
         if config.engine.kind == "spark":
@@ -85,12 +104,17 @@ def run(
 
             return engine.run(config, until_idle=until_idle, on_cycle=on_cycle, stop=stop)
         if config.parallelism.processes == 1:
-            return _run_member(config, until_idle, on_cycle, stop, pause_gc)
-        return _run_group(config, until_idle, on_cycle, stop, pause_gc)
+            return _run_member(config, until_idle, on_cycle, stop, pause_gc, watchdog)
+        return _run_group(config, until_idle, on_cycle, stop, pause_gc, watchdog)
 
 
 def _run_group(
-    config: RunConfig, until_idle: float | None, on_cycle: Any, stop: StopRequest, pause_gc: bool
+    config: RunConfig,
+    until_idle: float | None,
+    on_cycle: Any,
+    stop: StopRequest,
+    pause_gc: bool,
+    watchdog: Watchdog | None,
 ) -> PipelineStats:
     member = msgspec.structs.replace(
         config,
@@ -104,11 +128,10 @@ def _run_group(
         if on_cycle:
             on_cycle(pipeline)
 
+    own = msgspec.structs.replace(member, metrics=config.metrics)
     stopped = False
     try:
-        stats = _run_member(
-            msgspec.structs.replace(member, metrics=config.metrics), until_idle, cycle, stop, pause_gc
-        )
+        stats = _run_member(own, until_idle, cycle, stop, pause_gc, watchdog)
         stopped = True
     finally:
         totals = others.stop(interrupt=not stopped or stop.requested)
@@ -118,10 +141,15 @@ def _run_group(
 
 
 def _run_member(
-    config: RunConfig, until_idle: float | None, on_cycle: Any, stop: StopRequest, pause_gc: bool
+    config: RunConfig,
+    until_idle: float | None,
+    on_cycle: Any,
+    stop: StopRequest,
+    pause_gc: bool,
+    watchdog: Watchdog | None = None,
 ) -> PipelineStats:
     """One member's pipeline, until idle or `stop`."""
-    pipeline = build_pipeline(config, pause_gc=pause_gc)
+    pipeline = build_pipeline(config, pause_gc=pause_gc, watchdog=watchdog)
     source = build_source(config, pipeline)
     try:
         return pipeline.run(source, until_idle=until_idle, on_cycle=on_cycle, stop=stop)
@@ -139,3 +167,9 @@ def run_member(config: RunConfig, until_idle: float | None, pause_gc: bool, aske
     except Exception as exc:  # any failure of a member fails the command, with its reason
         reports.put((member.name, MemberFailed(f"{member.name}: {type(exc).__name__}: {exc}")))
         raise SystemExit(1) from exc
+
+
+def describe_consumer_group(config: RunConfig) -> GroupDescription:
+    """The configured group as its Kafka source's brokers describe it."""
+    servers, _ = kafka_source_parts(config.source.url)
+    return describe_group(servers, config.source.group, config.source.kafka)

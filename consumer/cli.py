@@ -54,6 +54,7 @@ from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.errors import SourceAuthenticationError, SourceUnreachableError
 from consumer.sources.kafka import capture_topic
 from consumer.testing.extra import MissingExtraError
+from consumer.watchdog import Watchdog
 
 T = TypeVar("T")
 
@@ -62,6 +63,8 @@ EXIT_BAD_INPUT = 2  # stopped on a ConsumerError: a bad record under policy "fai
 EXIT_SCHEMA_MISSING = 3  # `decode`: DMLs whose schema never came
 EXIT_UNAPPLIED = 3  # `run --until-idle`: went idle with rows still waiting (for a WATERMARK or a schema)
 EXIT_SOURCE_UNAVAILABLE = 4  # the brokers refused this client, or none could be reached
+# `run --until-idle`: went idle with no partition held by any of its members (never assigned, or lost)
+EXIT_UNASSIGNED = 5
 EXIT_NO_LAKEHOUSE = 2  # `status`: the root holds no lakehouse (or another ConsumerError, e.g. no such topic)
 EXIT_BEHIND = 3  # `status --max-lag-s S`: the consistent point is older than S seconds (or unknown)
 EXIT_UNRESOLVED = 3  # `dead-letters replay`: letters failed again (they keep their letter, with the reason)
@@ -355,9 +358,10 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    reporter = ProgressReporter(metrics_port=config.metrics.port)
+    watchdog = Watchdog(config.watchdog.stall_after_s)
+    reporter = ProgressReporter(metrics_port=config.metrics.port, watchdog=watchdog)
     try:
-        stats = app.run(config, until_idle=until_idle, on_cycle=reporter, pause_gc=True)
+        stats = app.run(config, until_idle=until_idle, on_cycle=reporter, pause_gc=True, watchdog=watchdog)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     except (SourceAuthenticationError, SourceUnreachableError) as exc:
@@ -371,6 +375,17 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
         sys.exit(EXIT_INTERRUPTED)
     finally:
         reporter.close()
+    _report_totals(stats)
+    if stats.unapplied:
+        _report_unapplied(stats)
+        if not stats.stopped_on_request:
+            sys.exit(EXIT_UNAPPLIED)
+    if stats.unassigned_s is not None and not stats.stopped_on_request:
+        _report_unassigned(config, stats.unassigned_s)
+        sys.exit(EXIT_UNASSIGNED)
+
+
+def _report_totals(stats: PipelineStats) -> None:
     click.echo(
         f"{stats.records} records, {stats.rows} changelog rows, {stats.ddls} DDLs, "
         f"{stats.dead_letters} dead letters"
@@ -396,11 +411,16 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
             f"{metrics['num_target_rows_updated'] + metrics['num_target_rows_inserted']} upserted and "
             f"{metrics['num_target_rows_deleted']} deleted"
         )
+    if stats.stalls:
+        waits = ", ".join(f"{operation} {seconds:.1f} s" for operation, seconds in stats.stalls.items())
+        click.echo(f"stalls (longest wait of each operation that stalled): {waits}", err=True)
 
-    if stats.unapplied:
-        _report_unapplied(stats)
-        if not stats.stopped_on_request:
-            sys.exit(EXIT_UNAPPLIED)
+
+def _report_unassigned(config: RunConfig, seconds: float) -> None:
+    """Idle without a partition proves nothing applied: say so, and who holds the group's partitions."""
+    group = config.source.group
+    click.echo(f"no partitions assigned to group {group} within {seconds:.0f} seconds", err=True)
+    click.echo(app.describe_consumer_group(config).summary(), err=True)
 
 
 def _report_unapplied(stats: PipelineStats) -> None:

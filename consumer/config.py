@@ -23,6 +23,7 @@ from consumer.large_messages.storage import parse_location
 from consumer.large_messages.upstream import connection_options
 from consumer.protocol.limits import DecodeLimits
 from consumer.protocol.protocols import resolves_by_watermark
+from consumer.watchdog import DEFAULT_STALL_AFTER_S
 
 ENV_PREFIX = "TICDC_CONSUMER_"
 # Value decoding is most of a record's CPU: a lone process on a multi-core machine decodes in worker
@@ -38,6 +39,7 @@ class SourceConfig(msgspec.Struct, forbid_unknown_fields=True):
     unreachable_timeout_s: float = 60.0  # every broker unreachable this long, once connected: `run` fails
     retries: int = 5  # a transient error (a timeout, the group rebalancing) is retried this often...
     retry_backoff_s: float = 0.5  # ...after this long, doubling each time (at most 10 s)
+    join_grace_s: float = 30.0  # `--until-idle`: a member holding no partition waits this much longer
 
 
 _LIMITS = DecodeLimits()
@@ -125,6 +127,12 @@ class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
     port: int = 0  # 0: no Prometheus endpoint
 
 
+class WatchdogConfig(msgspec.Struct, forbid_unknown_fields=True):
+    # a sink write or commit, a dead-letter write, a claim-check fetch in progress this long is a stall:
+    # logged every as often while it lasts, and shown by the ticdc_stall_seconds gauge
+    stall_after_s: float = DEFAULT_STALL_AFTER_S
+
+
 class LargeMessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
     """Key-only DMLs (spec §7). A claim-check is read only under `claim_check_roots` (URIs: file:///DIR,
     s3://BUCKET/PREFIX, gs://..., abfss://...; pyarrow.fs options may follow a `?`); none: all refused.
@@ -154,6 +162,7 @@ class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
     parallelism: ParallelismConfig = msgspec.field(default_factory=ParallelismConfig)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
+    watchdog: WatchdogConfig = msgspec.field(default_factory=WatchdogConfig)
     large_messages: LargeMessagesConfig = msgspec.field(default_factory=LargeMessagesConfig)
     integrity: IntegrityConfig = msgspec.field(default_factory=IntegrityConfig)
 
@@ -240,8 +249,10 @@ def _check_urls(config: RunConfig) -> None:
         raise ConfigError(
             "decode limits (max_decompressed_bytes, max_nesting_depth, max_value_bytes) must be >= 1"
         )
-    if config.source.retries < 0 or config.source.retry_backoff_s < 0:
-        raise ConfigError("source.retries and source.retry_backoff_s must be >= 0")
+    if config.source.retries < 0 or config.source.retry_backoff_s < 0 or config.source.join_grace_s < 0:
+        raise ConfigError("source.retries, source.retry_backoff_s and source.join_grace_s must be >= 0")
+    if not config.watchdog.stall_after_s > 0:
+        raise ConfigError("watchdog.stall_after_s must be positive")
     if not limits.max_commit_ts_ahead_s > 0:
         raise ConfigError("decode.max_commit_ts_ahead_s must be positive")
     processes = config.parallelism.processes
@@ -294,6 +305,8 @@ def _check_spark(config: RunConfig) -> None:
             "engine.kind = spark retries a failed task itself (spark.task.maxFailures): "
             "source.retries and source.retry_backoff_s are the loop engine's"
         )
+    if source.join_grace_s != defaults.join_grace_s:
+        raise ConfigError("engine.kind = spark joins no consumer group: source.join_grace_s is the loop's")
     root = config.sink.url.partition(":")[2]
     if not config.engine.checkpoint and "://" in root and not root.startswith("file://"):
         raise ConfigError(f"sink {config.sink.url!r} is not a local directory: set engine.checkpoint")

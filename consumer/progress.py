@@ -1,5 +1,6 @@
 """What a running consumer shows: a live table on a terminal, structured log lines otherwise, and an
-optional Prometheus endpoint. Called once per pipeline cycle; throttled to about once a second."""
+optional Prometheus endpoint. Called once per pipeline cycle; throttled to about once a second. Stalls are
+read from the watchdog when scraped: a cycle blocked in a sink write calls nothing."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from consumer.protocol.model import TSO_PHYSICAL_SHIFT
+from consumer.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from consumer.pipeline import Pipeline
@@ -38,9 +43,37 @@ def watermark_lag_seconds(watermark: int | None, now: float | None = None) -> fl
     return max(0.0, (now or time.time()) - (watermark >> TSO_PHYSICAL_SHIFT) / 1000)
 
 
+class _Stalls(Collector):
+    """The watchdog's stalls as gauges, as they are when scraped."""
+
+    def __init__(self, watchdog: Watchdog) -> None:
+        self.watchdog = watchdog
+
+    def collect(self) -> Iterable[Metric]:
+        longest: dict[str, float] = {}
+        for stall in self.watchdog.stalls():  # longest first: one sample per operation, its longest
+            longest.setdefault(stall.operation, stall.seconds)
+        overall = GaugeMetricFamily(
+            "ticdc_stall_seconds",
+            "How long the longest sink or store operation in progress past watchdog.stall_after_s has "
+            "waited (0: none)",
+            value=max(longest.values(), default=0.0),
+        )
+        each = GaugeMetricFamily(
+            "ticdc_stalled_operation_seconds",
+            "Each stalled operation (e.g. DeltaSink.write db.table) and how long it has waited",
+            labels=["operation"],
+        )
+        for operation, seconds in longest.items():
+            each.add_metric([operation], seconds)
+        return [overall, each]
+
+
 class _Metrics:
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, watchdog: Watchdog | None) -> None:
         self.registry = CollectorRegistry()
+        if watchdog is not None:
+            self.registry.register(_Stalls(watchdog))
         self.rows = Counter("ticdc_rows", "Changelog rows written", ["table"], registry=self.registry)
         self.records = Counter("ticdc_records", "Kafka records consumed", registry=self.registry)
         self.dead_letters = Counter(
@@ -86,12 +119,20 @@ class _Metrics:
 
 
 class ProgressReporter:
-    """Pass as `on_cycle`; call `close()` when the run ends."""
+    """Pass as `on_cycle`; call `close()` when the run ends. `watchdog`: the pipeline's, whose stalls the
+    metrics endpoint shows."""
 
-    def __init__(self, *, interactive: bool | None = None, metrics_port: int = 0, every: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        interactive: bool | None = None,
+        metrics_port: int = 0,
+        every: float = 1.0,
+        watchdog: Watchdog | None = None,
+    ) -> None:
         self.interactive = sys.stderr.isatty() if interactive is None else interactive
         self.every = every
-        self.metrics = _Metrics(metrics_port) if metrics_port else None
+        self.metrics = _Metrics(metrics_port, watchdog) if metrics_port else None
         self._live = Live(console=Console(stderr=True), auto_refresh=False) if self.interactive else None
         if self._live:
             self._live.start()

@@ -42,6 +42,7 @@ NON_DEFAULT: dict[Field, Any] = {
     ("source", "unreachable_timeout_s"): 7.5,
     ("source", "retries"): 9,
     ("source", "retry_backoff_s"): 2.0,
+    ("source", "join_grace_s"): 4.0,
     ("decode", "protocol"): "debezium",
     ("decode", "encoding"): "avro",
     ("decode", "compression"): "lz4",
@@ -74,6 +75,7 @@ NON_DEFAULT: dict[Field, Any] = {
     ("engine", "checkpoint"): "{tmp}/checkpoints",
     ("engine", "trigger_seconds"): 5.0,
     ("metrics", "port"): 9123,
+    ("watchdog", "stall_after_s"): 2.5,
     ("large_messages", "claim_check_roots"): ["file:///claims"],
     ("large_messages", "claim_check_root_override"): "file:///moved",
     ("large_messages", "claim_check_raw_value"): True,
@@ -162,6 +164,7 @@ HONOURED: dict[Field, Callable[[Built], Any]] = {
     ("large_messages", "fetch_retries"): lambda b: b.pipeline.large_messages.store.retries,
     ("large_messages", "upstream_dsn"): _builder("build_large_messages", "large_messages", "upstream_dsn"),
     ("integrity", "verify_checksums"): _policy("verify_checksums"),
+    ("watchdog", "stall_after_s"): lambda b: b.pipeline.watchdog.after,
 }
 EXPECTED: dict[Field, Any] = {  # where what the engine built reads differently from the TOML value
     ("source", "url"): ("127.0.0.1:9", ["orders", "payments"]),
@@ -170,12 +173,14 @@ EXPECTED: dict[Field, Any] = {  # where what the engine built reads differently 
 LOOP_ONLY: dict[Field, str] = {  # the Spark engine refuses these; the loop engine's `HONOURED` reads them
     ("source", "retries"): "retries a failed task itself",
     ("source", "retry_backoff_s"): "retries a failed task itself",
+    ("source", "join_grace_s"): "joins no consumer group",
     ("parallelism", "processes"): "executors scale it",
     ("parallelism", "decode_workers"): "decodes in its executors",
 }
 LOOP_ONLY_READS: dict[Field, Callable[[Built], Any]] = {
     ("source", "retries"): lambda b: b.pipeline.source_retry.attempts,
     ("source", "retry_backoff_s"): lambda b: b.pipeline.source_retry.backoff,
+    ("source", "join_grace_s"): lambda b: b.pipeline.join_grace,
     ("parallelism", "decode_workers"): lambda b: b.pipeline._writer._pool._executor._max_workers,
 }
 SPARK_ONLY: dict[Field, str] = {  # the loop engine refuses these

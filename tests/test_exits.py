@@ -1,6 +1,7 @@
 """Honest exits (issue 10): a refused authentication or an unreachable broker ends `run` with exit 4; SIGTERM
 is a clean stop (apply what is resolved, commit, exit 0); and after SIGTERM or SIGKILL, with decode workers
-or `--processes 2`, no process the command started is left."""
+or `--processes 2`, no process the command started is left. Issue 25: `run --until-idle` going idle without
+a partition (never assigned, or lost) exits 5, naming the group, unless another of its members held one."""
 
 from __future__ import annotations
 
@@ -10,27 +11,31 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from lakehouse_checks import changelog_rows
 
-from consumer.cli import EXIT_SOURCE_UNAVAILABLE
+from consumer.cli import EXIT_SOURCE_UNAVAILABLE, EXIT_UNASSIGNED
 from consumer.config import load_config
 from consumer.configured import build_dead_letters
 from consumer.errors import DeadLetter, RecordLocation, SinkError
 from consumer.kafka_config import REDACTED
+from consumer.pipeline import Pipeline, PipelineStats
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML, DMLType
-from consumer.simulate.output import produce_to_kafka, write_capture_file
+from consumer.simulate.output import encoded, produce_to_kafka, write_capture_file
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.dead_letter import DeadLetterTopic
+from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterTopic
 from consumer.sources.errors import SourceUnreachableError
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
+from consumer.sources.record import SourceRecord
+from consumer.state.machine import ConsumerState
 from consumer.stopping import StopRequest
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.processes import command_line, descendants, wait_gone
@@ -297,3 +302,168 @@ def test_the_first_stop_signal_asks_the_second_interrupts_and_handlers_are_resto
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(10)  # a deadline, not a wait: the handler's KeyboardInterrupt interrupts the sleep
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+# -- idle without a partition ------------------------------------------------------------------------------
+GRACE = {"TICDC_CONSUMER_SOURCE_JOIN_GRACE_S": "2"}
+
+
+@pytest.fixture
+def holder(kafka_broker: EmbeddedBroker) -> Iterator[Callable[[str, str], None]]:
+    """`holder(topic, group)`: a member of `group` that holds `topic`'s partition while the test lasts. It
+    joins first, and its member id sorts before a `run`'s (client.id "a-holder" < "rdkafka"), so the range
+    assignor leaves it the partition at every rebalance: what a member killed before its assignment (tansu)
+    or a stranger sharing the group id does to a later `run`."""
+    stop = threading.Event()
+    pollers: list[threading.Thread] = []
+
+    def hold(topic: str, group: str) -> None:
+        settings = {"bootstrap.servers": kafka_broker.bootstrap_servers, "group.id": group}
+        consumer = Consumer({**settings, "client.id": "a-holder", **FAST_KAFKA})
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(0.1)
+        assert consumer.assignment(), "the holder got no partition"
+
+        def poll() -> None:
+            while not stop.is_set():
+                consumer.poll(0.1)
+            consumer.close()
+
+        pollers.append(threading.Thread(target=poll))
+        pollers[-1].start()
+
+    yield hold
+    stop.set()
+    for poller in pollers:
+        poller.join(30)
+
+
+def test_a_run_never_assigned_exits_5_naming_the_group(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, holder: Callable[[str, str], None], tmp_path: Path
+) -> None:
+    topic = kafka_topic(1)
+    group = f"{topic}.g"
+    holder(topic, group)
+    log = tmp_path / "run.log"
+    source = f"kafka://{kafka_broker.bootstrap_servers}/{topic}"
+    started = time.monotonic()
+    process = _start(
+        "--source", source, "--group", group, "--sink", f"delta:{tmp_path / 'lake'}", "--until-idle", "1",
+        env={**FAST_GROUP, **GRACE}, log=log,
+    )  # fmt: skip
+    assert process.wait(120) == EXIT_UNASSIGNED, log.read_text()[-3000:]
+    took = time.monotonic() - started
+    output = log.read_text()
+    said = re.search(
+        rf"^no partitions assigned to group {re.escape(group)} within (\d+) seconds$", output, re.M
+    )
+    assert said is not None, output[-3000:]
+    assert 1 + 2 <= int(said.group(1)) <= took  # until idle, then the grace
+    # tansu describes the group without its members (STABLE, or UNKNOWN once the `run` left)
+    unknown = rf"members unknown \(the broker reports group {re.escape(group)} [A-Z_]+ but lists no member\)"
+    assert re.search(unknown, output), output[-3000:]
+    assert f"went idle holding no partition of group {group} for " in output
+    assert "0 records, 0 changelog rows" in output
+
+
+def _produce_until(servers: str, topic: str, workload: Workload, done: Callable[[], bool]) -> None:
+    """`workload`'s stream, a record every 20 ms (so its reader never goes idle) until `done()`, then the
+    rest at once."""
+    producer = Producer({"bootstrap.servers": servers})
+    for record, (key, value) in encoded(workload, MessageEncoder("json")):
+        producer.produce(topic, value=value, key=key, partition=record.partition)
+        if not done():
+            producer.flush()
+            time.sleep(0.02)
+    producer.flush()
+
+
+def test_a_member_of_a_group_with_fewer_partitions_than_members_holding_none_exits_0(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """`--processes 2` on one partition: one member rightly holds nothing, and goes idle (saying so) while
+    the other is busy; the command exits 0 once the other applied every row."""
+    topic = kafka_topic(1)
+    config = WorkloadConfig(rows=3000, tables=2, partitions=1, seed=5, ddl=False)
+    root, log = tmp_path / "lake", tmp_path / "run.log"
+    process = _start(
+        "--source", f"kafka://{kafka_broker.bootstrap_servers}/{topic}", "--group", f"{topic}.g",
+        "--processes", "2", "--sink", f"delta:{root}", "--until-idle", "1", env={**FAST_GROUP, **GRACE},
+        log=log,
+    )  # fmt: skip
+    said = f"went idle holding no partition of group {topic}.g for "
+    _produce_until(kafka_broker.bootstrap_servers, topic, Workload(config), lambda: said in log.read_text())
+    assert process.wait(180) == 0, log.read_text()[-3000:]
+    output = log.read_text()
+    assert output.count(said) == 1, output[-3000:]
+    assert "no partitions assigned" not in output
+    dmls = [r.message for r in Workload(config).records() if isinstance(r.message, DML)]  # the same
+    assert _changelog_rows(root) == sum(2 if dml.type is DMLType.UPDATE else 1 for dml in dmls)
+
+
+class _LosingSource:
+    """No records; the partition is held for the first `held_polls` polls, then lost for good. A poll waits
+    its timeout, as a broker's with nothing to deliver does."""
+
+    def __init__(self, held_polls: int) -> None:
+        self.polls, self.held_polls = 0, held_polls
+
+    def poll_batch(self, max_records: int, timeout: float) -> list[SourceRecord]:
+        self.polls += 1
+        time.sleep(timeout)
+        return []
+
+    def assignment(self) -> set[tuple[str, int]]:
+        return {("cdc", 0)} if self.polls <= self.held_polls else set()
+
+    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        raise AssertionError("nothing to commit")
+
+    def committed(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        return {}
+
+    def pause(self, partitions: Iterable[tuple[str, int]]) -> None:
+        pass
+
+    def resume(self, partitions: Iterable[tuple[str, int]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("held_polls", [0, 4, 10_000], ids=["never", "lost", "kept"])
+def test_a_member_idle_without_a_partition_says_for_how_long(tmp_path: Path, held_polls: int) -> None:
+    pipeline = Pipeline(
+        group="g",
+        state=ConsumerState(),
+        sinks=[],
+        dead_letters=DeadLetterFile(tmp_path / "letters.jsonl"),
+        poll_timeout=0.05,
+        join_grace=0.5,
+    )
+    source = _LosingSource(held_polls)
+    started = time.monotonic()
+    stats = pipeline.run(source, until_idle=0.3)
+    took = time.monotonic() - started
+    pipeline.close()
+    if held_polls > source.polls:
+        assert stats.unassigned_s is None
+        assert took < 0.3 + 0.5  # held: no grace
+        return
+    # idle counts from the start; without a partition, the grace comes on top
+    assert took >= 0.3 + 0.5
+    assert stats.unassigned_s is not None
+    if held_polls:  # since it lost the partition (it held it for 4 polls of 0.05 s)
+        assert 0.3 <= stats.unassigned_s <= took - 4 * 0.05
+    else:  # the whole run but the first poll
+        assert took - 0.2 <= stats.unassigned_s <= took
+
+
+def test_a_group_went_idle_unassigned_only_if_every_member_did() -> None:
+    held, three, five = PipelineStats(), PipelineStats(unassigned_s=3.0), PipelineStats(unassigned_s=5.0)
+    assert held.combined(three).unassigned_s is None
+    assert three.combined(held).unassigned_s is None
+    assert five.combined(three).unassigned_s == 3.0  # the group was without partitions this long

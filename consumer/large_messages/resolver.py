@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 
 from consumer.errors import ConsumerError, HandleKeyOnlyError, LargeMessageUnavailableError
@@ -19,6 +20,7 @@ from consumer.large_messages.storage import ClaimCheckStore
 from consumer.large_messages.upstream import UpstreamLookup
 from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import KeyOnlyDML, RawDML, TableSchema
+from consumer.watchdog import Watchdog
 
 DEFAULT_CONCURRENCY = 16
 SchemaLookup = Callable[[KeyOnlyDML], TableSchema | None]
@@ -28,7 +30,7 @@ Resolved = RawDML | ConsumerError
 class LargeMessageResolver:
     """`store` reads claim-checks (no roots: every claim-check is refused); `upstream`, when given, looks
     handle-key-only rows up, typed by the schema `schemas` finds for them (a `Pipeline` sets it to its
-    state's schema cache)."""
+    state's schema cache); `watchdog` tells of a fetch or a lookup that hangs (a `Pipeline` sets its own)."""
 
     def __init__(
         self,
@@ -39,6 +41,7 @@ class LargeMessageResolver:
         upstream: UpstreamLookup | None = None,
         schemas: SchemaLookup | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.decoder = decoder
         self.store = store
@@ -46,6 +49,7 @@ class LargeMessageResolver:
         self.upstream = upstream
         self.schemas = schemas
         self.concurrency = concurrency
+        self.watchdog = watchdog
         self._pool: ThreadPoolExecutor | None = None
 
     def resolve(self, messages: Sequence[KeyOnlyDML]) -> list[Resolved]:
@@ -81,7 +85,8 @@ class LargeMessageResolver:
         return self._pool
 
     def _claim_check(self, message: KeyOnlyDML) -> RawDML:
-        stored = self.store.read(message.claim_check_location)
+        with self._watching(f"claim-check fetch {message.claim_check_location}"):
+            stored = self.store.read(message.claim_check_location)
         return full_message(stored, message, self.decoder, self.raw_value)
 
     def _looked_up(self, message: KeyOnlyDML) -> RawDML:
@@ -96,7 +101,11 @@ class LargeMessageResolver:
                 f"handle-key-only row of {row.database}.{row.table} arrived before its schema (version "
                 f"{row.schema_version}): the upstream row cannot be typed"
             )
-        return self.upstream.resolve(message, schema)
+        with self._watching(f"upstream lookup of a {row.database}.{row.table} row"):
+            return self.upstream.resolve(message, schema)
+
+    def _watching(self, operation: str) -> AbstractContextManager[None]:
+        return self.watchdog.watching(operation) if self.watchdog else nullcontext()
 
 
 def _outcome(produce: Callable[[], RawDML]) -> Resolved:

@@ -31,6 +31,7 @@ from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.sources.retry import SourceRetry
 from consumer.state.machine import ConsumerState
 from consumer.stopping import StopRequest
+from consumer.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 # Buffered rows are many small objects living about a cycle: the collector's automatic passes re-scan them
@@ -62,6 +63,10 @@ class Pipeline(RebalanceListener):
     `source_retry`: how often, and how patiently, a transient source error is retried before the run stops
     on it (a permanent one stops it at once).
 
+    `join_grace`: how much longer than `until_idle` a member holding no partition waits for some.
+
+    `watchdog`: what tells of a sink, the dead-letter destination or the claim-check storage hanging.
+
     `pause_gc`: while `run` runs, turn the garbage collector's automatic passes off for the whole process
     and collect every GC_EVERY_SECONDS instead (buffered rows are many short-lived objects the automatic
     passes re-scan over and over). Process-wide state, so off by default; the `run` command turns it on.
@@ -84,8 +89,12 @@ class Pipeline(RebalanceListener):
         pause_gc: bool = False,
         row_decoder: RowDecoder = table_changes,
         apply_seconds: float = APPLY_SECONDS,
+        join_grace: float = JOIN_GRACE_SECONDS,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.group = group
+        self.join_grace = join_grace
+        self.watchdog = watchdog or Watchdog()
         self.apply_seconds = apply_seconds
         self.source_retry = source_retry or SourceRetry()
         self.pause_gc = pause_gc
@@ -100,6 +109,7 @@ class Pipeline(RebalanceListener):
         self.poll_timeout = poll_timeout
         self.stats = PipelineStats()
         self.decode_stats = DecodeStats()  # values the policy nulled, images verified (any thread adds)
+        self.large_messages.watchdog = self.watchdog
         self._intake = RecordIntake(state=state, decoder=self.decoder, large_messages=self.large_messages)
         self._writer = SinkWriter(
             state=state,
@@ -114,8 +124,11 @@ class Pipeline(RebalanceListener):
             count=self._count,
             max_batch_records=max_batch_records,
             decode_workers=decode_workers,
+            watchdog=self.watchdog,
         )
-        self._progress = RecordedProgress(group=group, state=state, sinks=self.sinks, writer=self._writer)
+        self._progress = RecordedProgress(
+            group=group, state=state, sinks=self.sinks, writer=self._writer, watchdog=self.watchdog
+        )
         self._opened = False
         self._source: Source | None = None
         self._resume: dict[TopicPartition, int] = {}  # the offsets of the last Kafka commit
@@ -124,6 +137,7 @@ class Pipeline(RebalanceListener):
         self._carried: dict[TopicPartition, tuple[int, int]] = {}
         self._paused: set[TopicPartition] = set()
         self._idle = 0.0  # seconds spent waiting in polls since the last change record
+        self._unassigned_since: float | None = None  # holding no partition since (with `until_idle`)
         self._changed = False  # a change record arrived in the current cycle
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -143,10 +157,12 @@ class Pipeline(RebalanceListener):
     ) -> PipelineStats:
         """Consume until `stop` is requested or, with `until_idle`, until no change record arrived for that
         many seconds (TiCDC keeps broadcasting WATERMARKs while the upstream is idle: those don't count);
-        everything resolved by then is applied and committed. The totals say what was left unapplied."""
+        everything resolved by then is applied and committed. The totals say what was left unapplied, and
+        whether the run went idle holding no partition (`unassigned_s`)."""
         self.open()
         self._source = source
         self._idle = 0.0
+        self._unassigned_since = None
         paused = self.pause_gc and gc.isenabled()
         if paused:
             gc.disable()
@@ -168,6 +184,7 @@ class Pipeline(RebalanceListener):
                     self.stats.stopped_on_request = True
                     break
                 if until_idle is not None and self._idle_for(source) >= until_idle:
+                    self._went_idle()
                     break
                 if paused and polled - collected > GC_EVERY_SECONDS:
                     gc.collect()
@@ -176,7 +193,7 @@ class Pipeline(RebalanceListener):
             try:
                 self._flush_and_commit(final=True)
             finally:
-                self._count_integrity_and_fetches()
+                self._count_kept_totals()
                 if paused:
                     gc.enable()
         self.stats.unapplied = self.state.unapplied()
@@ -201,8 +218,25 @@ class Pipeline(RebalanceListener):
         """Seconds spent waiting for records without a change record arriving: time spent writing is not
         idleness (records may have queued meanwhile). While joining a group (no partitions yet) a grace
         period first applies, so a slow join is not mistaken for an idle topic, but a member never assigned
-        still stops."""
-        return self._idle if source.assignment() else self._idle - JOIN_GRACE_SECONDS
+        still stops (and says so: `unassigned_s`)."""
+        if source.assignment():
+            self._unassigned_since = None
+            return self._idle
+        if self._unassigned_since is None:
+            self._unassigned_since = time.monotonic()
+        return self._idle - self.join_grace
+
+    def _went_idle(self) -> None:
+        """Say if this member went idle holding no partition: whether that fails the command is for the
+        command to judge (with fewer partitions than members, some rightly hold none)."""
+        if self._unassigned_since is None:
+            return
+        self.stats.unassigned_s = time.monotonic() - self._unassigned_since
+        log.warning(
+            "went idle holding no partition of group %s for %.0f s (never assigned, or lost them)",
+            self.group,
+            self.stats.unassigned_s,
+        )
 
     # -- cycles ----------------------------------------------------------------------------------------
     def step(self, records: Sequence[SourceRecord]) -> None:
@@ -232,7 +266,7 @@ class Pipeline(RebalanceListener):
         self._progress.refresh_schemas_if_due()
         self._flush_and_commit(drain=not self._writer.concurrent, until=until)
         self._backpressure()
-        self._count_integrity_and_fetches()
+        self._count_kept_totals()
 
     # -- rebalance listener ----------------------------------------------------------------------------
     def on_assign(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int] | None:
@@ -354,8 +388,9 @@ class Pipeline(RebalanceListener):
         self._paused = set(wanted)
 
     # -- totals the stages keep themselves -------------------------------------------------------------
-    def _count_integrity_and_fetches(self) -> None:
+    def _count_kept_totals(self) -> None:
         """Totals the stages keep themselves (decode workers report theirs through `decode_stats`)."""
+        self.stats.stalls = self.watchdog.longest()
         storage = self.large_messages.store.stats
         self.stats.verified_images = self.decode_stats.verified
         self.stats.claim_check_fetches = storage.fetches

@@ -22,6 +22,7 @@ from consumer.sinks.base import CommitContext, ProgressRecorder, Sink
 from consumer.sources.record import TopicPartition
 from consumer.state.machine import ConsumerState
 from consumer.state.schema_cache import snapshot_schemas
+from consumer.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 SCHEMA_REFRESH_SECONDS = 5.0  # while rows wait for a schema, look for it in the sinks' records this often
@@ -85,9 +86,16 @@ class RecordedProgress:
     a record holding that schema is durable (`commit_ceiling`)."""
 
     def __init__(
-        self, *, group: str, state: ConsumerState, sinks: Sequence[Sink], writer: SinkWriter
+        self,
+        *,
+        group: str,
+        state: ConsumerState,
+        sinks: Sequence[Sink],
+        writer: SinkWriter,
+        watchdog: Watchdog,
     ) -> None:
         self.group = group
+        self.watchdog = watchdog
         self.state = state
         self.sinks = sinks
         self.writer = writer
@@ -218,7 +226,8 @@ class RecordedProgress:
         if self.writer.failed:
             return False
         for sink in self._recorders:
-            sink.record_progress(context)
+            with self.watchdog.watching(f"{type(sink).__name__}.record_progress"):
+                sink.record_progress(context)
         return True
 
     def _collect(self, *, wait: bool = False) -> None:

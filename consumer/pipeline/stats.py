@@ -39,9 +39,12 @@ class PipelineStats:
     upstream_lookups: int = 0
     rows_by_table: dict[str, int] = field(default_factory=dict)
     sink_metrics: dict[str, int] = field(default_factory=dict)  # the sinks' operation counters, summed
+    stalls: dict[str, float] = field(default_factory=dict)  # per operation that stalled, its longest wait
     started: float = field(default_factory=time.monotonic)
     stopped_on_request: bool = False  # Ctrl-C, SIGTERM...: not idle, not at the end of its input
     unapplied: list[Unapplied] = field(default_factory=list)  # per partition, when the run ended
+    # went idle (`until_idle`) holding no partition, for this many seconds: never assigned, or lost them
+    unassigned_s: float | None = None
 
     def add(self, tally: UnitTally) -> None:
         for table, rows in tally.rows_by_table.items():
@@ -52,13 +55,17 @@ class PipelineStats:
         self.integrity_failures += tally.integrity_failures
 
     def combined(self, other: PipelineStats) -> PipelineStats:
-        """The totals of two members of one group (the earlier start)."""
+        """The totals of two members of one group (the earlier start); they went idle unassigned only if
+        both did (with fewer partitions than members, some rightly hold none)."""
         tables = dict(self.rows_by_table)
         for table, rows in other.rows_by_table.items():
             tables[table] = tables.get(table, 0) + rows
         metrics = dict(self.sink_metrics)
         for name, value in other.sink_metrics.items():
             metrics[name] = metrics.get(name, 0) + value
+        stalls = dict(self.stalls)
+        for operation, seconds in other.stalls.items():
+            stalls[operation] = max(seconds, stalls.get(operation, 0.0))
         return PipelineStats(
             records=self.records + other.records,
             rows=self.rows + other.rows,
@@ -74,7 +81,14 @@ class PipelineStats:
             upstream_lookups=self.upstream_lookups + other.upstream_lookups,
             rows_by_table=tables,
             sink_metrics=metrics,
+            stalls=stalls,
             started=min(self.started, other.started),
             stopped_on_request=self.stopped_on_request or other.stopped_on_request,
             unapplied=[*self.unapplied, *other.unapplied],
+            unassigned_s=_unassigned(self.unassigned_s, other.unassigned_s),
         )
+
+
+def _unassigned(one: float | None, other: float | None) -> float | None:
+    """The members together held no partition only if neither did; for as long as the shorter says."""
+    return None if one is None or other is None else min(one, other)

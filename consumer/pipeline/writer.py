@@ -27,6 +27,7 @@ from consumer.sinks.base import CommitContext, DDLEvent, Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.state.machine import ConsumerState
 from consumer.state.units import DDLUnit, RowBatch, Unit
+from consumer.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -50,29 +51,40 @@ def _rows(unit: Unit) -> int:
 
 class UnitOutput:
     """One unit's way to the sinks and to the dead-letter destination, counting what it did (the thread
-    applying the unit owns it)."""
+    applying the unit owns it), each write watched by `watchdog`."""
 
-    def __init__(self, sinks: Sequence[Sink], dead_letters: DeadLetterQueue, context: CommitContext) -> None:
+    def __init__(
+        self,
+        sinks: Sequence[Sink],
+        dead_letters: DeadLetterQueue,
+        context: CommitContext,
+        watchdog: Watchdog,
+    ) -> None:
         self.tally = UnitTally()
         self._sinks = sinks
         self._dead_letters = dead_letters
         self._context = context
+        self._watchdog = watchdog
 
     def deliver(self, changes: TableChanges) -> None:
-        for sink in self._sinks:
-            sink.write(changes, self._context)
         name, tables = f"{changes.database}.{changes.table}", self.tally.rows_by_table
+        for sink in self._sinks:
+            with self._watchdog.watching(f"{type(sink).__name__}.write {name}"):
+                sink.write(changes, self._context)
         tables[name] = tables.get(name, 0) + changes.changelog.num_rows
 
     def apply_ddl(self, unit: DDLUnit) -> None:
         ddl = unit.ddl
         event = DDLEvent(ddl, ddl.database_name(), ddl.table_schema.table if ddl.table_schema else None)
         for sink in self._sinks:
-            sink.apply_ddl(event, self._context)
+            target = ".".join(name for name in (event.database, event.table) if name)
+            with self._watchdog.watching(f"{type(sink).__name__}.apply_ddl {target}"):
+                sink.apply_ddl(event, self._context)
         self.tally.ddls += 1
 
     def dead_letter(self, letter: DeadLetter) -> None:
-        self._dead_letters.write(letter)
+        with self._watchdog.watching(f"{type(self._dead_letters).__name__}.write {letter.location}"):
+            self._dead_letters.write(letter)
         self.tally.dead_letters += 1
         log.warning("dead-lettered %s: %s", letter.location, letter.reason)
 
@@ -101,8 +113,10 @@ class SinkWriter:
         count: Callable[[UnitTally], None],
         max_batch_records: int,
         decode_workers: int = 0,
+        watchdog: Watchdog,
     ) -> None:
         self.state = state
+        self.watchdog = watchdog
         self.sinks = sinks
         self.dead_letters = dead_letters
         self.decoder = decoder
@@ -220,7 +234,7 @@ class SinkWriter:
 
     def _apply(self, queued: _Queued, context: CommitContext) -> UnitTally:
         """Apply one unit to the sinks; returns what it did, for the loop's thread to add to the totals."""
-        output = UnitOutput(self.sinks, self.dead_letters, context)
+        output = UnitOutput(self.sinks, self.dead_letters, context, self.watchdog)
         unit = queued.unit
         if isinstance(unit, RowBatch):
             self._write_rows(unit, output, queued.decoding)

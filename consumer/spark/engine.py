@@ -65,6 +65,7 @@ from consumer.spark.source import TASK_SETTINGS, OffsetRange, TicdcOptions, read
 from consumer.state.schema_cache import snapshot_schemas
 from consumer.state.units import RowOrigins, SchemaKey
 from consumer.stopping import StopRequest
+from consumer.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +198,7 @@ class ChangeBatches:
         self._decoder = build_decoder(config.decode, policy)
         self._rows = _ExecutorRows()
         self._stats = PipelineStats()
+        self._watchdog = Watchdog(config.watchdog.stall_after_s)  # one for every pipeline: their stalls
         self._pipeline: Pipeline | None = None
         self._source = _SparkOffsets()
         self._next_batch: int | None = None  # the batch id the in-memory state expects next
@@ -308,6 +310,7 @@ class ChangeBatches:
             policy=self._policy,
             row_decoder=self._rows,
             large_messages=self.large_messages,
+            watchdog=self._watchdog,
         )
         pipeline.stats = self._stats
         self._source = _SparkOffsets()
