@@ -102,8 +102,10 @@ def test_a_task_types_the_rows_whose_schema_its_range_announces_and_keeps_the_re
     assert list(segment.changes) == [SCHEMA.key]
     assert segment.changes[SCHEMA.key]["_offset"].to_pylist() == [10, 12, 12, 16]  # the UPDATE twice
     decoded = list(segment.decoded(MessageDecoder()))
-    assert [location.offset for location, _, _ in decoded] == list(range(10, 17))
-    kinds = ["typed" if isinstance(m, RawDML) and not m.payload else type(m).__name__ for _, m, _ in decoded]
+    assert [location.offset for location, _, _, _ in decoded] == list(range(10, 17))
+    kinds = [
+        "typed" if isinstance(m, RawDML) and not m.payload else type(m).__name__ for _, m, _, _ in decoded
+    ]
     assert kinds == [
         "typed",
         "Bootstrap",
@@ -329,6 +331,9 @@ def test_ranges_split_for_more_tasks_still_cover_each_range_once(
     assert len(ranges) >= min(least, splittable) or all(r.end - r.start < 2 for r in ranges)
 
 
-def test_consumer_errors_of_tasks_name_the_record() -> None:
-    _, message, value = list(_segment().decoded(MessageDecoder()))[4]
-    assert isinstance(message, ConsumerError) and value == b"\x00garbage"
+def test_consumer_errors_of_tasks_name_the_record_and_keep_its_value_and_key() -> None:
+    records = _stream()
+    records[4] = msgspec.structs.replace(records[4], key=b"the key")
+    segment = Segment.from_row(_segment(records).to_row())  # through the wire form
+    _, message, value, key = list(segment.decoded(MessageDecoder()))[4]
+    assert isinstance(message, ConsumerError) and (value, key) == (b"\x00garbage", b"the key")

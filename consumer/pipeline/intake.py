@@ -15,9 +15,9 @@ from consumer.protocol.protocols import RecordDecoder
 from consumer.sources.record import SourceRecord
 from consumer.state.machine import ConsumerState
 
-DecodedRecord = tuple[RecordLocation, DecodedMessage | ConsumerError, bytes | None]
+DecodedRecord = tuple[RecordLocation, DecodedMessage | ConsumerError, bytes | None, bytes | None]
 """A record decoded before it reached the pipeline: its message, or the error decoding it met, and its value
-(kept for the dead-letter destination; its key is not: such a letter is replayed by its value alone)."""
+and key (kept for the dead-letter destination: a replay decodes them again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,16 +74,18 @@ class RecordIntake:
         """Records decoded before they reached the pipeline, in each partition's offset order."""
         decoded: Decoded = []
         values: list[bytes | None] = []
+        keys: list[bytes | None] = []
         exceptional = False
-        for location, message, value in records:
+        for location, message, value, key in records:
             if isinstance(message, ConsumerError):
-                decoded.append((location, _Failed(message, value)))
+                decoded.append((location, _Failed(message, value, key)))
                 exceptional = True
             else:
                 exceptional = exceptional or message.__class__ is KeyOnlyDML
                 decoded.append((location, message))
             values.append(value)
-        return Batch(decoded, values if exceptional else None)
+            keys.append(key)
+        return Batch(decoded, values, keys) if exceptional else Batch(decoded, None)
 
     def take(self, batch: Batch) -> bool:
         """Hand the batch to the state in one call (in runs, when some records are exceptional)."""

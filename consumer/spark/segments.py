@@ -154,14 +154,15 @@ class Segment:
             if kind is None
         ]
         messages = iter(decoder.decode_records(kept))
-        values = iter(kept)
+        originals = iter(kept)  # a dead letter keeps the record's value and key
         topic, partition = self.topic, self.partition
         for offset, _, _, kind, database, table, table_id, commit_ts, build_ts, version, encoding in zip(
             *columns, strict=True
         ):
             location = RecordLocation(topic, partition, offset)
             if kind is None:
-                yield location, next(messages), next(values).value
+                original = next(originals)
+                yield location, next(messages), original.value, original.key
                 continue
             raw = RawDML(
                 type=_DML_TYPES[kind],
@@ -174,7 +175,7 @@ class Segment:
                 payload=b"",
                 encoding=encoding,
             )
-            yield location, raw, None
+            yield location, raw, None, None
 
 
 def merged(segments: Sequence[Segment]) -> Segment:
