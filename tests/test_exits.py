@@ -274,6 +274,9 @@ def test_a_dead_letter_topic_carries_the_reason_code_header(
             "ticdc.reason": b"CompressionBombError: big",
             "ticdc.reason_code": b"compression-bomb",
             "ticdc.source": b"cdc[2]@41",
+            "ticdc.topic": b"cdc",  # the origin, field by field, for a replay
+            "ticdc.partition": b"2",
+            "ticdc.offset": b"41",
         }
         assert message.value() == b"\x04\x22"
     finally:
