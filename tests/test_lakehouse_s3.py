@@ -94,7 +94,9 @@ def test_storage_options_reach_delta_rs_and_pyarrow(s3_server: LocalS3Server, sp
 
 def test_dead_letters_on_an_object_store_are_one_object_each(s3_lake: str) -> None:
     letters = DeadLetterObjects(s3_lake + "/_dead_letters")
-    letter = DeadLetter(RecordLocation("cdc", 2, 41), "MalformedMessageError: bad", b"\xff", "consumer-error")
+    letter = DeadLetter(
+        RecordLocation("cdc", 2, 41), "MalformedMessageError: bad", b"\xff", "consumer-error", key=b"k"
+    )
     letters.write(letter)
     letters.write(letter)  # a replay rewrites its own object
     filesystem, base = LakeRoot.of(s3_lake).filesystem()
@@ -104,7 +106,7 @@ def test_dead_letters_on_an_object_store_are_one_object_each(s3_lake: str) -> No
     with filesystem.open_input_stream(written.path) as stream:
         line = (
             b'{"topic":"cdc","partition":2,"offset":41,"reason":"MalformedMessageError: bad",'
-            b'"value":"/w==","reason_code":"consumer-error"}'
+            b'"value":"/w==","reason_code":"consumer-error","key":"aw=="}'  # the key too: a replay needs it
         )
         assert stream.read() == line + b"\n"
 
