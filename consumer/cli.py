@@ -12,13 +12,15 @@ from typing import Any, TypeVar
 
 import click
 import msgspec
+from msgspec import inspect
 from rich.console import Console
 from rich.table import Table
 
 from consumer import __version__, app
-from consumer.config import ConfigError, DecodeConfig, RunConfig, load_config
+from consumer.config import DecodeConfig, RunConfig, load_config
+from consumer.config_fields import FLAGS, ConfigField, config_overrides, default_text
 from consumer.configured import build_decoder, lake_status
-from consumer.errors import ConsumerError
+from consumer.errors import ConfigError, ConsumerError
 from consumer.lakehouse.status import LakeStatus
 from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import DEFAULT_MAX_MESSAGE_BYTES, LargeMessageEncoder
@@ -69,26 +71,61 @@ EXIT_NO_LAKEHOUSE = 2  # `status`: the root holds no lakehouse (or another Consu
 EXIT_BEHIND = 3  # `status --max-lag-s S`: the consistent point is older than S seconds (or unknown)
 EXIT_UNRESOLVED = 3  # `dead-letters replay`: letters failed again (they keep their letter, with the reason)
 EXIT_INTERRUPTED = 130  # a second Ctrl-C/SIGTERM before the clean stop the first asked for finished
-_ENCODINGS = click.Choice(["auto", "json", "avro"])
-_COMPRESSIONS = click.Choice(["auto", "none", "snappy", "lz4"])
 _PROTOCOLS = click.Choice(list(PROTOCOLS))
+# --protocol and what the TiCDC Avro protocol needs: its registry and the producer's zone
+_PROTOCOL_FIELDS = (
+    "decode.protocol",
+    "decode.schema_registry",
+    "decode.schema_registry_auth",
+    "decode.timestamp_zone",
+)
+_CLICK_TYPES: dict[type[inspect.Type], click.ParamType] = {
+    inspect.StrType: click.STRING,
+    inspect.IntType: click.INT,
+    inspect.FloatType: click.FLOAT,
+}
 
 
-def _protocol_options(function: Any) -> Any:
-    """--protocol and what the TiCDC Avro protocol needs: its registry and the producer's zone."""
-    options = [
-        click.option("--protocol", type=_PROTOCOLS, help="simple (default), avro (Confluent) or debezium"),
-        click.option(
-            "--schema-registry", help="Confluent schema registry URL (avro), may hold user:password@"
-        ),
-        click.option("--schema-registry-auth", help="USER:PASSWORD for the registry (HTTP basic auth)"),
-        click.option(
-            "--timestamp-zone", help="zone of TiCDC Avro TIMESTAMP text (TiCDC's --tz), default UTC"
-        ),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
+def _config_options(*keys: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Flags for configuration fields (`section.field`; none given: every field with a flag), named and
+    described by the structs, None when not given; `config_overrides` turns the command's parameters back into
+    `load_config`'s overrides."""
+    by_key = {field.key: field for field in FLAGS.values()}
+    chosen = [by_key[key] for key in keys] if keys else list(FLAGS.values())
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        for field in reversed(chosen):
+            function = _config_option(field)(function)
+        return function
+
+    return decorate
+
+
+def _config_option(field: ConfigField) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    assert field.flag, field.key  # FLAGS holds only fields with a flag
+    default = default_text(field)
+    help_text = f"{field.help}  [default: {default}]" if default else field.help
+    if field.is_switch:
+        switch = f"{field.flag}/--no-{field.param.replace('_', '-')}"
+        return click.option(switch, field.param, default=None, help=help_text)
+    return click.option(field.flag, field.param, type=_click_type(field.type), help=help_text)
+
+
+def _click_type(kind: inspect.Type) -> click.ParamType:
+    """str, int and float as such (optional or not); literals and bools as a choice of their TOML texts."""
+    members = kind.types if isinstance(kind, inspect.UnionType) else (kind,)
+    given = [member for member in members if not isinstance(member, inspect.NoneType)]
+    if len(given) == 1 and type(given[0]) in _CLICK_TYPES:
+        return _CLICK_TYPES[type(given[0])]
+    return click.Choice([text for member in given for text in _choice_texts(member)])
+
+
+def _choice_texts(member: inspect.Type) -> tuple[str, ...]:
+    if isinstance(member, inspect.LiteralType):
+        return tuple(map(str, member.values))
+    if isinstance(member, inspect.BoolType):
+        return ("true", "false")
+    raise TypeError(f"no command-line flag for a {member}: give its field flag=False")
 
 
 @click.group()
@@ -98,17 +135,15 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--encoding", type=_ENCODINGS, default="auto", show_default=True)
-@click.option("--compression", type=_COMPRESSIONS, default="auto", show_default=True)
-@_protocol_options
+@_config_options("decode.encoding", "decode.compression", *_PROTOCOL_FIELDS)
 @click.argument(
     "paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
-def decode(encoding: str, compression: str, paths: tuple[Path, ...], **protocol: Any) -> None:
+def decode(paths: tuple[Path, ...], **flags: Any) -> None:
     """Decode raw record values (one per file, in order, as one stream) to JSON lines.
 
     Files hold record values only: an Avro key-only DELETE (a tombstone) needs `run`, which reads keys."""
-    settings = {"encoding": encoding, "compression": compression, **protocol}
+    settings = config_overrides(flags)["decode"]
     try:
         config = msgspec.convert({k: v for k, v in settings.items() if v is not None}, DecodeConfig)
         policy = ValuePolicy(timestamp_location=config.timestamp_zone)
@@ -308,53 +343,21 @@ def capture(brokers: str, topic: str, out: Path, idle_seconds: float, from_group
 
 
 @main.command("run")
-@click.option("--source", "source_url", help="kafka://HOST:PORT/TOPIC[,TOPIC...] or file:PATH.jsonl")
-@click.option("--group", help="consumer group id")
-@click.option("--sink", "sink_url", help="delta:ROOT, parquet:ROOT or jsonl:ROOT")
-@click.option("--mode", type=click.Choice(["changelog", "mirror", "both"]))
-@click.option("--encoding", type=_ENCODINGS)
-@click.option("--compression", type=_COMPRESSIONS)
-@_protocol_options
 @click.option(
-    "--ordering",
-    type=click.Choice(["auto", "watermark", "arrival"]),
-    help="rows wait for watermarks (cross-table consistency) or go out on arrival (exact per key)",
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="a TOML file of the settings below and those without a flag",
 )
 @click.option("--until-idle", type=float, help="stop cleanly once no record arrived for this many seconds")
-@click.option("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-@click.option(
-    "--processes", type=int, help="group members to run, a process each: several cores (Kafka sources)"
-)
-@click.option(
-    "--engine",
-    type=click.Choice(["loop", "spark"]),
-    help="loop (default): consume in this process; spark: as a Spark streaming query",
-)
-@click.option("--master", help="spark: the Spark master URL (default: spark-submit's, else local[2])")
-@click.option(
-    "--checkpoint", help="spark: the query's checkpoint directory (default <sink root>/_spark/<group>)"
-)
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_config_options()
 def run_command(config_path: Path | None, until_idle: float | None, **flags: Any) -> None:
-    """Consume a topic (or a capture file) into lakehouse tables."""
-    overrides = {
-        "source": {"url": flags["source_url"], "group": flags["group"]},
-        "sink": {"url": flags["sink_url"], "mode": flags["mode"]},
-        "decode": {
-            "encoding": flags["encoding"],
-            "compression": flags["compression"],
-            "protocol": flags["protocol"],
-            "schema_registry": flags["schema_registry"],
-            "schema_registry_auth": flags["schema_registry_auth"],
-            "timestamp_zone": flags["timestamp_zone"],
-            "ordering": flags["ordering"],
-        },
-        "metrics": {"port": flags["metrics_port"]},
-        "parallelism": {"processes": flags["processes"]},
-        "engine": {"kind": flags["engine"], "master": flags["master"], "checkpoint": flags["checkpoint"]},
-    }
+    """Consume a topic (or a capture file) into lakehouse tables.
+
+    Settings come from the --config file, then TICDC_CONSUMER_<SECTION>_<FIELD> environment variables,
+    then these flags (the README's Configuration table)."""
     try:
-        config = load_config(config_path, overrides=overrides)
+        config = load_config(config_path, overrides=config_overrides(flags))
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -652,19 +655,12 @@ def _dead_letter_config(config_path: Path | None, sink_url: str | None, flags: d
     """`run`'s layered configuration for a lake given by --sink (bare roots are Delta lakes)."""
     if sink_url and not sink_url.startswith(("delta:", "parquet:", "jsonl:")):
         sink_url = f"delta:{sink_url}"
-    overrides = {
-        "source": {"group": flags.get("group")},
-        "sink": {"url": sink_url, "mode": flags.get("mode")},
-        "errors": {"dead_letter": flags.get("dead_letter")},
-        "decode": {name: flags.get(name) for name in _DECODE_FLAGS},
-    }
+    layered = config_overrides(flags)
+    layered.setdefault("sink", {})["url"] = sink_url
     try:
-        return load_config(config_path, overrides=overrides, sink_only=True)
+        return load_config(config_path, overrides=layered, sink_only=True)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
-
-
-_DECODE_FLAGS = ("encoding", "protocol", "schema_registry", "schema_registry_auth", "timestamp_zone")
 
 
 @main.group("dead-letters")
@@ -688,9 +684,7 @@ def list_letters(
 
 @dead_letters.command("replay")
 @_dead_letter_options
-@click.option("--mode", type=click.Choice(["changelog", "mirror", "both"]))
-@click.option("--encoding", type=_ENCODINGS)
-@_protocol_options
+@_config_options("sink.mode", "decode.encoding", *_PROTOCOL_FIELDS)
 def replay_letters(
     config_path: Path | None, sink_url: str | None, reason_code: str | None, as_json: bool, **flags: Any
 ) -> None:

@@ -13,7 +13,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
 import msgspec
@@ -32,36 +32,103 @@ ENV_PREFIX = "TICDC_CONSUMER_"
 DEFAULT_DECODE_WORKERS = 2 if (os.cpu_count() or 1) > 1 else 0
 
 
+def described(help_text: str, *, flag: str | bool = True) -> msgspec.Meta:
+    """A field's help text and its `run` flag, kept on the field so that one edit adds an option everywhere
+    (consumer.config_fields): `flag` True derives it from the field's name, a string names it, False: none.
+    Dicts and lists have no flag: they are set in the file or the environment."""
+    return msgspec.Meta(description=help_text, extra={"flag": flag})
+
+
 class SourceConfig(msgspec.Struct, forbid_unknown_fields=True):
-    url: str = ""  # kafka://HOST:PORT/TOPIC[,TOPIC...] or file:PATH.jsonl
-    group: str = "ticdc-consumer"
-    kafka: dict[str, str] = msgspec.field(default_factory=dict)
-    unreachable_timeout_s: float = 60.0  # every broker unreachable this long, once connected: `run` fails
-    retries: int = 5  # a transient error (a timeout, the group rebalancing) is retried this often...
-    retry_backoff_s: float = 0.5  # ...after this long, doubling each time (at most 10 s)
-    join_grace_s: float = 30.0  # `--until-idle`: a member holding no partition waits this much longer
+    url: Annotated[
+        str,
+        described("kafka://HOST:PORT/TOPIC[,TOPIC...], or file:PATH.jsonl (a capture file)", flag="--source"),
+    ] = ""
+    group: Annotated[str, described("consumer group id; also the name sinks record progress under")] = (
+        "ticdc-consumer"
+    )
+    kafka: Annotated[dict[str, str], described("librdkafka settings (TLS, SASL, timeouts)")] = msgspec.field(
+        default_factory=dict
+    )
+    unreachable_timeout_s: Annotated[
+        float, described("every broker unreachable this long, once connected: run exits 4")
+    ] = 60.0
+    retries: Annotated[
+        int,
+        described(
+            "a transient error (a timeout, a rebalance after a slow cycle) is retried this often; "
+            "a permanent one stops the run"
+        ),
+    ] = 5
+    retry_backoff_s: Annotated[
+        float, described("the first retry's wait, doubling each time (at most 10 s)")
+    ] = 0.5
+    join_grace_s: Annotated[
+        float,
+        described(
+            "--until-idle: how much longer a member holding no partition waits for one (a join takes up to "
+            "about half session.timeout.ms) before exit 5"
+        ),
+    ] = 30.0
 
 
 _LIMITS = DecodeLimits()
 
 
 class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
-    protocol: Literal["simple", "avro", "debezium"] = "simple"
-    encoding: Literal["auto", "json", "avro"] = "auto"  # the Simple protocol's
-    compression: Literal["auto", "none", "snappy", "lz4"] = "auto"
-    unrepresentable: Literal["null", "raise"] = "null"
-    # "watermark": rows wait for every partition's watermark (cross-table consistency); "arrival": rows go out
-    # as they arrive, exact per key (streams without watermarks); "auto": watermark for Simple only
-    ordering: Literal["auto", "watermark", "arrival"] = "auto"
-    schema_registry: str = ""  # TiCDC Avro: the Confluent registry URL (may carry user:password@)
-    schema_registry_auth: str = ""  # USER:PASSWORD, HTTP basic auth (basic.auth.user.info)
-    schema_registry_config: dict[str, str] = msgspec.field(default_factory=dict)  # more client settings
-    timestamp_zone: str = "UTC"  # TiCDC Avro: the zone TIMESTAMP text is in (TiCDC's --tz)
-    unknown_types: Literal["lossless", "error"] = "lossless"
-    max_decompressed_bytes: int = _LIMITS.max_decompressed_bytes
-    max_nesting_depth: int = _LIMITS.max_nesting_depth
-    max_value_bytes: int = _LIMITS.max_value_bytes
-    max_commit_ts_ahead_s: float = _LIMITS.max_commit_ts_ahead_s
+    protocol: Annotated[
+        Literal["simple", "avro", "debezium"], described("simple, avro (Confluent) or debezium")
+    ] = "simple"
+    encoding: Annotated[Literal["auto", "json", "avro"], described("the Simple protocol's: json or avro")] = (
+        "auto"
+    )
+    compression: Annotated[
+        Literal["auto", "none", "snappy", "lz4"],
+        described(
+            "none, snappy or lz4; Debezium's auto recognises LZ4 only: set snappy for a changefeed "
+            "compressing with snappy"
+        ),
+    ] = "auto"
+    unrepresentable: Annotated[
+        Literal["null", "raise"],
+        described("values Python cannot hold (MySQL zero dates): null (counted) or raise"),
+    ] = "null"
+    ordering: Annotated[
+        Literal["auto", "watermark", "arrival"],
+        described(
+            "watermark: rows wait for every partition's watermark (cross-table consistency); arrival: rows "
+            "go out as they arrive, exact per key (streams without watermarks); auto: watermark for Simple, "
+            "arrival otherwise"
+        ),
+    ] = "auto"
+    schema_registry: Annotated[
+        str, described("TiCDC Avro: the Confluent schema registry URL, may hold user:password@")
+    ] = ""
+    schema_registry_auth: Annotated[
+        str, described("USER:PASSWORD for the registry (HTTP basic auth: basic.auth.user.info)")
+    ] = ""
+    schema_registry_config: Annotated[
+        dict[str, str], described("other settings of the registry's client (SchemaRegistryClient)")
+    ] = msgspec.field(default_factory=dict)
+    timestamp_zone: Annotated[str, described("TiCDC Avro: the zone of TIMESTAMP text, TiCDC's --tz")] = "UTC"
+    unknown_types: Annotated[
+        Literal["lossless", "error"],
+        described(
+            "unknown mysqlTypes: lossless (a string column of the wire text) or error (table rejected)"
+        ),
+    ] = "lossless"
+    max_decompressed_bytes: Annotated[
+        int, described("a compressed value declaring or producing more is refused (per record)")
+    ] = _LIMITS.max_decompressed_bytes
+    max_nesting_depth: Annotated[
+        int, described("JSON nesting accepted in a message and in a JSON column's document")
+    ] = _LIMITS.max_nesting_depth
+    max_value_bytes: Annotated[int, described("the longest single column value accepted")] = (
+        _LIMITS.max_value_bytes
+    )
+    max_commit_ts_ahead_s: Annotated[
+        float, described("a commitTs further than this past this machine's clock is corrupt")
+    ] = _LIMITS.max_commit_ts_ahead_s
 
     def registry_config(self) -> dict[str, str]:
         auth = {"basic.auth.user.info": self.schema_registry_auth} if self.schema_registry_auth else {}
@@ -82,32 +149,77 @@ class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
-    url: str = (
-        ""  # delta:ROOT | parquet:ROOT | jsonl:ROOT; ROOT a directory or an object-store URI (s3://...)
-    )
-    mode: Literal["changelog", "mirror", "both"] = "both"
-    storage_options: dict[str, str] = msgspec.field(default_factory=dict)  # passed to delta-rs and pyarrow.fs
-    target_file_size: int = 1024 * 1024  # bytes per mirror file: a MERGE rewrites the files of its keys
-    allow_unsafe_commits: bool = False  # accept a store without conditional writes: one writer process only
+    url: Annotated[
+        str,
+        described(
+            "delta:ROOT, parquet:ROOT or jsonl:DIR (local); ROOT a directory or an object-store URI (s3://...)",
+            flag="--sink",
+        ),
+    ] = ""
+    mode: Annotated[Literal["changelog", "mirror", "both"], described("changelog, mirror or both")] = "both"
+    storage_options: Annotated[
+        dict[str, str],
+        described("for delta-rs and pyarrow.fs; the AWS_*, AZURE_* and GOOGLE_* variables work too"),
+    ] = msgspec.field(default_factory=dict)
+    target_file_size: Annotated[
+        int, described("bytes per mirror file: a MERGE rewrites only the files holding changed keys")
+    ] = 1024 * 1024
+    allow_unsafe_commits: Annotated[
+        bool, described("accept a store without conditional writes, for one writer process only")
+    ] = False
 
 
 class ErrorsConfig(msgspec.Struct, forbid_unknown_fields=True):
-    policy: Literal["dead-letter", "fail"] = "dead-letter"
-    dead_letter: str = ""  # file:PATH | kafka://HOST:PORT/TOPIC ; default: <sink root>/_dead_letters.jsonl
-    kafka: dict[str, str] = msgspec.field(default_factory=dict)  # a dead-letter topic's producer settings
+    policy: Annotated[
+        Literal["dead-letter", "fail"], described("dead-letter or fail (exit 2)", flag="--error-policy")
+    ] = "dead-letter"
+    dead_letter: Annotated[
+        str,
+        described(
+            "file:PATH, an object-store URI (an object per record) or kafka://HOST:PORT/TOPIC; "
+            "default <sink root>/_dead_letters.jsonl"
+        ),
+    ] = ""
+    kafka: Annotated[dict[str, str], described("a dead-letter topic's producer settings")] = msgspec.field(
+        default_factory=dict
+    )
 
 
 class BudgetConfig(msgspec.Struct, forbid_unknown_fields=True):
-    pending_bytes: int = 256 * 1024 * 1024
-    pending_timeout_s: float = 240.0
-    max_batch_records: int = 100_000  # records per cycle: fewer, larger commits and MERGEs
+    pending_bytes: Annotated[
+        int, described("rows waiting for a schema or the watermark: beyond this many bytes partitions pause")
+    ] = 256 * 1024 * 1024
+    pending_timeout_s: Annotated[
+        float, described("a row still without its schema after this long goes to the error policy")
+    ] = 240.0
+    max_batch_records: Annotated[
+        int,
+        described(
+            "records per cycle: larger means fewer Delta commits and MERGEs. A member applying in its loop "
+            "(no decode workers, e.g. --processes 2) applies for about 2 s a cycle, then polls again, and "
+            "pauses every partition while more than this many rows wait (it stays in its group, within "
+            "max.poll.interval.ms)"
+        ),
+    ] = 100_000
 
 
 class ParallelismConfig(msgspec.Struct, forbid_unknown_fields=True):
     """How many processes a `run` command uses."""
 
-    processes: int = 1  # members of the consumer group this command runs, one process each (Kafka only)
-    decode_workers: int | None = None  # processes decoding values beside a loop; 0: in it; None: automatic
+    processes: Annotated[
+        int,
+        described(
+            "members of the consumer group this command runs, a process each (several cores); "
+            "a Kafka source and a Delta or JSONL sink"
+        ),
+    ] = 1
+    decode_workers: Annotated[
+        int | None,
+        described(
+            "processes decoding values beside a member's loop, 0: in it; unset: 2 on a multi-core machine "
+            "if processes = 1, else 0"
+        ),
+    ] = None
 
     def member_decode_workers(self) -> int:
         """Decode workers per member: as configured, else the default for a lone process, else none."""
@@ -117,40 +229,83 @@ class ParallelismConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class EngineConfig(msgspec.Struct, forbid_unknown_fields=True):
-    kind: Literal["loop", "spark"] = "loop"
-    master: str = ""  # spark: local[N], spark://HOST:PORT, yarn...; default: spark-submit's, or local[2]
-    checkpoint: str = ""  # spark: the query's checkpoint directory; default <sink root>/_spark/<group>
-    trigger_seconds: float = 0.0  # spark without --until-idle: the processingTime trigger (0: back to back)
+    kind: Annotated[
+        Literal["loop", "spark"],
+        described("loop: consume in this process; spark: as a Spark streaming query", flag="--engine"),
+    ] = "loop"
+    master: Annotated[
+        str, described("spark: local[N], spark://HOST:PORT, yarn...; default spark-submit's, else local[2]")
+    ] = ""
+    checkpoint: Annotated[
+        str,
+        described(
+            "spark: the query's checkpoint directory, required for a non-local sink root; "
+            "default <sink root>/_spark/<group>"
+        ),
+    ] = ""
+    trigger_seconds: Annotated[
+        float, described("spark without --until-idle: the processingTime trigger (0: back to back)")
+    ] = 0.0
 
 
 class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True):
-    port: int = 0  # 0: no Prometheus endpoint
+    port: Annotated[
+        int, described("serve Prometheus metrics on this port (0: no endpoint)", flag="--metrics-port")
+    ] = 0
 
 
 class WatchdogConfig(msgspec.Struct, forbid_unknown_fields=True):
-    # a sink write or commit, a dead-letter write, a claim-check fetch in progress this long is a stall:
-    # logged every as often while it lasts, and shown by the ticdc_stall_seconds gauge
-    stall_after_s: float = DEFAULT_STALL_AFTER_S
+    stall_after_s: Annotated[
+        float,
+        described(
+            "a sink write, DDL or progress commit, a dead-letter write, a claim-check fetch or an upstream "
+            "lookup in progress this long is a stall: logged every as often while it lasts, and shown by the "
+            "ticdc_stall_seconds gauge"
+        ),
+    ] = DEFAULT_STALL_AFTER_S
 
 
 class LargeMessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
-    """Key-only DMLs (spec §7). A claim-check is read only under `claim_check_roots` (URIs: file:///DIR,
-    s3://BUCKET/PREFIX, gs://..., abfss://...; pyarrow.fs options may follow a `?`); none: all refused.
-    `claim_check_root_override` reads each object's base name from that one root instead (TiCDC's own
-    consumer does, for users who moved the files). `upstream_dsn` (mysql://USER:PASSWORD@HOST:PORT) looks
-    handle-key-only rows up in upstream TiDB; without it they go to the error policy."""
+    """Key-only DMLs (spec §7): claim-checks read only under configured roots, handle-key-only rows looked
+    up upstream."""
 
-    claim_check_roots: list[str] = msgspec.field(default_factory=list)
-    claim_check_root_override: str = ""
-    claim_check_raw_value: bool | Literal["auto"] = "auto"
-    max_object_bytes: int = 128 * 1024 * 1024
-    fetch_concurrency: int = 16
-    fetch_retries: int = 4
-    upstream_dsn: str = ""
+    claim_check_roots: Annotated[
+        list[str],
+        described(
+            "URIs claim-checks may be read under (file:///DIR, s3://BUCKET/PREFIX, gs://..., abfss://...; "
+            "pyarrow.fs options after a ?); none: all refused; comma-separated in the environment"
+        ),
+    ] = msgspec.field(default_factory=list)
+    claim_check_root_override: Annotated[
+        str,
+        described(
+            "read each object's base name from this one root instead (TiCDC's own consumer does, for "
+            "users who moved the files)"
+        ),
+    ] = ""
+    claim_check_raw_value: Annotated[
+        bool | Literal["auto"],
+        described("objects hold bare values: true, false or auto (the key/value envelope is recognised)"),
+    ] = "auto"
+    max_object_bytes: Annotated[int, described("larger claim-check objects are refused unread")] = (
+        128 * 1024 * 1024
+    )
+    fetch_concurrency: Annotated[int, described("claim-checks of a poll fetched at once")] = 16
+    fetch_retries: Annotated[int, described("retries of a storage error (exponential backoff)")] = 4
+    upstream_dsn: Annotated[
+        str,
+        described(
+            "mysql://USER:PASSWORD@HOST:PORT: look handle-key-only rows up in upstream TiDB (without it "
+            "they go to the error policy); set it in the environment to keep the password out of files",
+            flag=False,  # a password on a command line is visible to every user of the machine
+        ),
+    ] = ""
 
 
 class IntegrityConfig(msgspec.Struct, forbid_unknown_fields=True):
-    verify_checksums: bool = True  # rows that carry TiDB checksums (spec §8) are verified; others pass
+    verify_checksums: Annotated[
+        bool, described("rows carrying TiDB row checksums (spec §8) are verified; others pass")
+    ] = True
 
 
 class RunConfig(msgspec.Struct, forbid_unknown_fields=True):
