@@ -307,11 +307,16 @@ def capture(brokers: str, topic: str, out: Path, idle_seconds: float, from_group
     click.echo(f"captured {count} records of {topic} to {out}")
 
 
+_mode_option = click.option(
+    "--mode", help="Delta tables per table: a comma list of changelog, mirror, history; both (default)"
+)
+
+
 @main.command("run")
 @click.option("--source", "source_url", help="kafka://HOST:PORT/TOPIC[,TOPIC...] or file:PATH.jsonl")
 @click.option("--group", help="consumer group id")
 @click.option("--sink", "sink_url", help="delta:ROOT, parquet:ROOT or jsonl:ROOT")
-@click.option("--mode", type=click.Choice(["changelog", "mirror", "both"]))
+@_mode_option
 @click.option("--encoding", type=_ENCODINGS)
 @click.option("--compression", type=_COMPRESSIONS)
 @_protocol_options
@@ -688,7 +693,7 @@ def list_letters(
 
 @dead_letters.command("replay")
 @_dead_letter_options
-@click.option("--mode", type=click.Choice(["changelog", "mirror", "both"]))
+@_mode_option
 @click.option("--encoding", type=_ENCODINGS)
 @_protocol_options
 def replay_letters(
