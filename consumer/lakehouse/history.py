@@ -9,14 +9,15 @@ key's DELETE at ts 9 is closed at 9 by it, and the DELETE's `(topic, partition, 
 A key's versions are ordered as the mirror orders its changes: commit ts, then partition and offset
 (`consumer.lakehouse.tables.ORDER`); each version is identified by its key and the change that opened it
 (`IDENTITY`), so a MERGE updates the `_valid_to_ts` of existing versions a late change splits and inserts
-the new ones. A TRUNCATE or DROP closes a table's history at its commit ts (`CLOSED_PROPERTY`): later
-changes of the name go to another table.
+the new ones. A TRUNCATE or DROP ends every version valid at its commit ts there (`CLOSED_PROPERTY` lists
+them): the row is gone from then on, until a later change (after a TRUNCATE) opens a new version.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -31,7 +32,8 @@ HISTORY_FIELDS = (
 )
 HISTORY_META = tuple(f.name for f in HISTORY_FIELDS)
 SOURCE = ("_topic", "_partition", "_offset")  # the change that opened a version
-CLOSED_PROPERTY = "ticdc.history.closed_at"  # on a history: its TRUNCATE/DROP, where open versions end
+CLOSED_PROPERTY = "ticdc.history.closed_at"  # on a history: its TRUNCATEs/DROP (commit ts, comma list)
+OPEN = 2**63 - 1  # no end yet
 NONE, NEW = -1, -2  # `_was_to` of a version whose end is null / of a version the table lacks
 
 
@@ -56,9 +58,9 @@ def change_versions(changelog: pa.Table, columns: Sequence[str]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def rechained(versions: pa.Table, keys: Sequence[str], closed_at: int | None) -> pa.Table:
-    """`versions` (every version of some keys) sorted per key, each valid until its key's next version;
-    the last until `closed_at` (null: open)."""
+def rechained(versions: pa.Table, keys: Sequence[str], cuts: Sequence[int]) -> pa.Table:
+    """`versions` (every version of some keys) sorted per key, each valid until its key's next version or
+    the first of `cuts` (TRUNCATEs, a DROP) after its start, whichever comes first; else open (null)."""
     order = [(k, "ascending") for k in keys] + [(n, "ascending") for n in ("_valid_from_ts", *SOURCE[1:])]
     rows = versions.take(pc.sort_indices(versions, order))
     count = rows.num_rows
@@ -68,12 +70,22 @@ def rechained(versions: pa.Table, keys: Sequence[str], closed_at: int | None) ->
     for key in keys:
         column = rows[key].combine_chunks()
         same_key = pc.and_(same_key, pc.equal(column.slice(0, count - 1), column.slice(1)))
-    following = rows["_valid_from_ts"].combine_chunks().slice(1)
-    last = pa.scalar(closed_at, pa.int64())
-    ends = pc.if_else(same_key, following, last)
-    ends = pa.concat_arrays([ends.cast(pa.int64()), pa.array([closed_at], pa.int64())])
+    starts = rows["_valid_from_ts"].to_numpy()
+    following = np.append(np.where(same_key.to_numpy(zero_copy_only=False), starts[1:], OPEN), OPEN)
+    bounds = np.append(np.sort(np.asarray(cuts, np.int64)), OPEN)
+    ends = np.minimum(following, bounds[np.searchsorted(bounds, starts, side="right")])
     index = rows.column_names.index("_valid_to_ts")
-    return rows.set_column(index, rows.schema.field(index), ends)
+    return rows.set_column(index, rows.schema.field(index), pa.array(ends, pa.int64(), mask=ends == OPEN))
+
+
+def matching(rows: pa.Table, other: pa.Table, columns: Sequence[str], *, found: bool) -> pa.Table:
+    """`rows` whose `columns` values `other` has too (`found`), or has not. Only those columns and a row
+    number are joined: Arrow joins carry no nested columns."""
+    numbered = rows.select(list(columns)).append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
+    joined = numbered.join(
+        other.select(list(columns)), list(columns), join_type="left semi" if found else "left anti"
+    )
+    return rows.take(pc.sort_indices(joined["_row"]))
 
 
 def marked(versions: pa.Table, stored: bool) -> pa.Table:

@@ -47,6 +47,7 @@ from consumer.lakehouse.history import (
     change_versions,
     identity,
     marked,
+    matching,
     rechained,
     to_write,
 )
@@ -356,7 +357,7 @@ class DeltaSink(LakehouseSink):
         columns = [n for n in changes.changelog.column_names if n not in META_COLUMNS]
 
         def attempt() -> None:
-            history, closed_at = self._history(uri, changes.changelog.select(columns).schema, keys, entry)
+            history, cuts = self._history(uri, changes.changelog.select(columns).schema, keys, entry)
             fresh = unapplied(
                 changes.changelog, delta_applied(history, context.group, next_offsets(changes.changelog))
             )
@@ -365,11 +366,9 @@ class DeltaSink(LakehouseSink):
             schema = self._evolved(history, change_versions(fresh.slice(0, 0), columns).schema)
             new = _conform(change_versions(fresh, columns), schema)
             stored = _conform(self._versions_of(history, new, keys), schema)
-            new = _conform(
-                new.join(stored.select(identity(keys)), identity(keys), join_type="left anti"), schema
-            )
+            new = matching(new, stored, identity(keys), found=False)  # stored already (another group's)
             both = pa.concat_tables([marked(stored, stored=True), marked(new, stored=False)])
-            source = to_write(rechained(both, keys, closed_at))
+            source = to_write(rechained(both, keys, cuts))
             if source.num_rows:
                 self._merge_versions(
                     history, source, keys, _properties(context, transactions(fresh, context.group))
@@ -379,10 +378,10 @@ class DeltaSink(LakehouseSink):
 
     def _history(
         self, uri: str, schema: pa.Schema, keys: tuple[str, ...], entry: CatalogEntry
-    ) -> tuple[DeltaTable, int | None]:
-        """The history at `uri`, created on first use with its key recorded, and where its open versions
-        end (None: open): its table's TRUNCATE or DROP, from the history's property or the catalog (its
-        creator re-reads the catalog: a DDL another member applied before it existed closed nothing)."""
+    ) -> tuple[DeltaTable, list[int]]:
+        """The history at `uri`, created on first use with its key recorded, and where versions end
+        regardless of later changes: its table's TRUNCATEs and DROP, from the history's property and the
+        catalog (its creator re-reads the catalog: a DDL applied before it existed recorded nothing)."""
         table = self.root.open(uri)
         if table is None:
             stored = pa.schema([*(_storable(field) for field in schema), *HISTORY_FIELDS])
@@ -390,17 +389,13 @@ class DeltaSink(LakehouseSink):
             entry = next(e for e in self.catalog.refresh() if e.location == entry.location)
         if table.metadata().configuration.get(KEY_PROPERTY) != ",".join(keys):
             table.alter.set_table_properties({KEY_PROPERTY: ",".join(keys)}, raise_if_not_exists=False)
-        closed = max(entry.floor, _closed_at(table))
-        return table, closed or None
+        return table, [*_cuts(table), *([entry.floor] if entry.floor else [])]
 
     def _versions_of(self, history: DeltaTable, versions: pa.Table, keys: tuple[str, ...]) -> pa.Table:
         """The history's versions of the keys `versions` has (files pruned by the first key's stats)."""
         wanted = pc.unique(versions[keys[0]])
         rows = self.root.scan(history).to_table(filter=pc.field(keys[0]).isin(wanted))
-        if len(keys) == 1:
-            return rows
-        distinct = versions.select(list(keys)).group_by(list(keys), use_threads=False).aggregate([])
-        return rows.join(distinct, list(keys), join_type="left semi")
+        return rows if len(keys) == 1 else matching(rows, versions, keys, found=True)
 
     def _merge_versions(
         self, history: DeltaTable, source: pa.Table, keys: tuple[str, ...], properties: CommitProperties
@@ -423,7 +418,7 @@ class DeltaSink(LakehouseSink):
         )
 
     def _close_history(self, entry: CatalogEntry, commit_ts: int, context: CommitContext) -> None:
-        """End the open versions at a TRUNCATE or DROP; the property first, so a lagging member's later
+        """End the versions valid at a TRUNCATE or DROP; the property first, so a lagging member's later
         MERGE ends its versions there too (its commit conflicts with this one and re-reads it)."""
         uri = self.root.join(entry.location, "history")
 
@@ -431,15 +426,17 @@ class DeltaSink(LakehouseSink):
             table = self.root.open(uri)
             if table is None:
                 return
-            if _closed_at(table) < commit_ts:
+            cuts = _cuts(table)
+            if commit_ts not in cuts:
                 table.alter.set_table_properties(
-                    {CLOSED_PROPERTY: str(commit_ts)},
+                    {CLOSED_PROPERTY: ",".join(str(ts) for ts in sorted([*cuts, commit_ts]))},
                     raise_if_not_exists=False,
                     commit_properties=_properties(context),
                 )
+            ts = commit_ts
             table.update(
-                updates={"_valid_to_ts": str(commit_ts)},
-                predicate="_valid_to_ts IS NULL",
+                updates={"_valid_to_ts": str(ts)},
+                predicate=f"_valid_from_ts < {ts} AND (_valid_to_ts IS NULL OR _valid_to_ts > {ts})",
                 commit_properties=_properties(context),
             )
 
@@ -582,9 +579,9 @@ def _floor(table: DeltaTable) -> int:
     return int(value) if value else 0
 
 
-def _closed_at(table: DeltaTable) -> int:
+def _cuts(table: DeltaTable) -> list[int]:
     value = table.metadata().configuration.get(CLOSED_PROPERTY)
-    return int(value) if value else 0
+    return [int(ts) for ts in value.split(",")] if value else []
 
 
 def _key_of(schema: TableSchema) -> tuple[str, ...]:
