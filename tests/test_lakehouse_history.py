@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
+from lakehouse_checks import valid_at
 
 from consumer.batches.changes import table_changes
 from consumer.errors import RecordLocation
@@ -154,13 +154,6 @@ def _stored(histories: dict[str, pa.Table]) -> set[Version]:
         for location, rows in histories.items()
         for row in rows.select(columns).to_pylist()
     }
-
-
-def valid_at(versions: pa.Table, tso: int) -> pa.Table:
-    """The rows that existed at `tso`: versions valid then, tombstones left out."""
-    started = pc.less_equal(versions["_valid_from_ts"], tso)
-    not_ended = pc.fill_null(pc.greater(versions["_valid_to_ts"], tso), True)
-    return versions.filter(pc.and_(pc.and_(started, not_ended), pc.invert(versions["_deleted"])))
 
 
 def _differences_from_truth(root: Path, records: list[StreamRecord], segments: list[Segment]) -> list[str]:
