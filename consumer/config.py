@@ -26,6 +26,7 @@ from consumer.protocol.protocols import resolves_by_watermark
 from consumer.watchdog import DEFAULT_STALL_AFTER_S
 
 ENV_PREFIX = "TICDC_CONSUMER_"
+SINK_OUTPUTS = ("changelog", "mirror", "history")  # the Delta tables a Delta sink may keep per table
 # Value decoding is most of a record's CPU: a lone process on a multi-core machine decodes in worker
 # processes beside its loop; two beat one even on 2 cores (benchmarks/lakehouse.py). Several group members
 # (`processes`) already keep the cores busy, and decode in their loops: workers would only add copying.
@@ -156,7 +157,12 @@ class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
             flag="--sink",
         ),
     ] = ""
-    mode: Annotated[Literal["changelog", "mirror", "both"], described("changelog, mirror or both")] = "both"
+    mode: Annotated[
+        str,
+        described(
+            "Delta tables kept per table: a comma list of changelog, mirror, history; both = changelog,mirror"
+        ),
+    ] = "both"
     storage_options: Annotated[
         dict[str, str],
         described("for delta-rs and pyarrow.fs; the AWS_*, AZURE_* and GOOGLE_* variables work too"),
@@ -480,8 +486,24 @@ def _check_large_messages(config: LargeMessagesConfig) -> None:
         raise ConfigError("large_messages: fetch_concurrency and max_object_bytes >= 1, fetch_retries >= 0")
 
 
+def sink_outputs(mode: str) -> frozenset[str]:
+    """The Delta tables `sink.mode` keeps per upstream table: a comma list of changelog, mirror and history,
+    where `both` (the default since before history tables) still means changelog and mirror."""
+    outputs: set[str] = set()
+    for part in mode.split(","):
+        name = part.strip().lower()
+        if name not in (*SINK_OUTPUTS, "both"):
+            raise ValueError(f"sink mode {mode!r}: expected a comma list of {', '.join(SINK_OUTPUTS)}, both")
+        outputs.update(("changelog", "mirror") if name == "both" else (name,))
+    return frozenset(outputs)
+
+
 def _check_sink(config: RunConfig) -> None:
     kind, _, root = config.sink.url.partition(":")
+    try:
+        sink_outputs(config.sink.mode)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     if kind not in ("delta", "parquet", "jsonl"):
         raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
     if kind == "jsonl" and "://" in root:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumer.lakehouse.storage import LakeRoot
@@ -97,3 +98,10 @@ def _rows(lake: LakeRoot, uri: str) -> list[tuple[object, ...]]:
             for row in zip(*(rows[n].to_pylist() for n in names), strict=True)
         ),
     )
+
+
+def valid_at(versions: pa.Table, tso: int) -> pa.Table:
+    """The rows that existed at `tso`: versions valid then, tombstones left out."""
+    started = pc.less_equal(versions["_valid_from_ts"], tso)
+    not_ended = pc.fill_null(pc.greater(versions["_valid_to_ts"], tso), True)
+    return versions.filter(pc.and_(pc.and_(started, not_ended), pc.invert(versions["_deleted"])))

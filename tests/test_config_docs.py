@@ -24,6 +24,7 @@ TEXT_SAMPLES = {
     "source.url": "kafka://127.0.0.1:9/other",
     "sink.url": "jsonl:elsewhere",
     "large_messages.claim_check_root_override": "file:///claims",
+    "sink.mode": "changelog,history",
 }
 # Flags each command had before they were made from the structs: scripts use them
 FORMER_FLAGS = {

@@ -17,11 +17,12 @@ from lakehouse_checks import (
     changelog_rows,
     ddl_types,
     start_run,
+    valid_at,
     versions,
 )
 
 from consumer.lakehouse.progress import consistent_ts
-from consumer.lakehouse.tables import read_mirror
+from consumer.lakehouse.tables import read_history, read_mirror
 from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import Watermark
 from consumer.simulate.output import produce_to_kafka, write_ground_truth
@@ -39,13 +40,23 @@ def _produce(
 
 
 def _run(
-    broker: EmbeddedBroker, topic: str, root: Path, group: str, *, wait: bool = True, processes: int = 1
+    broker: EmbeddedBroker,
+    topic: str,
+    root: Path,
+    group: str,
+    *,
+    wait: bool = True,
+    processes: int = 1,
+    mode: str = "both",
 ) -> subprocess.Popen[str]:
     """A `run` command; its log goes next to the output, to read when a test fails. The broker outlives
     tests: a group of an earlier test must not interfere, hence the topic in the group's name."""
     log_path = root.parent / f"{group}-p{processes}-{time.monotonic_ns()}.log"
     sink = f"delta:{root}"
-    process = start_run(broker.bootstrap_servers, topic, f"{topic}.{group}", sink, log_path, processes)
+    options = ["--mode", mode]
+    process = start_run(
+        broker.bootstrap_servers, topic, f"{topic}.{group}", sink, log_path, processes, options
+    )
     if wait:
         assert process.wait(300) == 0, log_path.read_text()[-3000:]
     return process
@@ -179,3 +190,25 @@ def test_as_of_every_watermark_equals_the_truth_then(
             columns = [c.name for c in expected.schema.columns]
             assert rows.column_names == [*columns, "_commit_ts", "_schema_version"], f"{name} at {watermark}"
             assert arrow_table_rows(rows, expected.schema) == expected.rows, f"{name} at {watermark}"
+
+
+def test_history_of_two_members_ends_at_the_truth(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """`--mode both,history` with two members: the versions open at the end are the truth; a run of the
+    group again commits nothing."""
+    topic = kafka_topic(3)
+    workload = _produce(kafka_broker, topic, rows=1500, dispatch="primary-key")
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    root = tmp_path / "lake"
+    _run(kafka_broker, topic, root, "history", processes=2, mode="both,history")
+    state = {}
+    for table in workload.tables:
+        history = read_history(root, table.schema.database, table.schema.table)
+        current = {} if history is None else arrow_table_rows(valid_at(history, 2**62), table.schema)
+        state[f"{table.schema.database}.{table.schema.table}"] = current
+    assert differences(state, truth) == []
+    assert state == _mirror_state(root, workload)
+    written = versions(root)
+    _run(kafka_broker, topic, root, "history", mode="both,history")
+    assert versions(root) == written

@@ -267,7 +267,7 @@ def test_table_without_key_gets_a_changelog_and_one_warning(
         sink.write(_changes([_insert(2, TS, 1, schema=schema)], schema), CONTEXT)
     assert len(_changelog(tmp_path)) == 2 and read_mirror(tmp_path, "shop", "orders") is None
     assert [r.getMessage() for r in caplog.records] == [
-        "shop.orders has no primary key or NOT NULL unique index: no mirror, changelog only"
+        "shop.orders has no primary key or NOT NULL unique index: no mirror or history, changelog only"
     ]
 
 

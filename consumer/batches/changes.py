@@ -30,8 +30,8 @@ META_FIELDS: tuple[pa.Field, ...] = (
     pa.field("_offset", pa.int64(), nullable=False),
 )
 META_COLUMNS = tuple(f.name for f in META_FIELDS)
-# Every name the SDK writes beside user columns: the changelog's metadata and the mirror's bookkeeping.
-METADATA_NAMES = frozenset((*META_COLUMNS, "_deleted"))
+# Every name the SDK writes beside user columns: the changelog's metadata, the mirror's and the history's.
+METADATA_NAMES = frozenset((*META_COLUMNS, "_deleted", "_valid_from_ts", "_valid_to_ts"))
 # `_change_type` of each `ImageKind`, indexed by it.
 CHANGE_TYPES = pa.array(["insert", "update_preimage", "update_postimage", "delete"], pa.string())
 

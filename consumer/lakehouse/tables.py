@@ -4,6 +4,8 @@ Each table of the catalog has, under `<root>/<location>/`:
 
     changelog   every change image (Delta change-data-feed convention), append only
     mirror      exactly the table's live rows as of its last commit, MERGEd on its key (tables with a key)
+    history     every version of each row, valid from one change to the key's next (`--mode history`;
+                `consumer.lakehouse.history`)
     deletes     recently deleted keys with their commit ts, so an older change a lagging group member still
                 holds cannot bring a row back; purged below the consistent point (`maintain`)
 
@@ -34,8 +36,8 @@ from consumer.lakehouse.ddl import DDLLog, table_schema
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
 
-Kind = Literal["changelog", "mirror", "deletes"]
-KINDS: tuple[Kind, ...] = ("changelog", "mirror", "deletes")
+Kind = Literal["changelog", "mirror", "history", "deletes"]
+KINDS: tuple[Kind, ...] = ("changelog", "mirror", "history", "deletes")
 STORED_AS, STORED_DURATION = "ticdc.stored_as", "duration[us]"  # field metadata of a stored TIME column
 FLOOR_PROPERTY = "ticdc.truncated_at"  # on a mirror: its latest TRUNCATE/DROP, older changes never apply
 KEY_PROPERTY = "ticdc.key"  # on a mirror: its key columns, comma-separated (`maintain` clusters by them)
@@ -323,6 +325,30 @@ def read_changelog(
 ) -> pa.Table | None:
     """Every change image of `database.table`; None when it has no changelog."""
     return _read(LakeRoot.of(root, storage_options), database, table, "changelog", columns)
+
+
+def read_history(
+    root: RootLike,
+    database: str,
+    table: str,
+    key: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, str] | None = None,
+) -> pa.Table | None:
+    """Every version of the live table `database.table`'s rows (of the row with `key`, column -> value,
+    when given), ordered by key then by when each became valid; None when the table has no history."""
+    lake = LakeRoot.of(root, storage_options)
+    uri = table_uri(lake, database, table, "history")
+    history = None if uri is None else lake.open(uri)
+    if history is None:
+        return None
+    versions = read_delta(lake, history)
+    for column, value in (key or {}).items():
+        versions = versions.filter(
+            pc.equal(versions[column], pa.scalar(value, versions.schema.field(column).type))
+        )
+    keys = history.metadata().configuration.get(KEY_PROPERTY, "").split(",")
+    order = [*(k for k in keys if k), "_valid_from_ts", "_partition", "_offset"]
+    return versions.take(pc.sort_indices(versions, [(name, "ascending") for name in order]))
 
 
 def _read(

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,8 +38,19 @@ from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_de
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from consumer.batches.changes import META_COLUMNS, TableChanges, stored_name, stored_schema
+from consumer.config import sink_outputs
 from consumer.errors import SinkError
 from consumer.lakehouse.catalog import CatalogEntry, Name
+from consumer.lakehouse.history import (
+    CLOSED_PROPERTY,
+    HISTORY_FIELDS,
+    change_versions,
+    identity,
+    marked,
+    matching,
+    rechained,
+    to_write,
+)
 from consumer.lakehouse.offsets import delta_applied, next_offsets, transactions, unapplied
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import retry_commits
@@ -60,9 +71,7 @@ from consumer.sinks.lakehouse import LakehouseSink, commit_metadata
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["changelog", "mirror", "both"]
-
-KINDS = ("changelog", "mirror")
+KINDS = ("changelog", "mirror", "history")
 DEFAULT_TARGET_FILE_SIZE = 1024 * 1024  # mirror files: a MERGE rewrites the few holding changed keys
 # commit ts 0 is "unknown" (a change without one, e.g. an Avro tombstone first on its partition): it came
 # after the row's earlier changes on that partition, so it is never stale
@@ -95,7 +104,7 @@ class DeltaSink(LakehouseSink):
         self,
         root: str | os.PathLike[str],
         *,
-        mode: Mode = "both",
+        mode: str = "both",
         storage_options: Mapping[str, str] | None = None,
         max_commit_retries: int = 20,
         retry_backoff: float = 0.05,
@@ -103,7 +112,7 @@ class DeltaSink(LakehouseSink):
         allow_unsafe_commits: bool = False,
     ) -> None:
         super().__init__(root, storage_options, allow_unsafe_commits=allow_unsafe_commits)
-        self.mode = mode
+        self.outputs = sink_outputs(mode)  # raises ValueError for an unknown table kind
         self.max_commit_retries = max_commit_retries
         self.retry_backoff = retry_backoff
         self.target_file_size = target_file_size
@@ -120,19 +129,24 @@ class DeltaSink(LakehouseSink):
             return
         newest = pc.max(changes.changelog["_commit_ts"]).as_py()
         entry = self.catalog.locate((changes.database, changes.table), newest)
-        if self.mode in ("changelog", "both"):
+        if "changelog" in self.outputs:
             self._append_changelog(self.root.join(entry.location, "changelog"), changes.changelog, context)
-        if self.mode in ("mirror", "both"):
-            if changes.key_columns:
-                self._merge_mirror(entry, changes, context)
-            elif (changes.database, changes.table) not in self._warned_keyless:
-                self._warned_keyless.add((changes.database, changes.table))
-                log.warning(
-                    "%s.%s has no primary key or NOT NULL unique index: no mirror, changelog only",
-                    changes.database,
-                    changes.table,
-                )
+        if not changes.key_columns:
+            self._warn_keyless(changes)
+        if "mirror" in self.outputs and changes.key_columns:
+            self._merge_mirror(entry, changes, context)
+        if "history" in self.outputs and changes.key_columns:
+            self._merge_history(entry, changes, context)
         self._wrote(entry)
+
+    def _warn_keyless(self, changes: TableChanges) -> None:
+        name = (changes.database, changes.table)
+        if self.outputs <= {"changelog"} or name in self._warned_keyless:
+            return
+        self._warned_keyless.add(name)
+        log.warning(
+            "%s.%s has no primary key or NOT NULL unique index: no mirror or history, changelog only", *name
+        )
 
     def record_progress(self, context: CommitContext) -> None:
         """Also re-reads the root's consistent point, which later mirror commits claim to hold."""
@@ -147,7 +161,8 @@ class DeltaSink(LakehouseSink):
           (MODIFY COLUMN) keeps the Delta type, since delta-rs cannot widen a column: later values are cast
           to it and a value that does not fit exactly raises SinkError. A type with no cast at all raises now.
         - TRUNCATE, ERASE (DROP TABLE): the mirror loses every row older than the DDL, and its floor
-          (`ticdc.truncated_at`) keeps a lagging member's older changes out; the changelog keeps the history.
+          (`ticdc.truncated_at`) keeps a lagging member's older changes out; the changelog keeps the history,
+          and the history's open versions end at the DDL (`ticdc.history.closed_at` ends later ones too).
         - CREATE, RENAME: the catalog only. CINDEX, DINDEX, QUERY: only logged. An ALTER whose schema has no
           columns (TiCDC Avro's DDL record names its table only) alters nothing: its rows bring their columns.
         Every step is idempotent, so members applying one DDL at once both succeed.
@@ -155,6 +170,7 @@ class DeltaSink(LakehouseSink):
         emptied = super()._apply_to_table(ddl, name, context)
         if emptied is not None:
             self._empty_mirror(emptied, ddl, context)
+            self._close_history(emptied, ddl.commit_ts, context)
         elif ddl.type is DDLType.ALTER and ddl.table_schema is not None and ddl.table_schema.columns:
             entry = self.catalog.find(name, ddl.commit_ts - 1)
             if entry is None:
@@ -230,14 +246,10 @@ class DeltaSink(LakehouseSink):
     ) -> None:
         # Explicit column maps: delta-rs's *_all forms do not quote names (a backtick in one breaks them).
         assignments = {_quote(n): f"s.{_quote(n)}" for n in source.column_names if n != "_change_type"}
-        predicate = " AND ".join(f"t.{_quote(k)} = s.{_quote(k)}" for k in keys)
-        ranges = _key_ranges(source, keys[0], _file_starts(mirror, keys[0]))
-        if ranges:
-            predicate = f"{predicate} AND ({ranges})"
         metrics = (
             mirror.merge(
                 source,
-                predicate,
+                _merge_predicate(mirror, source, keys, keys),
                 source_alias="s",
                 target_alias="t",
                 streamed_exec=False,  # the source's key stats prune files too
@@ -335,6 +347,101 @@ class DeltaSink(LakehouseSink):
         schema = pa.schema([_schema(table).field(c) for c in columns])
         return pa.concat_tables(files.values()) if files else schema.empty_table()
 
+    # -- history ---------------------------------------------------------------------------------------
+    def _merge_history(self, entry: CatalogEntry, changes: TableChanges, context: CommitContext) -> None:
+        """Each change opens a version; the batch's keys' stored versions are re-chained with the new ones
+        (a late change splits the version it falls in), and one MERGE writes the new versions and the ends
+        that moved. Applied offsets (app transactions) and versions already stored are skipped."""
+        keys = changes.key_columns
+        uri = self.root.join(entry.location, "history")
+        columns = [n for n in changes.changelog.column_names if n not in META_COLUMNS]
+
+        def attempt() -> None:
+            history, cuts = self._history(uri, changes.changelog.select(columns).schema, keys, entry)
+            fresh = unapplied(
+                changes.changelog, delta_applied(history, context.group, next_offsets(changes.changelog))
+            )
+            if fresh.num_rows == 0:
+                return
+            schema = self._evolved(history, change_versions(fresh.slice(0, 0), columns).schema)
+            new = _conform(change_versions(fresh, columns), schema)
+            stored = _conform(self._versions_of(history, new, keys), schema)
+            new = matching(new, stored, identity(keys), found=False)  # stored already (another group's)
+            both = pa.concat_tables([marked(stored, stored=True), marked(new, stored=False)])
+            source = to_write(rechained(both, keys, cuts))
+            if source.num_rows:
+                self._merge_versions(
+                    history, source, keys, _properties(context, transactions(fresh, context.group))
+                )
+
+        self._commit(f"history {uri}", attempt)
+
+    def _history(
+        self, uri: str, schema: pa.Schema, keys: tuple[str, ...], entry: CatalogEntry
+    ) -> tuple[DeltaTable, list[int]]:
+        """The history at `uri`, created on first use with its key recorded, and where versions end
+        regardless of later changes: its table's TRUNCATEs and DROP, from the history's property and the
+        catalog (its creator re-reads the catalog: a DDL applied before it existed recorded nothing)."""
+        table = self.root.open(uri)
+        if table is None:
+            stored = pa.schema([*(_storable(field) for field in schema), *HISTORY_FIELDS])
+            table = self.root.create(uri, stored, {"delta.targetFileSize": str(self.target_file_size)})
+            entry = next(e for e in self.catalog.refresh() if e.location == entry.location)
+        if table.metadata().configuration.get(KEY_PROPERTY) != ",".join(keys):
+            table.alter.set_table_properties({KEY_PROPERTY: ",".join(keys)}, raise_if_not_exists=False)
+        return table, [*_cuts(table), *([entry.floor] if entry.floor else [])]
+
+    def _versions_of(self, history: DeltaTable, versions: pa.Table, keys: tuple[str, ...]) -> pa.Table:
+        """The history's versions of the keys `versions` has (files pruned by the first key's stats)."""
+        wanted = pc.unique(versions[keys[0]])
+        rows = self.root.scan(history).to_table(filter=pc.field(keys[0]).isin(wanted))
+        return rows if len(keys) == 1 else matching(rows, versions, keys, found=True)
+
+    def _merge_versions(
+        self, history: DeltaTable, source: pa.Table, keys: tuple[str, ...], properties: CommitProperties
+    ) -> None:
+        """A version is its key and the change that opened it: a stored one gets its new end, a new one is
+        inserted."""
+        assignments = {_quote(n): f"s.{_quote(n)}" for n in source.column_names}
+        (
+            history.merge(
+                source,
+                _merge_predicate(history, source, identity(keys), keys),
+                source_alias="s",
+                target_alias="t",
+                streamed_exec=False,
+                commit_properties=properties,
+            )
+            .when_matched_update({"_valid_to_ts": "s._valid_to_ts"})
+            .when_not_matched_insert(assignments)
+            .execute()
+        )
+
+    def _close_history(self, entry: CatalogEntry, commit_ts: int, context: CommitContext) -> None:
+        """End the versions valid at a TRUNCATE or DROP; the property first, so a lagging member's later
+        MERGE ends its versions there too (its commit conflicts with this one and re-reads it)."""
+        uri = self.root.join(entry.location, "history")
+
+        def attempt() -> None:
+            table = self.root.open(uri)
+            if table is None:
+                return
+            cuts = _cuts(table)
+            if commit_ts not in cuts:
+                table.alter.set_table_properties(
+                    {CLOSED_PROPERTY: ",".join(str(ts) for ts in sorted([*cuts, commit_ts]))},
+                    raise_if_not_exists=False,
+                    commit_properties=_properties(context),
+                )
+            ts = commit_ts
+            table.update(
+                updates={"_valid_to_ts": str(ts)},
+                predicate=f"_valid_from_ts < {ts} AND (_valid_to_ts IS NULL OR _valid_to_ts > {ts})",
+                commit_properties=_properties(context),
+            )
+
+        self._commit(f"closing {uri}", attempt)
+
     # -- DDL -------------------------------------------------------------------------------------------
     def _alter(self, entry: CatalogEntry, schema: pa.Schema, context: CommitContext, commit_ts: int) -> None:
         fields = [_storable(field) for field in schema]
@@ -410,6 +517,15 @@ class DeltaSink(LakehouseSink):
 
 
 # -- MERGE predicates ----------------------------------------------------------------------------------
+def _merge_predicate(
+    target: DeltaTable, source: pa.Table, columns: Sequence[str], keys: Sequence[str]
+) -> str:
+    """Target and source rows match on `columns`, within the ranges of the source's first key column."""
+    predicate = " AND ".join(f"t.{_quote(c)} = s.{_quote(c)}" for c in columns)
+    ranges = _key_ranges(source, keys[0], _file_starts(target, keys[0]))
+    return f"{predicate} AND ({ranges})" if ranges else predicate
+
+
 def _file_starts(table: DeltaTable, key: str) -> np.ndarray | None:
     """The sorted smallest keys of the table's files (from their statistics); None when a file has none."""
     actions = pa.table(table.get_add_actions(flatten=True))
@@ -461,6 +577,11 @@ def _literal(value: Any) -> str:
 def _floor(table: DeltaTable) -> int:
     value = table.metadata().configuration.get(FLOOR_PROPERTY)
     return int(value) if value else 0
+
+
+def _cuts(table: DeltaTable) -> list[int]:
+    value = table.metadata().configuration.get(CLOSED_PROPERTY)
+    return [int(ts) for ts in value.split(",")] if value else []
 
 
 def _key_of(schema: TableSchema) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
 """Reading what the lakehouse sinks wrote, as Spark DataFrames, finding tables through the catalog
-(`consumer.lakehouse`): `read_changelog` / `read_mirror` by upstream name, `read_delta` by table URI.
+(`consumer.lakehouse`): `read_changelog` / `read_mirror` / `read_history` by upstream name, `read_delta`
+by table URI.
 
 Spark cannot read Delta here (no delta-spark jar) and must not list a table directory (that would include
 files a Delta MERGE removed, or Parquet files a crashed writer never committed), so every reader reads
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -27,6 +28,7 @@ from consumer.lakehouse.manifest import manifest_files
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import as_durations, stored_durations
 from consumer.lakehouse.tables import read_delta as read_delta_arrow
+from consumer.lakehouse.tables import read_history as read_history_arrow
 from consumer.lakehouse.tables import read_mirror as read_mirror_arrow
 
 ChangelogFormat = Literal["delta", "parquet"]
@@ -85,8 +87,23 @@ def read_mirror(
     if rows is None:
         when = "now" if as_of_tso is None else f"at TSO {as_of_tso}"
         raise FileNotFoundError(f"no table {database}.{table} with a mirror {when} in the catalog of {root}")
-    nullable = T.StructType([_nullable(field) for field in spark_schema(rows.schema).fields])
-    return spark.createDataFrame(rows, schema=nullable)  # nullable, as Spark reads files
+    return _nullable_frame(spark, rows)
+
+
+def read_history(
+    spark: SparkSession,
+    root: Root,
+    database: str,
+    table: str,
+    key: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """Every version of the live table `database.table`'s rows (of the row with `key` when given), as
+    `consumer.lakehouse.read_history` gives them. Raises FileNotFoundError when it has no history."""
+    rows = read_history_arrow(root, database, table, key, storage_options)
+    if rows is None:
+        raise FileNotFoundError(f"no live table {database}.{table} with a history in the catalog of {root}")
+    return _nullable_frame(spark, rows)
 
 
 def read_ddl_log(
@@ -116,6 +133,12 @@ def _read_parquet_log(spark: SparkSession, root: LakeRoot, entry: CatalogEntry) 
         return _from_arrow(spark, as_durations(rows, durations))
     frame = spark.read.option("mergeSchema", "true").parquet(*files)
     return _with_intervals(frame, durations)
+
+
+def _nullable_frame(spark: SparkSession, rows: pa.Table) -> DataFrame:
+    """Every column nullable, as Spark reads files."""
+    nullable = T.StructType([_nullable(field) for field in spark_schema(rows.schema).fields])
+    return spark.createDataFrame(rows, schema=nullable)
 
 
 def _nullable(field: T.StructField) -> T.StructField:
