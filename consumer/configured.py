@@ -14,8 +14,9 @@ from consumer.lakehouse.status import DeadLetterStatus, LakeStatus, read_status,
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.large_messages.upstream import UpstreamLookup
-from consumer.protocol.codec import MessageDecoder
-from consumer.protocol.protocols import DecoderSettings, RecordDecoder, record_decoder
+from consumer.protocol.base import DecoderSettings, RecordDecoder
+from consumer.protocol.protocols import record_decoder
+from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import (

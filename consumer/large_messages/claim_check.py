@@ -14,8 +14,8 @@ import msgspec
 import pyarrow.fs as pafs
 
 from consumer.errors import ClaimCheckInvalidError, DecodeError
-from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import KeyOnlyDML, RawDML
+from consumer.protocol.simple.decoder import MessageDecoder
 
 RawValueSetting = bool | Literal["auto"]
 """`claim_check_raw_value`: True (bare values), False (wrapped), or "auto" (a wrapped object is told apart

@@ -13,8 +13,8 @@ import msgspec
 
 from consumer.errors import EncodeError
 from consumer.large_messages.claim_check import ClaimCheckWriter
-from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML, Message, TableSchema
+from consumer.protocol.simple.encoder import MessageEncoder
 
 LargeMessageOption = Literal["none", "handle-key-only", "claim-check"]
 DEFAULT_MAX_MESSAGE_BYTES = 10 * 1024 * 1024

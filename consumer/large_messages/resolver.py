@@ -18,8 +18,8 @@ from consumer.errors import ConsumerError, HandleKeyOnlyError, LargeMessageUnava
 from consumer.large_messages.claim_check import RawValueSetting, full_message
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.large_messages.upstream import UpstreamLookup
-from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import KeyOnlyDML, RawDML, TableSchema
+from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.watchdog import Watchdog
 
 DEFAULT_CONCURRENCY = 16

@@ -20,8 +20,8 @@ from consumer.pipeline.intake import DecodedRecord, RecordIntake
 from consumer.pipeline.resume import RecordedProgress, later_starts, resumed_watermarks
 from consumer.pipeline.stats import PipelineStats, UnitTally
 from consumer.pipeline.writer import SinkWriter
-from consumer.protocol.codec import MessageDecoder
-from consumer.protocol.protocols import RecordDecoder
+from consumer.protocol.base import RecordDecoder
+from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.types import DecodeStats, ValuePolicy
 from consumer.sinks.base import CommitContext, ReportsMetrics, Sink
 from consumer.sinks.dead_letter import DeadLetterQueue

@@ -20,7 +20,6 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-from consumer.protocol.checksum import row_checksum
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -36,7 +35,8 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.checksum import row_checksum
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import JSON_NULL
 
 Dispatch = Literal["table", "primary-key"]

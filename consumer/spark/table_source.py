@@ -53,7 +53,7 @@ from consumer.errors import ConsumerError
 from consumer.lakehouse.ddl import renamed_from
 from consumer.pipeline import Pipeline
 from consumer.protocol.model import DDLType
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sources.base import FixedStarts
 from consumer.sources.kafka import KafkaSource

@@ -25,9 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgspec
 from hypothesis import strategies as st
 
-from consumer.protocol.checksum import row_checksum
-from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder, table_topic
-from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions, wire_value
+from consumer.protocol.debezium.encoder import DebeziumEncoder, DebeziumOptions, wire_value
 from consumer.protocol.limits import tso_of
 from consumer.protocol.model import (
     DDL,
@@ -44,11 +42,14 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.checksum import row_checksum
+from consumer.protocol.table import TableCodec
+from consumer.protocol.ticdc_avro.encoder import ConfluentAvroEncoder
+from consumer.protocol.ticdc_avro.schemas import AvroOptions, table_topic
 from consumer.protocol.types import JSON_NULL, ValuePolicy, column_type, fsp_of
 
 if TYPE_CHECKING:  # the registry client loads an HTTP stack: only the Avro strategies need it
-    from consumer.protocol.registry import SchemaRegistry
+    from consumer.protocol.ticdc_avro.registry import SchemaRegistry
 
 # TSOs a decoder takes for real: positive and not in the future (`DecodeLimits.max_commit_ts_ahead_s`).
 _TSO_MAX = tso_of(dt.datetime(2025, 1, 1, tzinfo=dt.UTC).timestamp())

@@ -54,7 +54,7 @@ _TEMPORAL_WITH_FSP = frozenset(("datetime", "timestamp", "time"))
 
 def writer_schema_json() -> list[dict[str, Any]]:
     """TiCDC's writer schema (`message.json` upstream), as shipped with this package."""
-    return json.loads(resources.files("consumer.protocol").joinpath("message.avsc").read_text())
+    return json.loads(resources.files("consumer.protocol.simple").joinpath("message.avsc").read_text())
 
 
 def _wire_schemas() -> tuple[Any, Any, dict[str, Any]]:

@@ -33,9 +33,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumer.errors import ChecksumMismatchError, IntegrityError, RowCorruptedError
-from consumer.protocol import avro_codec
+from consumer.protocol.base import ChangeImages, ImageKind
 from consumer.protocol.model import Checksum, Column, DataType, RawDML
-from consumer.protocol.rows import ChangeImages, ImageKind, TableCodec
+from consumer.protocol.simple import avro_messages
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ColumnType, _zone_name, fsp_of
 
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
@@ -110,7 +111,7 @@ def _utc_text(value: Any) -> str:
 def dml_wire_images(raw: RawDML) -> tuple[Any, Any]:
     """A DML's `data` and `old` wire images, parsed generically (one row at a time: the settling path)."""
     if raw.encoding == "avro":
-        body = avro_codec.read_dml(raw.payload)
+        body = avro_messages.read_dml(raw.payload)
         return body["data"], body["old"]
     body = msgspec.json.decode(raw.payload)
     return body.get("data"), body.get("old")
