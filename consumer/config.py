@@ -134,8 +134,9 @@ class WatchdogConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class LargeMessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
-    """Key-only DMLs (spec §7). A claim-check is read only under `claim_check_roots` (URIs: file:///DIR,
-    s3://BUCKET/PREFIX, gs://..., abfss://...; pyarrow.fs options may follow a `?`); none: all refused.
+    """Key-only DMLs (docs/protocols/simple.md §7). A claim-check is read only under `claim_check_roots`
+    (URIs: file:///DIR, s3://BUCKET/PREFIX, gs://..., abfss://...; pyarrow.fs options may follow a `?`); none:
+    all refused.
     `claim_check_root_override` reads each object's base name from that one root instead (TiCDC's own
     consumer does, for users who moved the files). `upstream_dsn` (mysql://USER:PASSWORD@HOST:PORT) looks
     handle-key-only rows up in upstream TiDB; without it they go to the error policy."""
@@ -150,7 +151,8 @@ class LargeMessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class IntegrityConfig(msgspec.Struct, forbid_unknown_fields=True):
-    verify_checksums: bool = True  # rows that carry TiDB checksums (spec §8) are verified; others pass
+    # rows that carry TiDB checksums (docs/protocols/simple.md §8) are verified; others pass
+    verify_checksums: bool = True
 
 
 class RunConfig(msgspec.Struct, forbid_unknown_fields=True):

@@ -146,8 +146,9 @@ def build_decoder(decode: DecodeConfig, policy: ValuePolicy) -> RecordDecoder:
 
 
 def build_large_messages(config: RunConfig, policy: ValuePolicy) -> LargeMessageResolver:
-    """What makes key-only DMLs (Simple protocol, spec §7) whole: claim-check storage under the configured
-    roots, and upstream TiDB. A claim-check object is held to the same `DecodeLimits` as a Kafka record."""
+    """What makes key-only DMLs (Simple protocol, docs/protocols/simple.md §7) whole: claim-check storage
+    under the configured roots, and upstream TiDB. A claim-check object is held to the same `DecodeLimits` as
+    a Kafka record."""
     settings = config.large_messages
     try:
         store = ClaimCheckStore.from_uris(

@@ -1,4 +1,5 @@
-"""Claim-check objects (spec §7.2): what TiCDC writes, and how one becomes the full message again.
+"""Claim-check objects (docs/protocols/simple.md §7.2): what TiCDC writes, and how one becomes the full
+message again.
 
 TiCDC writes the full record value (compressed like a Kafka value) as `<uuid4>.json` under its
 `claim-check-storage-uri`, either wrapped in the JSON object `{"key": null, "value": "<base64>"}` (Go's

@@ -1,4 +1,5 @@
-"""TiCDC's large-message handling on the producer side (spec §7), for simulators and users' tests.
+"""TiCDC's large-message handling on the producer side (docs/protocols/simple.md §7), for simulators and
+users' tests.
 
 A DML whose record would exceed `max_message_bytes` is sent with only its handle-key columns and
 `handleKeyOnly`; with claim-check, its full value is first written to storage and the location added.

@@ -1,4 +1,4 @@
-"""Key-only DMLs made whole, between the decoder and the state machine (spec §7).
+"""Key-only DMLs made whole, between the decoder and the state machine (docs/protocols/simple.md §7).
 
 A poll's claim-checks are fetched concurrently (a bounded thread pool: storage reads release the GIL),
 handle-key-only rows are looked up upstream when configured. The caller puts each result back at its

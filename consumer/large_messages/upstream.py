@@ -1,4 +1,4 @@
-"""Handle-key-only rows read back from upstream TiDB (spec §7.1), as of the row's commit.
+"""Handle-key-only rows read back from upstream TiDB (docs/protocols/simple.md §7.1), as of the row's commit.
 
 The new image is the row at `commitTs`, the old image the row at `commitTs - 1` (TiDB's `tidb_snapshot`
 takes an exact TSO). SQL is parameterised (PyMySQL escapes every value it sends) and names are quoted as

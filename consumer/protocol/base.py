@@ -52,7 +52,7 @@ class RowImages:
 
 
 class ImageKind(enum.IntEnum):
-    """Which row image of its DML a change row is (an UPDATE carries both, docs/protocols/simple.md §3)."""
+    """Which row image of its DML a change row is (an UPDATE carries both, docs/protocols/simple.md §3.3)."""
 
     INSERT = 0
     UPDATE_OLD = 1

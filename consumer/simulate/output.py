@@ -44,7 +44,8 @@ class SimulationReport:
 
 
 def record_key(record: StreamRecord) -> bytes | None:
-    """TiCDC's keys: empty for DML and BOOTSTRAP (async producer), null for DDL and WATERMARK (spec §1.1)."""
+    """TiCDC's keys: empty for DML and BOOTSTRAP (async producer), null for DDL and WATERMARK
+    (docs/protocols/simple.md §1.1)."""
     return b"" if isinstance(record.message, DML | Bootstrap) else None
 
 

@@ -1,4 +1,4 @@
-"""TiCDC's Debezium protocol (`protocol=debezium`, spec debezium-protocol.md): JSON change events shaped like
+"""TiCDC's Debezium protocol (`protocol=debezium`, docs/protocols/debezium.md): JSON change events shaped like
 the Debezium MySQL connector's, plus TiCDC's DDL and WATERMARK events.
 
 A DML's value usually carries its Connect schema (`schema.fields` of `before`/`after`): the decoder derives
@@ -62,7 +62,7 @@ class _Source(msgspec.Struct, gc=False):
 
 
 class _DDLColumn(msgspec.Struct, gc=False):
-    """A column of a DDL event's `tableChanges[].table` (spec §8)."""
+    """A column of a DDL event's `tableChanges[].table` (docs/protocols/debezium.md §8)."""
 
     name: str
     typeName: str | None = None
@@ -92,7 +92,7 @@ class _Payload(msgspec.Struct, gc=False):
 
 
 class _ConnectField(msgspec.Struct, gc=False):
-    """A column's Connect schema in `before`/`after` (spec §5)."""
+    """A column's Connect schema in `before`/`after` (docs/protocols/debezium.md §5)."""
 
     field: str
     type: str = ""
@@ -152,8 +152,9 @@ class _Described:
 
 
 class DebeziumDecoder:
-    """Kafka record (key, value) -> message, per spec §3; `compression` as configured for the changefeed's
-    large-message-handle-compression ("auto": a value starting with `{` is plain JSON)."""
+    """Kafka record (key, value) -> message, per docs/protocols/debezium.md §3; `compression` as configured
+    for the changefeed's large-message-handle-compression ("auto": a value starting with `{` is plain
+    JSON)."""
 
     def __init__(self, compression: CompressionSetting = "auto", policy: ValuePolicy | None = None) -> None:
         self.compression = compression
@@ -306,10 +307,10 @@ class DebeziumDecoder:
             del self._suffixes[_KNOWN_SCHEMAS:]
 
     def _plain(self, value: bytes) -> bytes:
-        """Keys and values are JSON, compressed only when the changefeed says so (spec §2): `auto` takes an
-        LZ4 frame by its magic and anything else for JSON. A snappy block has no mark (its first byte, a
-        length, may be any byte): guessing it made every bad value a bad snappy block, so snappy is
-        configured."""
+        """Keys and values are JSON, compressed only when the changefeed says so (docs/protocols/debezium.md
+        §2): `auto` takes an LZ4 frame by its magic and anything else for JSON. A snappy block has no mark
+        (its first byte, a length, may be any byte): guessing it made every bad value a bad snappy block, so
+        snappy is configured."""
         compression = self.compression
         if compression == "auto":
             compression = "lz4" if value.startswith(LZ4_MAGIC) else "none"
@@ -357,7 +358,7 @@ class DebeziumDecoder:
         return table
 
     def _parsed_key(self, key: bytes | None) -> _KeyEnvelope | None:
-        """The key, compressed as the value is (spec §2); None for none."""
+        """The key, compressed as the value is (docs/protocols/debezium.md §2); None for none."""
         if not key:
             return None
         plain = self._plain(key)
@@ -485,7 +486,8 @@ def _tidb_data_type(tidb_type: str, name: str) -> DataType:
     if base in INTS or base in ("float", "double"):
         return DataType(base, unsigned=unsigned)
     if base == "decimal":
-        return DataType("double")  # the wire holds a float64 (spec §6.1): typed as what it is
+        # the wire holds a float64 (docs/protocols/debezium.md §6.1): typed as what it is
+        return DataType("double")
     if base in TEXTS:
         return DataType(base, **TEXT)
     if base in BINARY:
@@ -513,7 +515,8 @@ _QUOTED_ID = re.compile(r'"((?:[^"]|"")*)"\."((?:[^"]|"")*)"')
 
 
 def _ddl(payload: _Payload, source: _Source, *, typed: bool) -> DDL:
-    """A DDL event: its type from the statement, its table's structure from `tableChanges` (spec §8)."""
+    """A DDL event: its type from the statement, its table's structure from `tableChanges`
+    (docs/protocols/debezium.md §8)."""
     sql = payload.ddl or ""
     found = _STATEMENT.match(sql)
     kind = (
@@ -539,7 +542,8 @@ def _ddl(payload: _Payload, source: _Source, *, typed: bool) -> DDL:
         build_ts=0,
         table_schema=schema,
         pre_table_schema=pre,
-        database=source.db if schema is None else "",  # a database-level DDL's (spec §8.2)
+        # a database-level DDL's (docs/protocols/debezium.md §8.2)
+        database=source.db if schema is None else "",
     )
 
 

@@ -38,7 +38,7 @@ from consumer.protocol.types import (
 # -- encoding ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DebeziumOptions:
-    """TiCDC's options for this protocol (spec §11) that change the wire."""
+    """TiCDC's options for this protocol (docs/protocols/debezium.md §11) that change the wire."""
 
     tidb_extension: bool = False
     disable_schema: bool = False
@@ -48,7 +48,7 @@ class DebeziumOptions:
 
 
 class DebeziumEncoder:
-    """Typed messages -> (key, value) records as TiCDC writes them (spec §4-§9)."""
+    """Typed messages -> (key, value) records as TiCDC writes them (docs/protocols/debezium.md §4-§9)."""
 
     def __init__(self, options: DebeziumOptions | None = None, policy: ValuePolicy | None = None) -> None:
         self.options = options or DebeziumOptions()
@@ -316,7 +316,7 @@ def _ddl_column_out(column: Column, position: int) -> dict[str, Any]:
 
 
 def wire_value(column: ColumnType, value: Any) -> Any:
-    """A typed value as TiCDC's Debezium JSON writes it (spec §6.1-§6.2)."""
+    """A typed value as TiCDC's Debezium JSON writes it (docs/protocols/debezium.md §6.1-§6.2)."""
     if value is None:
         return None
     data_type = column.data_type
@@ -357,7 +357,8 @@ def wire_value(column: ColumnType, value: Any) -> Any:
 
 
 def _two_digit_year(value: dt.date) -> dt.date:
-    """Debezium's shift of years below 100 (spec §6.2): 0-69 -> 2000+, 70-99 -> 1900+."""
+    """Debezium's shift of years below 100 (docs/protocols/debezium.md §6.2): 0-69 -> 2000+, 70-99 ->
+    1900+."""
     if value.year >= 100:
         return value
     return value.replace(year=value.year + (2000 if value.year < 70 else 1900))

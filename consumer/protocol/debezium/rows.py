@@ -246,7 +246,7 @@ def _json_texts(values: list[Any], name: str) -> list[str | None]:
 
 
 def _typed_values(column: ColumnType, values: list[Any]) -> pa.Array:
-    """One column's wire values (spec §6.1) -> its SDK Arrow array."""
+    """One column's wire values (docs/protocols/debezium.md §6.1) -> its SDK Arrow array."""
     data_type = column.data_type
     kind = data_type.mysql_type
     if kind == "bigint" and data_type.unsigned:

@@ -1,4 +1,5 @@
-"""Avro encoding (spec §5): a bare datum of the 12-type union in `message.avsc`, always branch 11 (Message).
+"""Avro encoding (docs/protocols/simple.md §5): a bare datum of the 12-type union in `message.avsc`, always
+branch 11 (Message).
 
 `ColumnSchema.default` is read and written as Avro `bytes`: it shares `string`'s binary layout, and TiCDC
 puts raw (often invalid UTF-8) literal bytes there for BIT columns, which a strict string read rejects.

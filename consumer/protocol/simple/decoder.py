@@ -1,4 +1,5 @@
-"""Record value -> message in the Simple protocol: compression, then JSON or Avro (spec §1.2).
+"""Record value -> message in the Simple protocol: compression, then JSON or Avro (docs/protocols/simple.md
+§1.2).
 
 `MessageDecoder.decode` is the containment boundary for a record's bytes: whatever they hold, it returns a
 message or raises a `ConsumerError`. Schemas are validated there, once, as they arrive, and commitTs values

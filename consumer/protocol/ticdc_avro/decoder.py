@@ -1,5 +1,5 @@
-"""TiCDC's Avro protocol (`protocol=avro`, spec avro-protocol.md): a Confluent-framed key and value per row
-change, writer schemas in a schema registry, one topic per table.
+"""TiCDC's Avro protocol (`protocol=avro`, docs/protocols/ticdc-avro.md): a Confluent-framed key and value per
+row change, writer schemas in a schema registry, one topic per table.
 
 A record carries no schema version of TiDB's: the table version of a row is its pair of writer schemas. The
 decoder derives the SDK's `TableSchema` from them (`AvroLayout.schema`, version `key id << 31 | value id`)
@@ -57,8 +57,8 @@ from consumer.protocol.validation import validate_schema
 
 # -- decoding records ---------------------------------------------------------------------------------
 class ConfluentAvroDecoder:
-    """Kafka record (key, value) -> message, per spec §3.2; watermark-mode records are always recognised
-    (a Confluent frame starts with 0x00, so they cannot be mistaken)."""
+    """Kafka record (key, value) -> message, per docs/protocols/ticdc-avro.md §3.2; watermark-mode records are
+    always recognised (a Confluent frame starts with 0x00, so they cannot be mistaken)."""
 
     def __init__(self, registry: SchemaRegistry, policy: ValuePolicy | None = None) -> None:
         self.registry = registry
@@ -251,8 +251,8 @@ def _tail_each(value: bytes, checksum: bool) -> tuple[DMLType, int]:
 
 
 def _last_op(value: bytes) -> DMLType:
-    """`_tidb_op` ends the datum when only `avro-include-before-value` appends it (spec §4.3): a string of
-    one character."""
+    """`_tidb_op` ends the datum when only `avro-include-before-value` appends it
+    (docs/protocols/ticdc-avro.md §4.3): a string of one character."""
     kind = OPS.get(chr(value[-1])) if len(value) > 6 and value[-2] == 2 else None
     if kind is None:
         raise MalformedMessageError("the datum does not end with _tidb_op")

@@ -203,7 +203,7 @@ def _key_columns(schema: TableSchema) -> tuple[str, ...]:
 
 
 def _tidb_type(column: Column, options: AvroOptions) -> tuple[str, Any, dict[str, str]]:
-    """(tidb_type, Avro type, extra connect.parameters) of a column (spec §5.1)."""
+    """(tidb_type, Avro type, extra connect.parameters) of a column (docs/protocols/ticdc-avro.md §5.1)."""
     data_type = column.data_type
     kind, unsigned = data_type.mysql_type, data_type.unsigned
     if kind in _INTS:

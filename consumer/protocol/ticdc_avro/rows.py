@@ -163,8 +163,8 @@ def _plain_array(array: pa.Array) -> pa.Array:
 
 # -- wire columns -> SDK columns ------------------------------------------------------------------------
 def typed_column(column: ColumnType, wire: AvroColumn, values: pa.Array, policy: ValuePolicy) -> pa.Array:
-    """One column of decoded datums as its SDK Arrow type (spec §5.1). Errors name the column and the row
-    (index in `values`)."""
+    """One column of decoded datums as its SDK Arrow type (docs/protocols/ticdc-avro.md §5.1). Errors name the
+    column and the row (index in `values`)."""
     try:
         return _converter(column, wire)(values, policy)
     except ValueDecodeError:

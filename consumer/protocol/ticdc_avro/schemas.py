@@ -42,8 +42,9 @@ UnsignedMode = Literal["long", "string"]
 
 @dataclass(frozen=True)
 class AvroOptions:
-    """TiCDC's options for this protocol (spec §9), which the encoder follows; the decoder needs none of them
-    (the writer schema says everything) but the producer's time zone, in `ValuePolicy.timestamp_location`.
+    """TiCDC's options for this protocol (docs/protocols/ticdc-avro.md §9), which the encoder follows; the
+    decoder needs none of them (the writer schema says everything) but the producer's time zone, in
+    `ValuePolicy.timestamp_location`.
 
     `bit_bytes` "fixed" writes BIT as ⌈M/8⌉ bytes (new TiCDC), "minimal" as few as the value needs (classic).
     """
@@ -138,7 +139,8 @@ def layout(key_json: Any, value_json: Any, key_id: int, value_id: int) -> AvroLa
     """Derive the table version from writer schemas (either may be None: a keyless table, a key-only
     DELETE of a table whose value schema this consumer has not seen).
 
-    Only the shape TiCDC writes passes (spec §4): records of column fields of the primitive each
+    Only the shape TiCDC writes passes (docs/protocols/ticdc-avro.md §4): records of column fields of the
+    primitive each
     `tidb_type` has, then TiCDC's extension fields in their order. The columnar reader is native code
     and is never handed anything else (arrays, maps, recursion, unknown logical types...)."""
     main = value_json if value_json is not None else key_json
@@ -250,7 +252,7 @@ def _parsable(schema: Any) -> None:
         raise MalformedMessageError(f"writer schema is not valid Avro: {type(exc).__name__}: {exc}") from exc
 
 
-# Each tidb_type's Avro primitives (spec §5.1; integer types accept either width).
+# Each tidb_type's Avro primitives (docs/protocols/ticdc-avro.md §5.1; integer types accept either width).
 _AVRO_OF_TIDB: dict[str, frozenset[str]] = {
     **dict.fromkeys(("INT", "INT UNSIGNED", "YEAR"), frozenset(("int", "long"))),
     "BIGINT": frozenset(("long",)),
