@@ -425,11 +425,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     avro_decoder.decode_record(*ticdc_avro[0])
     (avro_raw,) = [avro_decoder.decode_record(*ticdc_avro[0])]
     avro_codec_ = TableCodec(
-        avro_decoder.described_schema(avro_raw.schema_key), policy, registry=avro_decoder.registry
+        avro_decoder.described_schema(avro_raw.schema_key), policy, protocol=avro_decoder.protocol
     )  # type: ignore[arg-type]
     dbz_decoder = DebeziumDecoder()
     dbz_raw = dbz_decoder.decode_record(*debezium[0])
-    dbz_codec = TableCodec(dbz_decoder.described_schema(dbz_raw.schema_key), policy)  # type: ignore[arg-type]
+    dbz_codec = TableCodec(
+        dbz_decoder.described_schema(dbz_raw.schema_key), policy, protocol=dbz_decoder.protocol
+    )  # type: ignore[arg-type]
     json_polled, avro_polled = polled((None, v) for v in json_values), polled((None, v) for v in avro_values)
     ticdc_polled, debezium_polled = polled(ticdc_avro), polled(debezium)
     assert isinstance(MessageDecoder().decode(json_values[0]), RawDML)
