@@ -51,14 +51,19 @@ from zoneinfo import ZoneInfo
 import fastavro
 import pyarrow as pa
 
-from consumer.protocol import avro_codec
-from consumer.protocol.checksum import row_checksum, verify_changes
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
-from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroDecoder, ConfluentAvroEncoder
-from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions
+from consumer.protocol.base import RowImages
+from consumer.protocol.debezium.decoder import DebeziumDecoder
+from consumer.protocol.debezium.encoder import DebeziumEncoder, DebeziumOptions
 from consumer.protocol.model import DML, Checksum, Column, DataType, DMLType, Index, RawDML, TableSchema
-from consumer.protocol.registry import SchemaRegistry
-from consumer.protocol.rows import RowImages, TableCodec
+from consumer.protocol.simple import avro_messages
+from consumer.protocol.simple.checksum import row_checksum, verify_changes
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
+from consumer.protocol.ticdc_avro.decoder import ConfluentAvroDecoder
+from consumer.protocol.ticdc_avro.encoder import ConfluentAvroEncoder
+from consumer.protocol.ticdc_avro.registry import SchemaRegistry
+from consumer.protocol.ticdc_avro.schemas import AvroOptions
 from consumer.protocol.types import ValuePolicy
 from consumer.sources.record import SourceRecord
 from consumer.testing.registry import LocalSchemaRegistry
@@ -271,7 +276,7 @@ def polled(pairs: Iterable[tuple[bytes | None, bytes]]) -> list[SourceRecord]:
 
 
 def bare_fastavro(values: Sequence[bytes]) -> list[Any]:
-    reader, schema, bytes_io = fastavro.schemaless_reader, avro_codec._SCHEMA, io.BytesIO
+    reader, schema, bytes_io = fastavro.schemaless_reader, avro_messages._SCHEMA, io.BytesIO
     return [reader(bytes_io(v), schema, None) for v in values]
 
 
@@ -420,11 +425,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     avro_decoder.decode_record(*ticdc_avro[0])
     (avro_raw,) = [avro_decoder.decode_record(*ticdc_avro[0])]
     avro_codec_ = TableCodec(
-        avro_decoder.described_schema(avro_raw.schema_key), policy, registry=avro_decoder.registry
+        avro_decoder.described_schema(avro_raw.schema_key), policy, protocol=avro_decoder.protocol
     )  # type: ignore[arg-type]
     dbz_decoder = DebeziumDecoder()
     dbz_raw = dbz_decoder.decode_record(*debezium[0])
-    dbz_codec = TableCodec(dbz_decoder.described_schema(dbz_raw.schema_key), policy)  # type: ignore[arg-type]
+    dbz_codec = TableCodec(
+        dbz_decoder.described_schema(dbz_raw.schema_key), policy, protocol=dbz_decoder.protocol
+    )  # type: ignore[arg-type]
     json_polled, avro_polled = polled((None, v) for v in json_values), polled((None, v) for v in avro_values)
     ticdc_polled, debezium_polled = polled(ticdc_avro), polled(debezium)
     assert isinstance(MessageDecoder().decode(json_values[0]), RawDML)

@@ -97,8 +97,8 @@ from consumer.lakehouse.manifest import manifest_files
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import entry_uri, tables
 from consumer.pipeline import Pipeline
-from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import TableSchema
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import produce_to_kafka
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.base import CommitContext, DDLEvent, Sink

@@ -39,8 +39,8 @@ from consumer.config import LargeMessagesConfig, ParallelismConfig, RunConfig, S
 from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import LargeMessageEncoder
 from consumer.pipeline import Pipeline
-from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import produce_to_kafka
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource

@@ -41,7 +41,7 @@ from consumer.lakehouse.catalog import Catalog
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import KEY_PROPERTY
 from consumer.protocol.model import TSO_PHYSICAL_SHIFT, Column, DataType, Index, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext
 from consumer.sinks.delta import DeltaSink
 

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from consumer.errors import ConfigError, ConsumerError, DecodeError, SinkError
     from consumer.lakehouse.tables import read_changelog, read_mirror
     from consumer.pipeline import Pipeline, PipelineStats
-    from consumer.protocol.codec import MessageDecoder, MessageEncoder
-    from consumer.protocol.rows import TableCodec
+    from consumer.protocol.simple.decoder import MessageDecoder
+    from consumer.protocol.simple.encoder import MessageEncoder
+    from consumer.protocol.table import TableCodec
     from consumer.protocol.types import ValuePolicy
     from consumer.sinks.dead_letter import DeadLetterFile
     from consumer.sinks.delta import DeltaSink
@@ -72,9 +73,9 @@ except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
 _HOMES = {  # public name -> the module defining it
-    "MessageDecoder": "consumer.protocol.codec",
-    "MessageEncoder": "consumer.protocol.codec",
-    "TableCodec": "consumer.protocol.rows",
+    "MessageDecoder": "consumer.protocol.simple.decoder",
+    "MessageEncoder": "consumer.protocol.simple.encoder",
+    "TableCodec": "consumer.protocol.table",
     "ValuePolicy": "consumer.protocol.types",
     "RunConfig": "consumer.config",
     "load_config": "consumer.config",

@@ -26,9 +26,8 @@ from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import DEFAULT_MAX_MESSAGE_BYTES, LargeMessageEncoder
 from consumer.pipeline import PipelineStats
 from consumer.progress import ProgressReporter
-from consumer.protocol.codec import MessageEncoder
-from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
-from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions
+from consumer.protocol.base import RecordDecoder
+from consumer.protocol.debezium.encoder import DebeziumEncoder, DebeziumOptions
 from consumer.protocol.model import (
     DDL,
     TSO_PHYSICAL_SHIFT,
@@ -39,9 +38,12 @@ from consumer.protocol.model import (
     Watermark,
 )
 from consumer.protocol.plain import message_object
-from consumer.protocol.protocols import PROTOCOLS, RecordDecoder
-from consumer.protocol.registry import SchemaRegistry
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.protocols import PROTOCOLS
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
+from consumer.protocol.ticdc_avro.encoder import ConfluentAvroEncoder
+from consumer.protocol.ticdc_avro.registry import SchemaRegistry
+from consumer.protocol.ticdc_avro.schemas import AvroOptions
 from consumer.protocol.types import ValuePolicy
 from consumer.redrive import LetterState, letter_states, replay
 from consumer.simulate.output import (
@@ -210,7 +212,7 @@ class _DecodeStream:
 
     def _register(self, schema: TableSchema) -> None:
         if schema.key not in self.codecs:
-            self.codecs[schema.key] = TableCodec(schema, self.policy, registry=self.decoder.registry)
+            self.codecs[schema.key] = TableCodec(schema, self.policy, protocol=self.decoder.protocol)
         for path, raw in self.held.pop(schema.key, []):
             try:
                 self._emit(self.codecs[schema.key].decode(raw))

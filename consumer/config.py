@@ -272,8 +272,8 @@ class WatchdogConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class LargeMessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
-    """Key-only DMLs (spec §7): claim-checks read only under configured roots, handle-key-only rows looked
-    up upstream."""
+    """Key-only DMLs (docs/protocols/simple.md §7): claim-checks read only under configured roots,
+    handle-key-only rows looked up upstream."""
 
     claim_check_roots: Annotated[
         list[str],
@@ -310,7 +310,7 @@ class LargeMessagesConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 class IntegrityConfig(msgspec.Struct, forbid_unknown_fields=True):
     verify_checksums: Annotated[
-        bool, described("rows carrying TiDB row checksums (spec §8) are verified; others pass")
+        bool, described("rows carrying TiDB row checksums are verified; others pass")
     ] = True
 
 

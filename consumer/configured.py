@@ -14,8 +14,9 @@ from consumer.lakehouse.status import DeadLetterStatus, LakeStatus, read_status,
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.large_messages.upstream import UpstreamLookup
-from consumer.protocol.codec import MessageDecoder
-from consumer.protocol.protocols import DecoderSettings, RecordDecoder, record_decoder
+from consumer.protocol.base import DecoderSettings, RecordDecoder
+from consumer.protocol.protocols import record_decoder
+from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import (
@@ -145,8 +146,9 @@ def build_decoder(decode: DecodeConfig, policy: ValuePolicy) -> RecordDecoder:
 
 
 def build_large_messages(config: RunConfig, policy: ValuePolicy) -> LargeMessageResolver:
-    """What makes key-only DMLs (Simple protocol, spec §7) whole: claim-check storage under the configured
-    roots, and upstream TiDB. A claim-check object is held to the same `DecodeLimits` as a Kafka record."""
+    """What makes key-only DMLs (Simple protocol, docs/protocols/simple.md §7) whole: claim-check storage
+    under the configured roots, and upstream TiDB. A claim-check object is held to the same `DecodeLimits` as
+    a Kafka record."""
     settings = config.large_messages
     try:
         store = ClaimCheckStore.from_uris(

@@ -24,8 +24,8 @@ from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import tables
 from consumer.pipeline import PipelineStats
 from consumer.progress import ProgressReporter
-from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import TSO_PHYSICAL_SHIFT, TableSchema
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import SimulationReport, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_changelogs, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig

@@ -236,7 +236,8 @@ class ReplayWithoutCommitTsError(ConsumerError):
 
 
 class LargeMessageError(ConsumerError):
-    """A DML whose message carries only its handle key (spec §7) could not be made whole."""
+    """A DML whose message carries only its handle key (docs/protocols/simple.md §7) could not be made
+    whole."""
 
     code = "large-message"
 
@@ -300,7 +301,7 @@ class SnapshotTooOldError(UpstreamLookupError):
 
 
 class IntegrityError(ConsumerError):
-    """A row's checksum (spec §8) says it is not the row TiDB wrote."""
+    """A row's checksum (docs/protocols/simple.md §8) says it is not the row TiDB wrote."""
 
     code = "integrity"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML, Bootstrap, Column, DataType, DMLType, Index, TableSchema, Watermark
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.sources.capture import write_capture
 from consumer.sources.record import SourceRecord
 

@@ -12,16 +12,19 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from consumer.errors import ConsumerError, MalformedMessageError, ValueDecodeError
-from consumer.protocol import avro_codec
 from consumer.protocol.avro_container import zigzag
-from consumer.protocol.avro_rows import _Reader
 from consumer.protocol.avro_varints import _Walk, overlong_varint
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
-from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroDecoder, ConfluentAvroEncoder
 from consumer.protocol.limits import tso_of
 from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema, Watermark
-from consumer.protocol.registry import SchemaRegistry
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple import avro_messages
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
+from consumer.protocol.ticdc_avro.decoder import ConfluentAvroDecoder, TicdcAvroProtocol
+from consumer.protocol.ticdc_avro.encoder import ConfluentAvroEncoder
+from consumer.protocol.ticdc_avro.registry import SchemaRegistry
+from consumer.protocol.ticdc_avro.rows import _Reader
+from consumer.protocol.ticdc_avro.schemas import AvroOptions
 from consumer.sources.record import SourceRecord
 from consumer.testing.registry import LocalSchemaRegistry
 from consumer.testing.strategies import avro_changes, table_messages
@@ -129,7 +132,7 @@ def _rows(
     raws = [decoder.decode_record(key, value) for key, value in records]
     schema = decoder.described_schema(raws[0].schema_key)  # type: ignore[union-attr]
     assert schema is not None
-    return TableCodec(schema, registry=registry), raws
+    return TableCodec(schema, protocol=TicdcAvroProtocol(registry)), raws
 
 
 @pytest.mark.parametrize("part", ["value", "key"])
@@ -169,10 +172,10 @@ def test_a_ticdc_avro_commit_ts_over_10_bytes_is_malformed_when_routed(registry:
 # -- the check itself ----------------------------------------------------------------------------------
 def test_only_datums_with_a_run_of_10_high_bytes_are_walked_and_valid_ones_pass() -> None:
     """Text of non-Latin scripts has such runs: a valid datum holding one passes the walk."""
-    value = avro_codec.encode(_dml(), {"id": ("long", 1), "n": ("string", "数据库表" * 4)})
-    start = len(avro_codec.DML_PREFIX)
-    assert overlong_varint(value, start, avro_codec._DML_SCHEMA, avro_codec._NAMED) is None
-    assert avro_codec.read_dml(value)["data"]["n"] == "数据库表" * 4
+    value = avro_messages.encode(_dml(), {"id": ("long", 1), "n": ("string", "数据库表" * 4)})
+    start = len(avro_messages.DML_PREFIX)
+    assert overlong_varint(value, start, avro_messages._DML_SCHEMA, avro_messages._NAMED) is None
+    assert avro_messages.read_dml(value)["data"]["n"] == "数据库表" * 4
     assert overlong_varint(_padded(1), 0, "long", {}) == 0
     assert overlong_varint(_padded(1, size=10), 0, "long", {}) is None  # 10 bytes: a long may take them
 
@@ -213,13 +216,13 @@ def test_every_varint_of_a_simple_avro_message_padded_is_found(data: Any) -> Non
     does; any one of its varints padded to 11 bytes, the same value to fastavro, is found where it starts."""
     message, schema = data.draw(table_messages(max_columns=4))
     value = MessageEncoder("avro").encode(message, schema)
-    starts = _walked(value, 0, avro_codec._SCHEMA, avro_codec._NAMED)
-    assert overlong_varint(value, 0, avro_codec._SCHEMA, avro_codec._NAMED) is None
+    starts = _walked(value, 0, avro_messages._SCHEMA, avro_messages._NAMED)
+    assert overlong_varint(value, 0, avro_messages._SCHEMA, avro_messages._NAMED) is None
     start = data.draw(st.sampled_from(starts))
     padded = _pad_at(value, start)
-    assert overlong_varint(padded, 0, avro_codec._SCHEMA, avro_codec._NAMED) == start
+    assert overlong_varint(padded, 0, avro_messages._SCHEMA, avro_messages._NAMED) == start
     with pytest.raises(MalformedMessageError, match=f"varint at byte {start} is longer than 10 bytes"):
-        avro_codec.read_datum(padded)  # the whole message, rows too, as the per-datum path reads it
+        avro_messages.read_datum(padded)  # the whole message, rows too, as the per-datum path reads it
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 from consumer.batches.changes import METADATA_NAMES, stored_name, table_changes
 from consumer.errors import RecordLocation, ValueDecodeError
 from consumer.lakehouse.tables import latest_per_key
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 from consumer.testing.messages import raw_dml
 
 SCHEMA = TableSchema(

@@ -20,7 +20,6 @@ from consumer.batches.changes import TableChanges, table_changes
 from consumer.batches.decode_pool import PIECE_ROWS, DecodePool
 from consumer.errors import RecordLocation, SinkError
 from consumer.pipeline import Pipeline
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import (
     DML,
     Bootstrap,
@@ -32,7 +31,9 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sinks.dead_letter import DeadLetterFile

@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from consumer.errors import ChecksumMismatchError, RowCorruptedError
-from consumer.protocol.checksum import image_checksums, row_checksum, verify_changes, wire_checksum
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DML, Checksum, Column, DataType, DMLType, Index, RawDML, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.checksum import image_checksums, row_checksum, verify_changes, wire_checksum
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.testing.strategies import ALL_MYSQL_TYPES, rows, table_schemas, values
 

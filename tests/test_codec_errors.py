@@ -17,10 +17,11 @@ from consumer.errors import (
     UnrepresentableValueError,
     ValueDecodeError,
 )
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.compression import compress
 from consumer.protocol.model import DML, Column, DataType, DMLType, RawDML, TableSchema, Watermark
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ValuePolicy
 
 SCHEMA = TableSchema(

@@ -6,9 +6,10 @@ import datetime as dt
 import json
 from decimal import Decimal
 
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DML, Bootstrap, Column, DataType, DMLType, RawDML, TableSchema, Watermark
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 
 
 def _table(*columns: Column) -> TableSchema:

@@ -6,9 +6,11 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
+from consumer.protocol.base import ImageKind
 from consumer.protocol.model import DML, DMLType, RawDML, TableSchema
-from consumer.protocol.rows import ImageKind, TableCodec
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 from consumer.testing.strategies import dml_messages, table_messages, table_schemas
 
 ENCODINGS = st.sampled_from(["json", "avro"])

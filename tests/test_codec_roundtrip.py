@@ -8,7 +8,6 @@ from decimal import Decimal
 
 import pytest
 
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -22,7 +21,9 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 
 
 def _col(name: str, mysql_type: str, **kw: object) -> Column:

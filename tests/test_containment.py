@@ -34,12 +34,13 @@ from consumer.errors import (
     ValueDecodeError,
     ValueTooLargeError,
 )
-from consumer.protocol import avro_codec
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.compression import decompress
 from consumer.protocol.limits import DecodeLimits, nesting_depth, tso_of
 from consumer.protocol.model import DML, Bootstrap, Column, DataType, DMLType, Index, RawDML, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple import avro_messages
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.protocol.validation import validate_schema
 from consumer.sinks.dead_letter import DeadLetterFile
@@ -114,8 +115,8 @@ def test_a_decimal_scale_of_2_to_the_31_is_refused_before_pyarrow_sees_it() -> N
     script = """
 import json
 from consumer.errors import SchemaRejectedError
-from consumer.protocol.codec import MessageDecoder
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.table import TableCodec
 from consumer.protocol.model import TableSchema, Column, DataType
 for scale in (2147483647, 2147483648):
     bootstrap = {"version": 1, "type": "BOOTSTRAP", "commitTs": 0, "buildTs": 1, "tableSchema": {
@@ -247,7 +248,7 @@ def test_a_json_document_at_tidbs_depth_limit_still_decodes() -> None:
 
 def test_an_avro_timestamp_sent_as_a_string_is_a_value_error() -> None:
     dml = insert_header()
-    value = avro_codec.encode(dml, {"id": ("long", 1), "ts": ("string", "2020-01-01 00:00:00")})
+    value = avro_messages.encode(dml, {"id": ("long", 1), "ts": ("string", "2020-01-01 00:00:00")})
     with pytest.raises(ValueDecodeError, match="not a valid timestamp") as caught:
         rows_of(value)
     assert caught.value.column == "ts"
@@ -298,7 +299,7 @@ def test_a_bomb_is_refused_in_bounded_memory() -> None:
     script = """
 import lz4.frame
 from consumer.errors import CompressionBombError
-from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.testing.processes import peak_rss_mib
 packer = lz4.frame.LZ4FrameCompressor()
 chunk = bytes(16 << 20)
@@ -450,7 +451,7 @@ def test_an_unknown_type_is_kept_as_its_wire_text_with_one_warning(caplog: pytes
     schema = msgspec.structs.replace(with_column(Column("shape", DataType("geometry"))), table="geo")
     json_value = json_dml({"id": "1", "shape": "POINT(1 2)"}, schema=schema)
     dml = insert_header(table="geo", schema_version=schema.version)
-    avro_value = avro_codec.encode(dml, {"id": ("long", 2), "shape": ("bytes", b"POINT(3 4)")})
+    avro_value = avro_messages.encode(dml, {"id": ("long", 2), "shape": ("bytes", b"POINT(3 4)")})
     codec = TableCodec(schema)
     for _ in range(3):
         MessageDecoder().decode(bootstrap(schema))

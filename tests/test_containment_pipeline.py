@@ -22,10 +22,10 @@ from click.testing import CliRunner
 
 from consumer.cli import EXIT_UNAPPLIED, main
 from consumer.lakehouse.tables import read_changelog, read_mirror
-from consumer.protocol import avro_codec
-from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.limits import tso_of
 from consumer.protocol.model import DML, Bootstrap, Column, DataType, DMLType, Index, TableSchema, Watermark
+from consumer.protocol.simple import avro_messages
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.sources.capture import write_capture
 from consumer.sources.record import SourceRecord
 
@@ -213,7 +213,7 @@ def test_an_avro_timestamp_as_a_string_in_an_avro_stream(tmp_path: Path) -> None
         build_ts=1,
         schema_version=SCHEMA.version,
     )
-    hostile = avro_codec.encode(message, {"id": ("long", 50), "ts": ("string", "2020-01-01 00:00:00")})
+    hostile = avro_messages.encode(message, {"id": ("long", 50), "ts": ("string", "2020-01-01 00:00:00")})
     values, valid, offsets = stream([hostile], "avro")
     root = tmp_path / "lake"
     assert run(capture(tmp_path / "c.jsonl", values), f"delta:{root}").exit_code == 0

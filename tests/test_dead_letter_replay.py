@@ -22,10 +22,12 @@ from consumer.cli import main
 from consumer.config import RunConfig, load_config
 from consumer.errors import DeadLetter, RecordLocation
 from consumer.lakehouse.tables import read_mirror
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
-from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
 from consumer.protocol.model import DDL, DML, Bootstrap, DMLType, Watermark
-from consumer.protocol.registry import SchemaRegistry
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.ticdc_avro.encoder import ConfluentAvroEncoder
+from consumer.protocol.ticdc_avro.registry import SchemaRegistry
+from consumer.protocol.ticdc_avro.schemas import AvroOptions
 from consumer.redrive.outcomes import SIDE_LOG
 from consumer.simulate.output import AvroStream, write_capture_file, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences, load_truth

@@ -23,8 +23,9 @@ from confluent_kafka.admin import AdminClient
 from jsonl_outputs import delivered_ddls, delivered_rows, unique_images
 
 from consumer.pipeline import Pipeline
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import RawDML
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import differences, load_truth, replay_changelog
 from consumer.simulate.workload import Workload, WorkloadConfig

@@ -23,8 +23,8 @@ from lakehouse_checks import (
 
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.tables import read_history, read_mirror
-from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import Watermark
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import arrow_table_rows, delta_mirror_state, differences, sent, truth_at
 from consumer.simulate.workload import Workload, WorkloadConfig

@@ -23,7 +23,7 @@ from pyarrow.fs import FileSelector
 
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
-from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import SimulationReport, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import arrow_table_rows, differences
 from consumer.simulate.workload import Workload, WorkloadConfig

@@ -18,10 +18,11 @@ from pyspark.sql import SparkSession
 
 from consumer.config import load_config
 from consumer.lakehouse.progress import consistent_ts
-from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
-from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions
+from consumer.protocol.debezium.encoder import DebeziumEncoder, DebeziumOptions
 from consumer.protocol.model import DataType
-from consumer.protocol.registry import SchemaRegistry
+from consumer.protocol.ticdc_avro.encoder import ConfluentAvroEncoder
+from consumer.protocol.ticdc_avro.registry import SchemaRegistry
+from consumer.protocol.ticdc_avro.schemas import AvroOptions
 from consumer.simulate.output import AvroStream, DebeziumStream, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig

@@ -27,8 +27,8 @@ from consumer.configured import build_dead_letters
 from consumer.errors import DeadLetter, RecordLocation, SinkError
 from consumer.kafka_config import REDACTED
 from consumer.pipeline import Pipeline, PipelineStats
-from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML, DMLType
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import encoded, produce_to_kafka, write_capture_file
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterTopic

@@ -27,10 +27,11 @@ from hypothesis import strategies as st
 from consumer import app
 from consumer.config import load_config
 from consumer.errors import ConsumerError, MalformedMessageError
-from consumer.protocol import avro_codec
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
-from consumer.protocol.debezium import DebeziumDecoder
+from consumer.protocol.debezium.decoder import DebeziumDecoder
 from consumer.protocol.model import DML, DMLType, RawDML
+from consumer.protocol.simple import avro_messages
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.capture import write_capture
 from consumer.sources.record import SourceRecord
@@ -108,7 +109,7 @@ def test_polls_of_mutated_avro_records_decode_at_once_as_each_alone() -> None:
     read_at_once = 0
     for start in range(0, len(cases), 400):
         poll: list[bytes | None] = [avro[0], *cases[start : start + 400]]  # an Avro first: read at once
-        read_at_once += sum(known is not None for known in avro_codec.known_headers(poll, decoder._checks))
+        read_at_once += sum(known is not None for known in avro_messages.known_headers(poll, decoder._checks))
         got = decoder.decode_records([SourceRecord("t", 0, n, value=value) for n, value in enumerate(poll)])
         assert [_outcome(message) for message in got] == [_alone(decoder, value) for value in poll]
     assert read_at_once > 1_000  # the mutations that leave a header alone are read by the columnar path

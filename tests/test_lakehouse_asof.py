@@ -32,7 +32,7 @@ from consumer.lakehouse.tables import (
     tables,
 )
 from consumer.protocol.model import DDL, DML, DDLType, DMLType, TableSchema, Watermark
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.simulate.truth import arrow_table_rows, sent, truth_at
 from consumer.simulate.workload import StreamRecord, Workload, WorkloadConfig
 from consumer.sinks.base import CommitContext, DDLEvent

@@ -23,7 +23,7 @@ from consumer.lakehouse.catalog import Catalog
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import entry_uri, read_delta, read_history, read_mirror, tables
 from consumer.protocol.model import DDL, DML, DDLType, DMLType, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.simulate.truth import arrow_table_rows, sent, truth_at
 from consumer.simulate.workload import StreamRecord, Workload, WorkloadConfig
 from consumer.sinks.base import CommitContext, DDLEvent

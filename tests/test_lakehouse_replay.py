@@ -14,8 +14,9 @@ from lakehouse_checks import changelog_duplicates, versions
 
 from consumer import app
 from consumer.config import RunConfig, SinkConfig, SourceConfig
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DMLType, RawDML
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import write_capture_file, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig

@@ -33,7 +33,6 @@ from consumer.large_messages.claim_check import ClaimCheckWriter, unwrap
 from consumer.large_messages.encoder import LargeMessageEncoder, key_only_dml
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import (
     DML,
     Bootstrap,
@@ -45,7 +44,9 @@ from consumer.protocol.model import (
     RawDML,
     TableSchema,
 )
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 from consumer.state.machine import ConsumerState
 from consumer.testing.s3 import LocalS3Server
 from consumer.testing.strategies import dml_messages, table_schemas

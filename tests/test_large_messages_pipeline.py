@@ -16,7 +16,7 @@ import pytest
 from consumer import app
 from consumer.config import load_config
 from consumer.errors import ClaimCheckUnavailableError
-from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences, load_truth, replay_changelog
 from consumer.simulate.workload import Workload, WorkloadConfig

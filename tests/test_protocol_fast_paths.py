@@ -19,15 +19,19 @@ from consumer.errors import (
     NestingTooDeepError,
     ValueDecodeError,
 )
-from consumer.protocol import avro_rows, confluent_avro
 from consumer.protocol.avro_container import zigzag
-from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroDecoder
 from consumer.protocol.containment import contained, raise_contained
-from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions, DebeziumRows
+from consumer.protocol.debezium.decoder import DEBEZIUM, DebeziumDecoder
+from consumer.protocol.debezium.encoder import DebeziumEncoder, DebeziumOptions
+from consumer.protocol.debezium.rows import DebeziumRows
 from consumer.protocol.limits import DecodeLimits
 from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema
-from consumer.protocol.registry import SchemaRegistry
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
+from consumer.protocol.ticdc_avro import decoder as avro_decoder
+from consumer.protocol.ticdc_avro import rows as avro_rows
+from consumer.protocol.ticdc_avro.decoder import ConfluentAvroDecoder, TicdcAvroProtocol
+from consumer.protocol.ticdc_avro.registry import SchemaRegistry
+from consumer.protocol.ticdc_avro.schemas import AvroOptions
 from consumer.protocol.types import ValuePolicy, column_type
 from consumer.testing.registry import LocalSchemaRegistry
 from consumer.testing.strategies import (
@@ -69,23 +73,23 @@ def _tails(draw: st.DrawFn) -> bytes:
 @PROPERTY
 @given(value=st.one_of(_tails(), st.binary(max_size=64)))
 def test_avro_tail_read_in_c_is_the_byte_by_byte_reading(value: bytes) -> None:
-    fast = confluent_avro._tail_fast(value)
-    slow = _outcome(confluent_avro._tail_each, value, False)
+    fast = avro_decoder._tail_fast(value)
+    slow = _outcome(avro_decoder._tail_each, value, False)
     if fast is not None:
         assert fast == slow
-    assert _outcome(confluent_avro._tail, value, False) == slow
+    assert _outcome(avro_decoder._tail, value, False) == slow
 
 
 @PROPERTY
 @given(encoded=st.binary(min_size=1, max_size=10))
 def test_zigzag_of_up_to_ten_bytes_packed_at_once(encoded: bytes) -> None:
-    assert confluent_avro._zigzag_short(encoded) == confluent_avro._zigzag(encoded)
+    assert avro_decoder._zigzag_short(encoded) == avro_decoder._zigzag(encoded)
 
 
 @PROPERTY
 @given(number=st.integers(-(1 << 63), (1 << 63) - 1))
 def test_zigzag_of_a_long_round_trips(number: int) -> None:
-    assert confluent_avro._zigzag_short(zigzag(number)) == number
+    assert avro_decoder._zigzag_short(zigzag(number)) == number
 
 
 class _UncachedAvroDecoder(ConfluentAvroDecoder):
@@ -274,8 +278,8 @@ def test_avro_batches_in_change_order_as_before(schema_registry: LocalSchemaRegi
     changes = [data.draw(avro_changes(registry, options, schema, kind)) for kind in kinds]
     decoder = ConfluentAvroDecoder(registry)
     raws = [decoder.decode_record(change.key, change.value) for change in changes]
-    codec = TableCodec(decoder.described_schema(raws[0].schema_key), registry=registry)  # type: ignore[arg-type, union-attr]
-    rows = codec._foreign_rows("avro-confluent")
+    codec = TableCodec(decoder.described_schema(raws[0].schema_key), protocol=TicdcAvroProtocol(registry))  # type: ignore[arg-type, union-attr]
+    rows = avro_rows.AvroRows(codec.schema, codec.columns, registry, codec.policy)
     batch, source, kinds_out, key_only = rows.images(raws)
     value_rows = list(range(len(raws)))
     datums = rows._read(rows._values, raws, value_rows)
@@ -296,8 +300,8 @@ def test_debezium_insert_batches_as_the_general_loop(data: Any) -> None:
     update = data.draw(debezium_changes(options, schema, DMLType.UPDATE))
     decoder = DebeziumDecoder()
     raws = [decoder.decode_record(change.key, change.value) for change in [*inserts, update]]
-    codec = TableCodec(decoder.described_schema(raws[0].schema_key))  # type: ignore[arg-type, union-attr]
-    rows = codec._foreign_rows("debezium")
+    codec = TableCodec(decoder.described_schema(raws[0].schema_key), protocol=DEBEZIUM)  # type: ignore[arg-type, union-attr]
+    rows = DebeziumRows(codec.schema, codec.columns, codec.policy)
     batch, source, kinds, key_only = rows.images(raws[:3])
     mixed, mixed_source, mixed_kinds, _ = rows.images(raws)
     assert batch.equals(mixed.slice(0, 3)) and (source, kinds) == (mixed_source[:3], mixed_kinds[:3])

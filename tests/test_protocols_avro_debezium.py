@@ -22,13 +22,8 @@ from consumer.errors import (
 )
 from consumer.protocol.avro_container import zigzag
 from consumer.protocol.compression import Compression
-from consumer.protocol.confluent_avro import (
-    AvroOptions,
-    ConfluentAvroDecoder,
-    ConfluentAvroEncoder,
-    sanitized,
-)
-from consumer.protocol.debezium import DebeziumDecoder, DebeziumEncoder, DebeziumOptions
+from consumer.protocol.debezium.decoder import DEBEZIUM, DebeziumDecoder
+from consumer.protocol.debezium.encoder import DebeziumEncoder, DebeziumOptions
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -42,8 +37,11 @@ from consumer.protocol.model import (
     Watermark,
 )
 from consumer.protocol.plain import message_object
-from consumer.protocol.registry import SchemaRegistry
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
+from consumer.protocol.ticdc_avro.decoder import ConfluentAvroDecoder, TicdcAvroProtocol
+from consumer.protocol.ticdc_avro.encoder import ConfluentAvroEncoder
+from consumer.protocol.ticdc_avro.registry import SchemaRegistry
+from consumer.protocol.ticdc_avro.schemas import AvroOptions, sanitized
 from consumer.protocol.types import ValuePolicy
 from consumer.state.resolver import TableScope
 from consumer.testing.registry import LocalSchemaRegistry
@@ -154,7 +152,7 @@ def test_avro_round_trip_every_type(
     assert all(isinstance(raw, RawDML) for raw in raws)
     derived = decoder.described_schema(raws[0].schema_key)  # type: ignore[union-attr]
     assert derived is not None and derived.handle_key() == ("id",)
-    codec = TableCodec(derived, registry=registry)
+    codec = TableCodec(derived, protocol=TicdcAvroProtocol(registry))
     assert [ChangeView.of(codec.decode(raw)) for raw in raws] == [c.expected for c in changes]  # type: ignore[arg-type]
     images = codec.decode_changes(raws)  # type: ignore[arg-type]
     assert images.rows.num_rows == (4 if options.include_before else 3)
@@ -186,7 +184,7 @@ def test_debezium_round_trip_every_type(options: DebeziumOptions | None, data: A
     raws = [decoder.decode_record(change.key, change.value) for change in changes]
     derived = decoder.described_schema(raws[0].schema_key)  # type: ignore[union-attr]
     assert derived is not None and derived.handle_key() == ("id",)
-    codec = TableCodec(derived)
+    codec = TableCodec(derived, protocol=DEBEZIUM)
     assert [ChangeView.of(codec.decode(raw)) for raw in raws] == [c.expected for c in changes]  # type: ignore[arg-type]
     images = codec.decode_changes(raws)  # type: ignore[arg-type]
     assert images.rows.num_rows == (4 if options.output_old_value else 3)
@@ -308,7 +306,7 @@ def test_an_avro_int_beyond_32_bits_is_a_value_error_naming_its_row(
     frame = b"\x00" + registry.register("int-value", writer).to_bytes(4, "big")
     decoder = ConfluentAvroDecoder(registry)
     raws = [decoder.decode_record(None, frame + zigzag(value)) for value in (7, 1 << 40)]
-    codec = TableCodec(decoder.described_schema(raws[0].schema_key), registry=registry)  # type: ignore[arg-type, union-attr]
+    codec = TableCodec(decoder.described_schema(raws[0].schema_key), protocol=TicdcAvroProtocol(registry))  # type: ignore[arg-type, union-attr]
     assert codec.decode(raws[0]).data == {"a": 7}  # type: ignore[arg-type]
     with pytest.raises(ValueDecodeError) as caught:
         codec.decode_batch(raws)  # type: ignore[arg-type]
@@ -341,7 +339,7 @@ def test_debezium_compressed_keys_decode_as_their_values(compression: Compressio
     raw = decoder.decode_record(*encoder.encode_dml(_dml(schema, DMLType.INSERT, {"id": 1, "a": 2}), schema))
     derived = decoder.described_schema(raw.schema_key)  # type: ignore[union-attr]
     assert derived is not None and derived.handle_key() == ("id",)
-    assert TableCodec(derived).decode(raw).data == {"id": 1, "a": 2}  # type: ignore[arg-type]
+    assert TableCodec(derived, protocol=DEBEZIUM).decode(raw).data == {"id": 1, "a": 2}  # type: ignore[arg-type]
 
 
 def _debezium_insert(compression: Compression = "none") -> tuple[bytes, bytes]:
@@ -392,7 +390,7 @@ def test_a_debezium_table_of_json_columns_only_keeps_its_documents(disable_schem
     encoder = DebeziumEncoder(DebeziumOptions(tidb_extension=True, disable_schema=disable_schema))
     decoder = DebeziumDecoder()
     raw = decoder.decode_record(*encoder.encode_dml(_dml(schema, DMLType.INSERT, {"j": document}), schema))
-    codec = TableCodec(decoder.described_schema(raw.schema_key))  # type: ignore[arg-type, union-attr]
+    codec = TableCodec(decoder.described_schema(raw.schema_key), protocol=DEBEZIUM)  # type: ignore[arg-type, union-attr]
     stored = codec.decode_changes([raw]).rows.column("j").to_pylist()  # type: ignore[list-item]
     if disable_schema:  # the wire's JSON: a JSON column's value is its document as a string
         assert json.loads(stored[0]) == json.dumps(document, separators=(", ", ": "), sort_keys=True)
@@ -416,7 +414,7 @@ def test_debezium_columns_whose_names_msgspec_cannot_rename(name: str, disable_s
     new, old = {"id": 1, name: 0, name + "2": -5}, {"id": 1, name: 3, name + "2": None}
     dmls = [_dml(schema, DMLType.INSERT, new), _dml(schema, DMLType.UPDATE, new, old)]
     raws = [decoder.decode_record(*encoder.encode_dml(dml, schema)) for dml in dmls]
-    codec = TableCodec(decoder.described_schema(raws[0].schema_key))  # type: ignore[arg-type, union-attr]
+    codec = TableCodec(decoder.described_schema(raws[0].schema_key), protocol=DEBEZIUM)  # type: ignore[arg-type, union-attr]
     decoded = [codec.decode(raw) for raw in raws]  # type: ignore[arg-type]
     if disable_schema:  # each column's JSON value: BIT(2) as base64 of its little-endian bytes
         assert decoded[1].data == {"id": 1, name: "AA==", name + "2": -5}
@@ -456,7 +454,7 @@ def test_debezium_hostile_shapes_are_typed_errors() -> None:
     assert b'"a":"AQ=="' in raw.payload  # type: ignore[union-attr]
     bad = msgspec.structs.replace(raw, payload=raw.payload.replace(b'"a":"AQ=="', b'"a":"\xff"'))  # type: ignore[type-var, union-attr]
     with pytest.raises(ValueDecodeError) as caught:
-        TableCodec(untyped.described_schema(raw.schema_key)).decode(bad)  # type: ignore[arg-type, union-attr]
+        TableCodec(untyped.described_schema(raw.schema_key), protocol=DEBEZIUM).decode(bad)  # type: ignore[arg-type, union-attr]
     assert caught.value.column == "a"
 
 
@@ -490,7 +488,7 @@ def test_an_enum_element_ending_in_a_backslash_before_another_is_not_on_the_wire
         raw = decoder.decode_record(*pair)
         derived = decoder.described_schema(raw.schema_key)
         assert dict((c.name, c.data_type.elements) for c in derived.columns)["e"] == ("x,y",)
-        return TableCodec(derived, registry=registry).decode(raw).data
+        return TableCodec(derived, protocol=decoder.protocol).decode(raw).data
 
     carried = {"id": 1, "e": None, "last": "x\\", "s": "x\\,y"}
     assert decoded(carried) == {k: v for k, v in carried.items() if protocol == "debezium" or k != "s"}

@@ -26,7 +26,9 @@ def test_import_consumer_loads_no_heavy_dependency_and_shows_exactly_all() -> No
 
 def test_every_public_name_resolves_to_its_home() -> None:
     assert consumer.__version__ == version("ticdc-consumer")
-    assert consumer.MessageDecoder.__module__ == "consumer.protocol.codec"
+    assert consumer.MessageDecoder.__module__ == "consumer.protocol.simple.decoder"
+    assert consumer.MessageEncoder.__module__ == "consumer.protocol.simple.encoder"
+    assert consumer.TableCodec.__module__ == "consumer.protocol.table"
     assert consumer.DeltaSink.__module__ == "consumer.sinks.delta"
     assert consumer.strategies.__name__ == "consumer.testing.strategies"
     assert issubclass(consumer.SourceError, consumer.ConsumerError)

@@ -18,8 +18,8 @@ from jsonl_outputs import delivered_ddls, delivered_rows, unique_images
 from consumer.errors import RecordLocation
 from consumer.pipeline import Pipeline
 from consumer.pipeline.resume import resumed_watermarks
-from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import Watermark
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import write_capture_file, write_ground_truth
 from consumer.simulate.truth import differences, replay_changelog
 from consumer.simulate.workload import Workload, WorkloadConfig

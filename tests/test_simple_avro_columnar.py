@@ -1,5 +1,5 @@
 """Simple-protocol Avro's fast paths give exactly what the general paths give, which stay as their fallbacks:
-rows read columnar (`simple_avro_rows`) the same change images and row images as the per-datum fastavro path,
+rows read columnar (`simple.avro_rows`) the same change images and row images as the per-datum fastavro path,
 or the same error naming the same row and column; a DML header whose routing bytes were seen before the same
 `RawDML` (or error) as one read field by field. For valid DMLs of every column type and bytes mangled from
 them."""
@@ -23,13 +23,15 @@ from consumer.errors import (
     SchemaRegistryError,
     ValueDecodeError,
 )
-from consumer.protocol import avro_codec, simple_avro_rows
-from consumer.protocol.avro_codec import _HeaderReader
 from consumer.protocol.checks import MessageChecks
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.containment import decoded_each
 from consumer.protocol.model import DML, Column, DataType, DMLType, RawDML, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple import avro_messages
+from consumer.protocol.simple import avro_rows as simple_avro_rows
+from consumer.protocol.simple.avro_messages import _HeaderReader
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sources.record import SourceRecord
 from consumer.testing.strategies import BUILD_TS, TSO, dml_messages, table_schemas
@@ -86,7 +88,7 @@ def _strict_avro(payload: bytes) -> bool:
     """Whether the payload is exactly one DML datum of strict Avro: every union index in range, which neither
     fastavro (Python's negative indexing) nor polars-avro checks."""
     position = 0
-    named = {schema["name"]: schema for schema in avro_codec.writer_schema_json()}
+    named = {schema["name"]: schema for schema in avro_messages.writer_schema_json()}
 
     def long() -> int:
         nonlocal position
@@ -153,7 +155,7 @@ def test_columnar_rows_decode_as_the_per_datum_path(data: Any, monkeypatch: pyte
         if mangle:
             payload = data.draw(_mangled(payload))
         with contextlib.suppress(MalformedMessageError):  # dead-lettered before any table codec sees it
-            header = avro_codec.decode(payload)
+            header = avro_messages.decode(payload)
             if isinstance(header, RawDML):
                 raws.append(header)
     if not raws:
@@ -172,7 +174,7 @@ def test_valid_rows_are_read_columnar(data: Any) -> None:
     """The fast path is taken (not only fallen back from) for valid rows."""
     schema = data.draw(table_schemas(max_columns=6))
     message = data.draw(dml_messages(schema))
-    raw = avro_codec.decode(MessageEncoder("avro").encode(message, schema))
+    raw = avro_messages.decode(MessageEncoder("avro").encode(message, schema))
     assert isinstance(raw, RawDML)
     assert simple_avro_rows.read(TableCodec(schema).columns, [raw.payload, raw.payload]) is not None
 
@@ -210,7 +212,7 @@ def test_header_varint_packed_is_the_byte_by_byte_reading(buffer: bytes) -> None
 
 def _header(payload: bytes) -> Any:
     try:
-        return avro_codec.decode(payload)
+        return avro_messages.decode(payload)
     except ConsumerError as exc:
         return type(exc), str(exc)
 
@@ -234,11 +236,11 @@ def test_a_header_of_known_routing_bytes_reads_as_the_full_header(data: Any) -> 
     first = data.draw(dml_messages(schema))
     message = data.draw(_key_only(msgspec.structs.replace(first, commit_ts=data.draw(TSO))))
     payload = data.draw(_mangled(encoder.encode(message, schema)))
-    avro_codec._ROUTES = avro_codec._Routes()
-    known = avro_codec.decode(encoder.encode(first, schema))  # its routing bytes are known from here on
+    avro_messages._ROUTES = avro_messages._Routes()
+    known = avro_messages.decode(encoder.encode(first, schema))  # its routing bytes are known from here on
     assert isinstance(known, RawDML)
     fast = _header(payload)
-    avro_codec._ROUTES = avro_codec._Routes()
+    avro_messages._ROUTES = avro_messages._Routes()
     assert fast == _header(payload)
 
 
@@ -285,8 +287,8 @@ def test_a_polls_headers_read_at_once_are_each_records_own(data: Any, encoding: 
     schema = data.draw(table_schemas(max_columns=2))
     encoder = MessageEncoder("avro")
     first = data.draw(dml_messages(schema))
-    avro_codec._ROUTES = avro_codec._Routes()
-    assert isinstance(avro_codec.decode(encoder.encode(first, schema)), RawDML)  # its route is known now
+    avro_messages._ROUTES = avro_messages._Routes()
+    assert isinstance(avro_messages.decode(encoder.encode(first, schema)), RawDML)  # its route is known now
     ordinary = msgspec.structs.replace(first, commit_ts=_NOW_TSO, build_ts=0, schema_version=_NOW_TSO)
     values: list[bytes | None] = [encoder.encode(ordinary, schema)]
     small = st.integers(-3, 3)
@@ -305,7 +307,7 @@ def test_a_polls_headers_read_at_once_are_each_records_own(data: Any, encoding: 
     got = decoder.decode_records(_polled(values))
     expected = [_decoded(decoder, value) for value in values]
     assert all(_same_outcome(g, e) for g, e in zip(got, expected, strict=True)), (got, expected)
-    known = avro_codec.known_headers(values, decoder._checks)
+    known = avro_messages.known_headers(values, decoder._checks)
     assert known[0] == expected[0]  # an ordinary DML: read at once, not by the fallback
 
 
@@ -319,16 +321,18 @@ def test_headers_read_at_once_in_a_poll_of_thousands_and_mixed_layouts() -> None
     ]
     decoder = MessageDecoder("avro")
     expected = [decoder.decode(value) for value in values]
-    assert avro_codec.known_headers(values, decoder._checks) == expected
+    assert avro_messages.known_headers(values, decoder._checks) == expected
     assert decoder.decode_records(_polled(values)) == expected
     odd_first = [_one_column(0, build_ts=1 << 62), _one_column(1, claim_check_location="s3://b/k"), *values]
-    known = avro_codec.known_headers(odd_first, decoder._checks)  # a 10-byte long, a claim-check: by decode
+    known = avro_messages.known_headers(
+        odd_first, decoder._checks
+    )  # a 10-byte long, a claim-check: by decode
     assert known == [None, None, *expected]
     many = [_one_column(n, commit_ts=1 << (7 * (n % 9)), build_ts=1 << (7 * (n % 7))) for n in range(300)]
     expected = [decoder.decode(value) for value in many]
-    known = avro_codec.known_headers(many, decoder._checks)
+    known = avro_messages.known_headers(many, decoder._checks)
     assert all(k is None or k == e for k, e in zip(known, expected, strict=True))
-    assert sum(k is not None for k in known) >= avro_codec._LAYOUTS_TRIED * 300 // 63
+    assert sum(k is not None for k in known) >= avro_messages._LAYOUTS_TRIED * 300 // 63
     assert decoder.decode_records(_polled(many)) == expected
 
 
@@ -372,7 +376,7 @@ def test_every_commit_ts_varint_reads_through_remembered_high_groups_as_in_full(
     every varint of up to 10 bytes (negative longs, short ones, beyond 64 bits) what the field-by-field
     reading gives, or its error."""
     valid = _one_column(0)
-    assert isinstance(avro_codec.decode(valid), RawDML)  # its routing bytes are known from here on
+    assert isinstance(avro_messages.decode(valid), RawDML)  # its routing bytes are known from here on
     header = _HeaderReader(valid, 3)
     header.long(), header.string(), header.string(), header.long(), header.long()  # version ... type
     at = header.position
@@ -380,10 +384,10 @@ def test_every_commit_ts_varint_reads_through_remembered_high_groups_as_in_full(
     payload = valid[:at] + _varint_bytes(raw) + valid[header.position :]
     if known_high:  # a commitTs with the same high groups was read before
         with contextlib.suppress(ConsumerError):
-            avro_codec.decode(valid[:at] + _varint_bytes(raw ^ 2) + valid[header.position :])
+            avro_messages.decode(valid[:at] + _varint_bytes(raw ^ 2) + valid[header.position :])
     fast = _header(payload)
-    avro_codec._ROUTES = avro_codec._Routes()
-    avro_codec._HIGH_GROUPS.clear()
+    avro_messages._ROUTES = avro_messages._Routes()
+    avro_messages._HIGH_GROUPS.clear()
     slow = _header(payload)
     if isinstance(slow, tuple):  # an implausible commitTs: the reason names the clock's TSO, which moves
         fast, slow = (re.sub(r"TSO \d+", "TSO", str(outcome)) for outcome in (fast, slow))
@@ -396,17 +400,17 @@ def test_known_routing_bytes_are_recognised_and_bounded(data: Any) -> None:
     schema = data.draw(table_schemas(max_columns=2))
     message = data.draw(dml_messages(schema))
     encoder = MessageEncoder("avro")
-    avro_codec._ROUTES = avro_codec._Routes()
-    avro_codec.decode(encoder.encode(message, schema))
+    avro_messages._ROUTES = avro_messages._Routes()
+    avro_messages.decode(encoder.encode(message, schema))
     later = msgspec.structs.replace(message, commit_ts=message.commit_ts // 2 + 1)
-    assert avro_codec.known_header(encoder.encode(later, schema), MessageChecks()) == avro_codec.decode(
+    assert avro_messages.known_header(encoder.encode(later, schema), MessageChecks()) == avro_messages.decode(
         encoder.encode(later, schema)
     )
     for table in range(
-        avro_codec._MAX_REMEMBERED + 10
+        avro_messages._MAX_REMEMBERED + 10
     ):  # a stream of ever new tables: the memory stays bounded
-        avro_codec.decode(encoder.encode(msgspec.structs.replace(message, table=f"t{table}"), schema))
-    assert 0 < len(avro_codec._ROUTES) <= avro_codec._MAX_REMEMBERED
+        avro_messages.decode(encoder.encode(msgspec.structs.replace(message, table=f"t{table}"), schema))
+    assert 0 < len(avro_messages._ROUTES) <= avro_messages._MAX_REMEMBERED
 
 
 ONE_COLUMN = TableSchema("d", "t", 1, 7, (Column("id", DataType("int", length=11)),))
@@ -431,13 +435,13 @@ def test_routing_bytes_of_many_lengths_read_right_from_many_threads() -> None:
     """Claim-check threads decode at once: tables whose names give ever new prefix lengths (past the bound
     on lengths) and known ones, decoded from 4 threads, each as the full header read says."""
     payloads = [_one_column(n, table="t" * (1 + n % 40)) for n in range(400)]
-    avro_codec._ROUTES = avro_codec._Routes()
-    expected = [avro_codec.decode(p) for p in payloads]
+    avro_messages._ROUTES = avro_messages._Routes()
+    expected = [avro_messages.decode(p) for p in payloads]
     with ThreadPoolExecutor(4) as pool:
         for _ in range(5):
-            avro_codec._ROUTES = avro_codec._Routes()
-            assert list(pool.map(avro_codec.decode, payloads)) == expected
-    assert len(avro_codec._ROUTES.lengths) <= avro_codec._MAX_LENGTHS
+            avro_messages._ROUTES = avro_messages._Routes()
+            assert list(pool.map(avro_messages.decode, payloads)) == expected
+    assert len(avro_messages._ROUTES.lengths) <= avro_messages._MAX_LENGTHS
 
 
 def test_a_column_whose_values_come_from_two_union_branches_reads_as_per_datum(
@@ -457,7 +461,7 @@ def test_a_column_whose_values_come_from_two_union_branches_reads_as_per_datum(
         data={"id": "12"},
     )
     payloads = [_one_column(1), MessageEncoder("avro").encode(text_id, as_text), _one_column(3)]
-    raws = [avro_codec.decode(p) for p in payloads]
+    raws = [avro_messages.decode(p) for p in payloads]
     codec = TableCodec(ONE_COLUMN)
     assert simple_avro_rows.read(codec.columns, payloads) is not None
     fast, slow = _both(codec, "decode_batch", raws, monkeypatch)
@@ -468,7 +472,7 @@ def test_a_column_whose_values_come_from_two_union_branches_reads_as_per_datum(
 def test_a_chunk_whose_maps_hold_no_value_reads_as_nulls(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every column absent from every image (a union with no entry at all): NULLs, as fastavro's gives."""
     raws = [
-        avro_codec.decode(
+        avro_messages.decode(
             _one_column(
                 0,
                 type=kind,
@@ -489,14 +493,16 @@ def test_long_routing_bytes_are_read_each_time_and_any_bytes_like_value_decodes(
     """A 600-character table name (DMLs carry no schema to refuse it) is not remembered: a hostile stream
     of long names cannot fill memory. A bytearray value decodes as its bytes do."""
     payload = _one_column(1, table="t" * 600)
-    avro_codec._ROUTES = avro_codec._Routes()
-    first = avro_codec.decode(payload)
+    avro_messages._ROUTES = avro_messages._Routes()
+    first = avro_messages.decode(payload)
     assert isinstance(first, RawDML) and first.table == "t" * 600
-    assert len(avro_codec._ROUTES) == 0
-    assert avro_codec.decode(bytearray(payload)) == first
+    assert len(avro_messages._ROUTES) == 0
+    assert avro_messages.decode(bytearray(payload)) == first
     short = _one_column(1)
     assert (
-        avro_codec.decode(bytearray(short)) == avro_codec.decode(bytearray(short)) == avro_codec.decode(short)
+        avro_messages.decode(bytearray(short))
+        == avro_messages.decode(bytearray(short))
+        == avro_messages.decode(short)
     )
 
 

@@ -23,7 +23,7 @@ from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import read_changelog, read_mirror, table_uri, tables
 from consumer.protocol.model import DDL, Column, DataType, DDLType, DMLType, Index, RawDML, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sinks.delta import DeltaSink
 from consumer.testing.messages import raw_dml

@@ -12,7 +12,7 @@ import msgspec
 from consumer.batches.changes import table_changes
 from consumer.errors import RecordLocation
 from consumer.protocol.model import DDL, Column, DataType, DDLType, DMLType, Index, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sinks.jsonl import JsonLinesSink
 from consumer.state.schema_cache import snapshot_schemas

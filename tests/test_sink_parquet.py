@@ -19,7 +19,7 @@ from consumer.errors import RecordLocation, SinkError
 from consumer.lakehouse.manifest import read_manifest
 from consumer.lakehouse.tables import table_uri
 from consumer.protocol.model import DDL, Column, DataType, DDLType, DMLType, Index, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.simulate.workload import _ALL_TYPES_COLUMNS, _random_value
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sinks.parquet import ParquetSink

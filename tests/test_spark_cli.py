@@ -20,8 +20,8 @@ from lakehouse_checks import changelog_duplicates, changelog_rows
 from pyspark.sql import SparkSession
 
 from consumer.config import RunConfig, load_config
-from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DDL
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig

@@ -21,8 +21,9 @@ from consumer.lakehouse.tables import table_uri
 from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import LargeMessageEncoder
 from consumer.pipeline import Pipeline
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DML, DMLType, RawDML, Watermark
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig

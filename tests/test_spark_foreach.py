@@ -8,7 +8,7 @@ from pyspark.sql import DataFrame, SparkSession
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.errors import RecordLocation, SinkError
 from consumer.protocol.model import DDL, Column, DataType, DDLType, DMLType, Index, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sinks.foreach_batch import BatchInfo, ForeachBatchSink, TableName
 from consumer.testing.messages import raw_dml

@@ -14,7 +14,7 @@ from consumer.batches.changes import TableChanges, table_changes
 from consumer.batches.frames import offset_ranges, spark_schema, to_dataframe
 from consumer.errors import RecordLocation
 from consumer.protocol.model import Column, DataType, DMLType, Index, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.simulate.workload import _ALL_TYPES_COLUMNS
 from consumer.testing.messages import raw_dml
 

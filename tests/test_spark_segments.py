@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from consumer.batches.changes import table_changes
 from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import (
     DML,
     Bootstrap,
@@ -27,7 +26,9 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sources.record import SourceRecord
 from consumer.spark.carry import KEEP_BATCHES, Carry, CarryStore

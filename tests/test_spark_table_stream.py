@@ -18,7 +18,7 @@ from consumer.config import RunConfig, load_config
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import entry_uri, read_delta, tables
 from consumer.pipeline import Pipeline
-from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import produce_to_kafka, write_capture_file
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.dead_letter import DeadLetterFile

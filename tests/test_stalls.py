@@ -18,7 +18,7 @@ from consumer.batches.changes import TableChanges
 from consumer.errors import DeadLetter
 from consumer.pipeline import Pipeline, PipelineStats
 from consumer.progress import ProgressReporter
-from consumer.protocol.codec import MessageEncoder
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import write_capture_file
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.base import CommitContext

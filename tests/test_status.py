@@ -21,8 +21,8 @@ from consumer.errors import DeadLetter, RecordLocation
 from consumer.lakehouse.progress import PROGRESS_SCHEMA, ProgressLog, consistent_ts
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import read_changelog
-from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML, DMLType
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import produce_to_kafka
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.dead_letter import DeadLetterFile, DeadLetterObjects, DeadLetterTopic, count_letters

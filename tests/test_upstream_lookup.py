@@ -33,8 +33,6 @@ from consumer.large_messages.encoder import key_only_dml
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.large_messages.upstream import UpstreamLookup, connection_options, select_sql
-from consumer.protocol.checksum import row_checksum, verify_changes
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import (
     DML,
     Checksum,
@@ -46,7 +44,10 @@ from consumer.protocol.model import (
     RawDML,
     TableSchema,
 )
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.checksum import row_checksum, verify_changes
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import JSON_NULL
 
 TSO = 449_811_300_000_000_000  # physical ms = TSO >> 18

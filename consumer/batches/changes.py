@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumer.errors import InternalDecodeError, RecordLocation, RejectedRowsError, ValueDecodeError
-from consumer.protocol.checksum import verify_changes
 from consumer.protocol.model import TSO_PHYSICAL_SHIFT, RawDML, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.checksum import verify_changes
+from consumer.protocol.table import TableCodec
 from consumer.state.units import RowOrigins
 
 META_FIELDS: tuple[pa.Field, ...] = (

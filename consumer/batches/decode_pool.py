@@ -34,11 +34,11 @@ from cachetools import LRUCache
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.errors import ConsumerError, RecordLocation
 from consumer.protocol.model import RawDML, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import DecodeStats, ValuePolicy
 
-if TYPE_CHECKING:  # the registry client loads an HTTP stack: only TiCDC Avro needs it
-    from consumer.protocol.registry import SchemaRegistry
+if TYPE_CHECKING:
+    from consumer.protocol.base import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Decoding:
 
 class DecodePool:
     """`workers` processes decoding `RowBatch` rows into changelog tables under `policy` (TiCDC Avro rows
-    read their writer schemas from `registry`).
+    decode as `protocol` gives: TiCDC Avro rows read their writer schemas from its registry).
 
     Values the policy nulls and images verified are counted into `stats`, as when decoding in the loop.
     """
@@ -79,7 +79,7 @@ class DecodePool:
         self,
         workers: int,
         policy: ValuePolicy,
-        registry: SchemaRegistry | None = None,
+        protocol: Protocol | None = None,
         stats: DecodeStats | None = None,
     ) -> None:
         if workers < 1:
@@ -92,7 +92,7 @@ class DecodePool:
             workers,
             mp_context=context,
             initializer=_start_worker,
-            initargs=(policy, registry, os.getpid()),  # a registry travels as its settings
+            initargs=(policy, protocol, os.getpid()),  # a registry travels as its settings
         )
         self._broken = False
         self._start_all(workers)
@@ -153,18 +153,18 @@ class DecodePool:
 
 _policy = ValuePolicy()
 _stats = DecodeStats()  # counts since the worker started; `_decode` reports the increase
-_registry: SchemaRegistry | None = None
+_protocol: Protocol | None = None
 _codecs: LRUCache[bytes, TableCodec] = LRUCache(_CODECS_PER_WORKER)
 
 
-def _start_worker(policy: ValuePolicy, registry: SchemaRegistry | None, consumer: int) -> None:
+def _start_worker(policy: ValuePolicy, protocol: Protocol | None, consumer: int) -> None:
     """A worker ignores Ctrl-C (a terminal sends it to the whole process group): the consumer decides when
     its workers stop, and ends them itself. A registry arrives as its settings: each worker has a client."""
-    global _policy, _registry
+    global _policy, _protocol
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.set_threshold(*DECODE_GC_THRESHOLDS)
     _policy = policy
-    _registry = registry
+    _protocol = protocol
     threading.Thread(target=_exit_with, args=(consumer,), name="exit-with-consumer", daemon=True).start()
 
 
@@ -202,7 +202,7 @@ def _decode(schema: bytes, rows: bytes) -> _Decoded:
     if codec is None:
         try:
             codec = _codecs[schema] = TableCodec(
-                _SCHEMA.decode(schema), _policy, registry=_registry, stats=_stats
+                _SCHEMA.decode(schema), _policy, protocol=_protocol, stats=_stats
             )
         except ConsumerError:
             return None

@@ -1,6 +1,6 @@
-"""Key-only DMLs (spec §7) made whole between the decoder and the state machine: claim-checks read from
-storage under configured roots, handle-key-only rows looked up in upstream TiDB; and the producer side
-(TiCDC's large-message handling) for simulators and tests."""
+"""Key-only DMLs (docs/protocols/simple.md §7) made whole between the decoder and the state machine:
+claim-checks read from storage under configured roots, handle-key-only rows looked up in upstream TiDB; and
+the producer side (TiCDC's large-message handling) for simulators and tests."""
 
 from consumer.large_messages.claim_check import ClaimCheckWriter, full_message, unwrap
 from consumer.large_messages.encoder import LargeMessageEncoder, key_only_dml

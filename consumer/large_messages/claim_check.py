@@ -1,4 +1,5 @@
-"""Claim-check objects (spec §7.2): what TiCDC writes, and how one becomes the full message again.
+"""Claim-check objects (docs/protocols/simple.md §7.2): what TiCDC writes, and how one becomes the full
+message again.
 
 TiCDC writes the full record value (compressed like a Kafka value) as `<uuid4>.json` under its
 `claim-check-storage-uri`, either wrapped in the JSON object `{"key": null, "value": "<base64>"}` (Go's
@@ -14,8 +15,8 @@ import msgspec
 import pyarrow.fs as pafs
 
 from consumer.errors import ClaimCheckInvalidError, DecodeError
-from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import KeyOnlyDML, RawDML
+from consumer.protocol.simple.decoder import MessageDecoder
 
 RawValueSetting = bool | Literal["auto"]
 """`claim_check_raw_value`: True (bare values), False (wrapped), or "auto" (a wrapped object is told apart

@@ -1,4 +1,5 @@
-"""TiCDC's large-message handling on the producer side (spec §7), for simulators and users' tests.
+"""TiCDC's large-message handling on the producer side (docs/protocols/simple.md §7), for simulators and
+users' tests.
 
 A DML whose record would exceed `max_message_bytes` is sent with only its handle-key columns and
 `handleKeyOnly`; with claim-check, its full value is first written to storage and the location added.
@@ -13,8 +14,8 @@ import msgspec
 
 from consumer.errors import EncodeError
 from consumer.large_messages.claim_check import ClaimCheckWriter
-from consumer.protocol.codec import MessageEncoder
 from consumer.protocol.model import DML, Message, TableSchema
+from consumer.protocol.simple.encoder import MessageEncoder
 
 LargeMessageOption = Literal["none", "handle-key-only", "claim-check"]
 DEFAULT_MAX_MESSAGE_BYTES = 10 * 1024 * 1024

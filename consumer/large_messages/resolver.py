@@ -1,4 +1,4 @@
-"""Key-only DMLs made whole, between the decoder and the state machine (spec §7).
+"""Key-only DMLs made whole, between the decoder and the state machine (docs/protocols/simple.md §7).
 
 A poll's claim-checks are fetched concurrently (a bounded thread pool: storage reads release the GIL),
 handle-key-only rows are looked up upstream when configured. The caller puts each result back at its
@@ -18,8 +18,8 @@ from consumer.errors import ConsumerError, HandleKeyOnlyError, LargeMessageUnava
 from consumer.large_messages.claim_check import RawValueSetting, full_message
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.large_messages.upstream import UpstreamLookup
-from consumer.protocol.codec import MessageDecoder
 from consumer.protocol.model import KeyOnlyDML, RawDML, TableSchema
+from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.watchdog import Watchdog
 
 DEFAULT_CONCURRENCY = 16

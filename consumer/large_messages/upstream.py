@@ -1,4 +1,4 @@
-"""Handle-key-only rows read back from upstream TiDB (spec §7.1), as of the row's commit.
+"""Handle-key-only rows read back from upstream TiDB (docs/protocols/simple.md §7.1), as of the row's commit.
 
 The new image is the row at `commitTs`, the old image the row at `commitTs - 1` (TiDB's `tidb_snapshot`
 takes an exact TSO). SQL is parameterised (PyMySQL escapes every value it sends) and names are quoted as
@@ -28,9 +28,9 @@ from consumer.errors import (
     UpstreamLookupError,
     UpstreamUnavailableError,
 )
-from consumer.protocol import json_codec
 from consumer.protocol.model import TSO_PHYSICAL_SHIFT, KeyOnlyDML, RawDML, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple import json_messages
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import JSON_NULL, ColumnType
 
 GC_TOO_EARLY = 9006  # TiDB: "GC life time is shorter than transaction duration"
@@ -108,7 +108,7 @@ class UpstreamLookup:
         full = msgspec.structs.replace(
             header, data=None, old=None, handle_key_only=False, claim_check_location=""
         )
-        payload = json_codec.encode(full, data, old)
+        payload = json_messages.encode(full, data, old)
         raw = key_only.row
         return msgspec.structs.replace(raw, payload=payload, encoding="json")
 

@@ -13,7 +13,7 @@ from typing import Protocol
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.errors import DeadLetter, DecodeError, RecordLocation, RejectedRowsError
 from consumer.protocol.model import RawDML
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import DecodeStats
 from consumer.state.machine import ErrorPolicy
 from consumer.state.units import RowBatch, RowOrigins

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from consumer.errors import ConsumerError, RecordLocation
 from consumer.large_messages.resolver import LargeMessageResolver
+from consumer.protocol.base import RecordDecoder
 from consumer.protocol.model import DecodedMessage, KeyOnlyDML, TableSchema, Watermark
-from consumer.protocol.protocols import RecordDecoder
 from consumer.sources.record import SourceRecord
 from consumer.state.machine import ConsumerState
 

@@ -20,8 +20,8 @@ from consumer.pipeline.intake import DecodedRecord, RecordIntake
 from consumer.pipeline.resume import RecordedProgress, later_starts, resumed_watermarks
 from consumer.pipeline.stats import PipelineStats, UnitTally
 from consumer.pipeline.writer import SinkWriter
-from consumer.protocol.codec import MessageDecoder
-from consumer.protocol.protocols import RecordDecoder
+from consumer.protocol.base import RecordDecoder
+from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.types import DecodeStats, ValuePolicy
 from consumer.sinks.base import CommitContext, ReportsMetrics, Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
@@ -57,8 +57,8 @@ class Pipeline(RebalanceListener):
     columns and a thread applies units to the sinks, while the loop fetches, orders and commits. Call
     `close` when done (it stops them).
 
-    `large_messages` makes key-only DMLs (spec §7) whole before the state machine sees them; without one,
-    every claim-check is refused and every handle-key-only row goes to the error policy.
+    `large_messages` makes key-only DMLs (docs/protocols/simple.md §7) whole before the state machine sees
+    them; without one, every claim-check is refused and every handle-key-only row goes to the error policy.
 
     `source_retry`: how often, and how patiently, a transient source error is retried before the run stops
     on it (a permanent one stops it at once).

@@ -20,8 +20,8 @@ from consumer.batches.decode_pool import DecodePool, Decoding
 from consumer.errors import DeadLetter, DecodeError
 from consumer.pipeline.bad_rows import BadRowRetry
 from consumer.pipeline.stats import UnitTally
-from consumer.protocol.protocols import RecordDecoder
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.base import RecordDecoder
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import DecodeStats, ValuePolicy
 from consumer.sinks.base import CommitContext, DDLEvent, Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
@@ -126,7 +126,7 @@ class SinkWriter:
         self.count = count
         self.max_batch_records = max_batch_records
         self._pool = (
-            DecodePool(decode_workers, policy, decoder.registry, decode_stats) if decode_workers else None
+            DecodePool(decode_workers, policy, decoder.protocol, decode_stats) if decode_workers else None
         )
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="sink-writer") if decode_workers else None
         self._queue: deque[_Queued] = deque()  # resolved, not handed to the sinks yet: in resolve order
@@ -262,6 +262,6 @@ class SinkWriter:
         codec = self._codecs.get(unit.schema.key)
         if codec is None or codec.schema != unit.schema:
             codec = self._codecs[unit.schema.key] = TableCodec(
-                unit.schema, self.policy, registry=self.decoder.registry, stats=self.decode_stats
+                unit.schema, self.policy, protocol=self.decoder.protocol, stats=self.decode_stats
             )
         return codec

@@ -1,4 +1,5 @@
-"""Value compression (spec §1.2): none, raw-block snappy, or LZ4 frame; configured or sniffed.
+"""Value compression (docs/protocols/simple.md §1.2): none, raw-block snappy, or LZ4 frame; configured or
+sniffed.
 
 Decompression is bounded: a value that declares or produces more than `max_bytes` is refused with a
 `CompressionBombError` without that much ever being allocated (a snappy block states its length up front;

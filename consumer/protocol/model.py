@@ -1,4 +1,4 @@
-"""Typed model of every Simple-protocol message (spec §2-§5).
+"""Typed model of every Simple-protocol message (docs/protocols/simple.md §2-§5).
 
 The schema structs carry their JSON wire names (`rename`), so the JSON codec encodes and decodes them
 directly; the Avro codec maps its few differing names itself. DML row values are typed Python values
@@ -34,7 +34,8 @@ class DMLType(enum.StrEnum):
 
 
 class DataType(msgspec.Struct, frozen=True, omit_defaults=True, rename="camel"):
-    """A column's type as TiDB describes it; `mysql_type` never holds flags or lengths (spec §4.2)."""
+    """A column's type as TiDB describes it; `mysql_type` never holds flags or lengths
+    (docs/protocols/simple.md §4.2)."""
 
     mysql_type: str
     charset: str = "binary"
@@ -80,7 +81,8 @@ class TableSchema(msgspec.Struct, frozen=True, rename={"database": "schema", "ta
         return next((c for c in self.columns if c.name == name), None)
 
     def handle_key(self) -> tuple[str, ...]:
-        """The primary key, else the NOT NULL unique index with fewest columns, else () (spec §7.1)."""
+        """The primary key, else the NOT NULL unique index with fewest columns, else ()
+        (docs/protocols/simple.md §7.1)."""
         primary = [ix for ix in self.indexes if ix.primary]
         if primary:
             return primary[0].columns
@@ -172,9 +174,9 @@ class RawDML(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class KeyOnlyDML(msgspec.Struct, frozen=True, gc=False):
-    """A DML whose message carries only the handle-key columns (spec §7): TiCDC put the full message in
-    claim-check storage at `claim_check_location`, or nowhere (handle-key-only: only upstream TiDB has
-    the row). Never a row to apply as it is; `row` is the key-only message itself."""
+    """A DML whose message carries only the handle-key columns (docs/protocols/simple.md §7): TiCDC put the
+    full message in claim-check storage at `claim_check_location`, or nowhere (handle-key-only: only upstream
+    TiDB has the row). Never a row to apply as it is; `row` is the key-only message itself."""
 
     row: RawDML
     claim_check_location: str = ""

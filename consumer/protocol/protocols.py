@@ -1,81 +1,65 @@
-"""The Kafka protocols TiCDC writes (`simple`, `avro`, `debezium`) behind the one decoder interface the
-pipeline, the CLI and the state machine use."""
+"""The Kafka protocols TiCDC writes (`simple`, `avro`, `debezium`): the configured one, chosen once.
+
+`protocol_for` turns the `decode.protocol` setting into a `Protocol` (`consumer.protocol.base`); its record
+decoder is what the pipeline, the CLI and the state machine use, and the `TableCodec`s they build take the
+protocol that decoder names (`RecordDecoder.protocol`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Callable
 
-from consumer.errors import ConsumerError
-from consumer.protocol.codec import EncodingSetting, MessageDecoder
-from consumer.protocol.compression import CompressionSetting
-from consumer.protocol.containment import KeyedValue
-from consumer.protocol.model import DecodedMessage, TableSchema
-from consumer.protocol.types import ValuePolicy
+from consumer.protocol.base import (
+    DecoderSettings,
+    Protocol,
+    ProtocolName,
+    ProtocolSettingsError,
+    RecordDecoder,
+)
+from consumer.protocol.simple.decoder import SIMPLE
 
-if TYPE_CHECKING:  # the registry client loads an HTTP stack: only TiCDC Avro needs it
-    from consumer.protocol.registry import SchemaRegistry
-
-ProtocolName = Literal["simple", "avro", "debezium"]
 PROTOCOLS: tuple[ProtocolName, ...] = ("simple", "avro", "debezium")
 
 
-class RecordDecoder(Protocol):
-    """Kafka record (key, value) -> message. `described_schema` gives the table version a returned row's own
-    record described (None when BOOTSTRAP/DDL records announce versions, as in the Simple protocol);
-    `registry` is where row values' writer schemas are, for protocols that have one."""
+# The other protocols are imported when configured: TiCDC Avro's registry client loads an HTTP stack, and
+# `consumer.config` (which reads `resolves_by_watermark`) stays light.
+def _ticdc_avro(settings: DecoderSettings) -> Protocol:
+    from consumer.protocol.ticdc_avro.decoder import TicdcAvroProtocol
+    from consumer.protocol.ticdc_avro.registry import SchemaRegistry
 
-    @property
-    def registry(self) -> SchemaRegistry | None: ...
-
-    def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage: ...
-
-    def decode_records(self, records: Sequence[KeyedValue]) -> list[DecodedMessage | ConsumerError]:
-        """A poll's records: each one's message or the `ConsumerError` it met (see `decoded_each`)."""
-        ...
-
-    def described_schema(self, key: tuple[str, str, int]) -> TableSchema | None: ...
+    if not settings.registry_url:
+        raise ProtocolSettingsError("the avro protocol needs a schema registry URL (--schema-registry)")
+    return TicdcAvroProtocol(SchemaRegistry(settings.registry_url, settings.registry_config))
 
 
-@dataclass(frozen=True)
-class DecoderSettings:
-    """`encoding` applies to the Simple protocol, `compression` to Simple and Debezium, the registry to
-    TiCDC Avro (URL, may hold `user:password@`; `registry_config`: more `SchemaRegistryClient` settings)."""
+def _debezium(settings: DecoderSettings) -> Protocol:
+    from consumer.protocol.debezium.decoder import DEBEZIUM
 
-    protocol: ProtocolName = "simple"
-    encoding: EncodingSetting = "auto"
-    compression: CompressionSetting = "auto"
-    registry_url: str = ""
-    registry_config: dict[str, Any] = field(default_factory=dict)
-    policy: ValuePolicy = field(default_factory=ValuePolicy)
+    return DEBEZIUM
 
 
-class ProtocolSettingsError(ConsumerError):
-    """The decoder cannot be built as configured (e.g. Avro without a registry URL)."""
+_BUILDERS: dict[str, Callable[[DecoderSettings], Protocol]] = {
+    "simple": lambda _: SIMPLE,
+    "avro": _ticdc_avro,
+    "debezium": _debezium,
+}
+
+
+def protocol_for(settings: DecoderSettings) -> Protocol:
+    """The protocol `settings.protocol` names, with what it needs (TiCDC Avro: a registry client)."""
+    build = _BUILDERS.get(settings.protocol)
+    if build is None:
+        raise ProtocolSettingsError(
+            f"unknown protocol {settings.protocol!r}: expected one of {', '.join(PROTOCOLS)}"
+        )
+    return build(settings)
 
 
 def record_decoder(settings: DecoderSettings) -> RecordDecoder:
-    if settings.protocol == "simple":
-        return MessageDecoder(settings.encoding, settings.compression, policy=settings.policy)
-    if settings.protocol == "avro":
-        from consumer.protocol.confluent_avro import ConfluentAvroDecoder
-        from consumer.protocol.registry import SchemaRegistry
-
-        if not settings.registry_url:
-            raise ProtocolSettingsError("the avro protocol needs a schema registry URL (--schema-registry)")
-        return ConfluentAvroDecoder(
-            SchemaRegistry(settings.registry_url, settings.registry_config), settings.policy
-        )
-    if settings.protocol == "debezium":
-        from consumer.protocol.debezium import DebeziumDecoder
-
-        return DebeziumDecoder(settings.compression, settings.policy)
-    raise ProtocolSettingsError(
-        f"unknown protocol {settings.protocol!r}: expected one of {', '.join(PROTOCOLS)}"
-    )
+    """The configured protocol's record decoder."""
+    return protocol_for(settings).record_decoder(settings)
 
 
 def resolves_by_watermark(protocol: ProtocolName) -> bool:
     """Whether a protocol's streams always carry watermarks (the default ordering follows it)."""
-    return protocol == "simple"
+    return protocol == SIMPLE.name

@@ -76,7 +76,8 @@ class ValuePolicy:
     "null" (default) stores NULL and counts it in the decoding's `DecodeStats`; "raise" fails the record.
     `timestamp_location`: the zone the encoder writes TIMESTAMP values in (TiCDC's `--tz`), and the zone
     TiCDC Avro's TIMESTAMP text is read in (that protocol does not say).
-    `verify_checksums`: check the row checksums TiCDC sends (spec §8) when a row carries them.
+    `verify_checksums`: check the row checksums TiCDC sends (docs/protocols/simple.md §8) when a row carries
+    them.
     `unknown_types`: a mysqlType this SDK does not know (a newer TiDB) is kept as its wire text ("lossless",
     default) or makes its table's schema rejected, so its rows go to the error policy ("error").
     `limits`: the `DecodeLimits` a record must stay within.

@@ -39,10 +39,9 @@ from consumer.configured import (
 )
 from consumer.errors import ConsumerError, DeadLetter, ReplayWithoutCommitTsError
 from consumer.pipeline import Pipeline
+from consumer.protocol.base import Protocol, RecordDecoder
 from consumer.protocol.containment import KeyedValue
 from consumer.protocol.model import DecodedMessage, KeyOnlyDML, RawDML, TableSchema
-from consumer.protocol.protocols import RecordDecoder
-from consumer.protocol.registry import SchemaRegistry
 from consumer.redrive.outcomes import Origin, Outcomes, Run
 from consumer.sinks.base import CommitContext, DDLEvent, Sink
 from consumer.sinks.dead_letter import DeadLetterQueue, StoredLetter, letter_of_record, read_letters
@@ -235,8 +234,8 @@ class _Ordered:
         self._decoder = decoder
 
     @property
-    def registry(self) -> SchemaRegistry | None:
-        return self._decoder.registry
+    def protocol(self) -> Protocol:
+        return self._decoder.protocol
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         message = _ordered(self._decoder.decode_record(key, value))

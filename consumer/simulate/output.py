@@ -13,11 +13,11 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from consumer.large_messages.encoder import LargeMessageEncoder
-from consumer.protocol.codec import MessageEncoder
-from consumer.protocol.confluent_avro import ConfluentAvroEncoder
-from consumer.protocol.debezium import DebeziumEncoder
+from consumer.protocol.debezium.encoder import DebeziumEncoder
 from consumer.protocol.model import DDL, DML, Bootstrap, DDLType, Watermark
 from consumer.protocol.plain import row_object
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.ticdc_avro.encoder import ConfluentAvroEncoder
 from consumer.simulate.workload import StreamRecord, Workload
 from consumer.sources.capture import write_capture
 from consumer.sources.record import SourceRecord
@@ -44,7 +44,8 @@ class SimulationReport:
 
 
 def record_key(record: StreamRecord) -> bytes | None:
-    """TiCDC's keys: empty for DML and BOOTSTRAP (async producer), null for DDL and WATERMARK (spec §1.1)."""
+    """TiCDC's keys: empty for DML and BOOTSTRAP (async producer), null for DDL and WATERMARK
+    (docs/protocols/simple.md §1.1)."""
     return b"" if isinstance(record.message, DML | Bootstrap) else None
 
 

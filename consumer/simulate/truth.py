@@ -20,7 +20,7 @@ from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import entry_uri, read_delta, read_mirror, tables
 from consumer.protocol.model import DDL, DML, DDLType, DMLType, TableSchema
 from consumer.protocol.plain import value_object
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.simulate.workload import StreamRecord, Workload, WorkloadConfig
 
 TableRows = dict[Any, dict[str, Any]]

@@ -1,4 +1,5 @@
-"""A TiDB-like upstream and TiCDC's sending rules (spec §9), as an ordered stream of Kafka records.
+"""A TiDB-like upstream and TiCDC's sending rules (docs/protocols/simple.md §9), as an ordered stream of Kafka
+records.
 
 The upstream runs transactions on several tables (every column type), DDLs at chosen points, and keeps
 the true table contents. The sender mimics TiCDC: DML dispatched by table or by primary key, DDLs
@@ -20,7 +21,6 @@ from typing import Any, Literal
 import msgspec
 import numpy as np
 
-from consumer.protocol.checksum import row_checksum
 from consumer.protocol.model import (
     DDL,
     DML,
@@ -36,7 +36,8 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.checksum import row_checksum
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import JSON_NULL
 
 Dispatch = Literal["table", "primary-key"]
@@ -55,7 +56,8 @@ class WorkloadConfig:
     bootstrap_to_all_partitions: bool = True
     watermark_every_txns: int = 50
     ddl: bool = True  # ALTER ADD/DROP COLUMN, CREATE INDEX, TRUNCATE, RENAME, DROP TABLE, CREATE it again
-    checksums: bool = False  # rows carry TiDB's row checksums (spec §8), as with integrity-check-level
+    # rows carry TiDB's row checksums (docs/protocols/simple.md §8), as with integrity-check-level
+    checksums: bool = False
     large_value_bytes: int = 0  # table 0's rows get a TEXT value this long: its DMLs are large messages
     max_txn_rows: int = 4
     start_physical_ms: int | None = None  # the TSO clock's start; default: now
@@ -163,7 +165,7 @@ class Workload:
             for dml in self._change(table, commit_ts, touched, room=size - len(changes)):
                 touched.add((id(table), (dml.data or dml.old or {})["id"]))
                 changes.append((table, dml))
-        # TiCDC emits a transaction's split DELETEs before its INSERTs (spec §3.3)
+        # TiCDC emits a transaction's split DELETEs before its INSERTs (docs/protocols/simple.md §3.3)
         changes.sort(key=lambda pair: pair[1].type != DMLType.DELETE)
         for table, dml in changes:
             yield from self._bootstrap_due(table)

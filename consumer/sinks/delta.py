@@ -65,7 +65,7 @@ from consumer.lakehouse.tables import (
     latest_per_key,
 )
 from consumer.protocol.model import DDL, DDLType, TableSchema
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext
 from consumer.sinks.lakehouse import LakehouseSink, commit_metadata
 

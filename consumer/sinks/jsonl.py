@@ -22,7 +22,7 @@ from consumer.batches.changes import TableChanges, typed_rows
 from consumer.lakehouse.layout import DDL_LOG, segment
 from consumer.lakehouse.progress import merged_snapshots
 from consumer.protocol.plain import value_object
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sources.record import TopicPartition
 

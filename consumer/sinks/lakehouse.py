@@ -19,7 +19,7 @@ from consumer.lakehouse.progress import ProgressLog
 from consumer.lakehouse.storage import LakeRoot, check_atomic_commits
 from consumer.lakehouse.tables import KEY_PROPERTY
 from consumer.protocol.model import DDL, DDLType
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sources.record import TopicPartition
 

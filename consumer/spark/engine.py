@@ -53,7 +53,7 @@ from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.pipeline import DecodedRecord, Pipeline, PipelineStats
 from consumer.protocol.model import RawDML, Watermark
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.sinks.foreach_batch import BatchFunction, ForeachBatchSink

@@ -23,10 +23,10 @@ import pyarrow.compute as pc
 
 from consumer.batches.changes import table_changes
 from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
-from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.base import RecordDecoder
 from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, DMLType, RawDML
-from consumer.protocol.protocols import RecordDecoder
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.state.schema_cache import SchemaCache

@@ -45,7 +45,7 @@ from pyspark.sql.types import StructType
 
 from consumer.config import DecodeConfig, RunConfig, kafka_source_parts
 from consumer.configured import build_decoder, build_policy
-from consumer.protocol.codec import MessageDecoder
+from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.types import ValuePolicy
 from consumer.sources.base import FixedStarts
 from consumer.sources.errors import SourceError

@@ -53,7 +53,7 @@ from consumer.errors import ConsumerError
 from consumer.lakehouse.ddl import renamed_from
 from consumer.pipeline import Pipeline
 from consumer.protocol.model import DDLType
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sources.base import FixedStarts
 from consumer.sources.kafka import KafkaSource
@@ -379,7 +379,7 @@ class TableStager:
         if not versions:
             return None
         newest = max(versions, key=lambda schema: schema.version)
-        return changelog_schema(TableCodec(newest, self.policy))
+        return changelog_schema(TableCodec(newest, self.policy, protocol=self.pipeline.decoder.protocol))
 
     def _reached_target(self) -> bool:
         target = self.target

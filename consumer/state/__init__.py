@@ -1,4 +1,5 @@
-"""The consumer state machine: decoded records in, ordered units and safe offsets out (spec §9-§11).
+"""The consumer state machine: decoded records in, ordered units and safe offsets out
+(docs/protocols/simple.md §9-§11).
 
 Pure library code, no I/O: a source feeds `ConsumerState`, a sink applies the units it resolves.
 """

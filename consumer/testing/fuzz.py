@@ -19,11 +19,12 @@ from typing import Any
 
 from consumer.batches.changes import table_changes, typed_rows
 from consumer.errors import ConsumerError, InternalDecodeError, RecordLocation
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.limits import DecodeLimits
 from consumer.protocol.model import DDL, Bootstrap, RawDML, TableSchema
 from consumer.protocol.plain import value_object
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.simulate.workload import Workload, WorkloadConfig
 

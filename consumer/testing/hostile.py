@@ -30,8 +30,8 @@ import fastavro
 import lz4.frame
 from hypothesis import strategies as st
 
-from consumer.protocol.avro_codec import NAMESPACE, read_datum, writer_schema_json
 from consumer.protocol.model import Column, DataType, Index, TableSchema
+from consumer.protocol.simple.avro_messages import NAMESPACE, read_datum, writer_schema_json
 from consumer.protocol.types import MYSQL_TYPES
 
 # Bytes that break UTF-8 (stray continuation, overlong, encoded surrogate, truncated sequence) or JSON

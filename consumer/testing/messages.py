@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumer.protocol.codec import MessageDecoder, MessageEncoder
 from consumer.protocol.model import DML, DMLType, RawDML, TableSchema
-from consumer.protocol.rows import Encoding
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.simple.rows import Encoding
 
 
 def raw_dml(

@@ -24,13 +24,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from consumer.protocol.base import DecoderSettings, RecordDecoder
 from consumer.protocol.compression import compress
-from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder
-from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions
+from consumer.protocol.debezium.encoder import DebeziumEncoder, DebeziumOptions
 from consumer.protocol.model import DDL, RawDML, TableSchema
-from consumer.protocol.protocols import DecoderSettings, RecordDecoder, record_decoder
-from consumer.protocol.registry import SchemaRegistry
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.protocols import record_decoder
+from consumer.protocol.table import TableCodec
+from consumer.protocol.ticdc_avro.encoder import ConfluentAvroEncoder
+from consumer.protocol.ticdc_avro.registry import SchemaRegistry
+from consumer.protocol.ticdc_avro.schemas import AvroOptions
 from consumer.protocol.types import ValuePolicy
 from consumer.simulate.output import AvroStream, DebeziumStream, KafkaPair, encoded
 from consumer.simulate.workload import Workload, WorkloadConfig
@@ -348,7 +350,7 @@ class ProtocolFuzzHarness(FuzzStages):
             protocol=corpus.protocol, registry_url=corpus.registry_url, policy=self.policy
         )
         self.decoder: RecordDecoder = record_decoder(settings)
-        self.registry = self.decoder.registry
+        self.protocol = self.decoder.protocol
         self.rows: dict[tuple[str, str, int], list[RawDML]] = {}
         self.table_rows: dict[tuple[str, str], list[RawDML]] = {}
         self._codecs: dict[tuple[str, str, int], TableCodec] = {}
@@ -360,7 +362,7 @@ class ProtocolFuzzHarness(FuzzStages):
         for schema_key in self.rows:
             schema = self.decoder.described_schema(schema_key)
             assert schema is not None
-            self._codecs[schema_key] = TableCodec(schema, self.policy, registry=self.registry)
+            self._codecs[schema_key] = TableCodec(schema, self.policy, protocol=self.protocol)
 
     def run_all(self, pairs: Iterable[KafkaPair]) -> FuzzReport:
         for pair in pairs:
@@ -395,7 +397,7 @@ class ProtocolFuzzHarness(FuzzStages):
         self.rows_stage(outcome, codec, raw, [*good[:1], raw, *good[-1:]])
 
     def _codec(self, schema: TableSchema) -> TableCodec:
-        return TableCodec(schema, self.policy, registry=self.registry)
+        return TableCodec(schema, self.policy, protocol=self.protocol)
 
     def _schema(self, outcome: list[str], schema: TableSchema) -> None:
         codec = self.stage(outcome, self._codec, schema)

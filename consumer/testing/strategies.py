@@ -25,9 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgspec
 from hypothesis import strategies as st
 
-from consumer.protocol.checksum import row_checksum
-from consumer.protocol.confluent_avro import AvroOptions, ConfluentAvroEncoder, table_topic
-from consumer.protocol.debezium import DebeziumEncoder, DebeziumOptions, wire_value
+from consumer.protocol.debezium.encoder import DebeziumEncoder, DebeziumOptions, wire_value
 from consumer.protocol.limits import tso_of
 from consumer.protocol.model import (
     DDL,
@@ -44,11 +42,14 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
-from consumer.protocol.rows import TableCodec
+from consumer.protocol.simple.checksum import row_checksum
+from consumer.protocol.table import TableCodec
+from consumer.protocol.ticdc_avro.encoder import ConfluentAvroEncoder
+from consumer.protocol.ticdc_avro.schemas import AvroOptions, table_topic
 from consumer.protocol.types import JSON_NULL, ValuePolicy, column_type, fsp_of
 
 if TYPE_CHECKING:  # the registry client loads an HTTP stack: only the Avro strategies need it
-    from consumer.protocol.registry import SchemaRegistry
+    from consumer.protocol.ticdc_avro.registry import SchemaRegistry
 
 # TSOs a decoder takes for real: positive and not in the future (`DecodeLimits.max_commit_ts_ahead_s`).
 _TSO_MAX = tso_of(dt.datetime(2025, 1, 1, tzinfo=dt.UTC).timestamp())
@@ -242,7 +243,7 @@ def rows(draw: st.DrawFn, schema: TableSchema, omit_columns: bool = False) -> di
 @st.composite
 def dml_messages(draw: st.DrawFn, schema: TableSchema) -> DML:
     """A full row change as TiCDC sends it; with every column present, maybe with its row checksums
-    (spec §8.3, computed from the values as TiCDC computes them)."""
+    (docs/protocols/simple.md §8.3, computed from the values as TiCDC computes them)."""
     kind = draw(st.sampled_from(DMLType))
     omit = draw(st.booleans())
     data = draw(rows(schema, omit)) if kind != DMLType.DELETE else None
@@ -304,8 +305,8 @@ def table_messages(draw: st.DrawFn, **schema_options: Any) -> tuple[Message, Tab
 
 
 # -- TiCDC's Avro (Confluent) and Debezium protocols --------------------------------------------------
-# Names the Avro protocol keeps as they are (it sanitizes the others, spec §4.6), clear of its extension
-# fields' names.
+# Names the Avro protocol keeps as they are (it sanitizes the others, docs/protocols/ticdc-avro.md §4.6),
+# clear of its extension fields' names.
 AVRO_NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,11}", fullmatch=True).filter(
     lambda name: not name.startswith(("_tidb", "_ticdc"))
 )
@@ -357,8 +358,8 @@ def row_changes(draw: st.DrawFn, schema: TableSchema, kind: DMLType | None = Non
 
 def _carried_elements(schema: TableSchema) -> bool:
     """ENUM (and Avro SET) elements are joined by `,` with `,` escaped as `\\,`, and `\\` is not escaped:
-    an element ending in `\\` before the next one reads as that pair joined by a comma (spec §4.5), so such
-    a schema cannot round-trip."""
+    an element ending in `\\` before the next one reads as that pair joined by a comma
+    (docs/protocols/ticdc-avro.md §4.5), so such a schema cannot round-trip."""
     return not any(e.endswith("\\") for c in schema.columns for e in c.data_type.elements[:-1])
 
 
@@ -374,7 +375,7 @@ def debezium_table_schemas(**options: Any) -> st.SearchStrategy[TableSchema]:
 
 @st.composite
 def avro_options(draw: st.DrawFn) -> AvroOptions:
-    """Any combination of the Avro protocol's options (spec §9)."""
+    """Any combination of the Avro protocol's options (docs/protocols/ticdc-avro.md §9)."""
     extension = draw(st.booleans())
     return AvroOptions(
         decimal=draw(st.sampled_from(("precise", "string"))),
@@ -389,9 +390,9 @@ def avro_options(draw: st.DrawFn) -> AvroOptions:
 
 @st.composite
 def debezium_options(draw: st.DrawFn) -> DebeziumOptions:
-    """Any combination of the Debezium protocol's options that change the wire (spec §11), with the
-    compressions a decoder's `auto` recognises (a snappy block has no mark: it is configured, so draw it as
-    `DebeziumOptions(compression="snappy")` beside a decoder configured so)."""
+    """Any combination of the Debezium protocol's options that change the wire (docs/protocols/debezium.md
+    §11), with the compressions a decoder's `auto` recognises (a snappy block has no mark: it is configured,
+    so draw it as `DebeziumOptions(compression="snappy")` beside a decoder configured so)."""
     return DebeziumOptions(
         tidb_extension=draw(st.booleans()),
         disable_schema=draw(st.booleans()),
@@ -437,10 +438,10 @@ def debezium_changes(
 
 
 def avro_view(change: DML, schema: TableSchema, options: AvroOptions) -> ChangeView:
-    """What the Avro wire carries of a change (spec §6): without `_tidb_op` (no extension, no before value)
-    an UPDATE reads as an INSERT; the commit ts only with the extension (a tombstone has none, the watermark
-    mode's delete marker has it); an UPDATE's old image only with the before value; a DELETE without it,
-    its key only."""
+    """What the Avro wire carries of a change (docs/protocols/ticdc-avro.md §6): without `_tidb_op` (no
+    extension, no before value) an UPDATE reads as an INSERT; the commit ts only with the extension (a
+    tombstone has none, the watermark mode's delete marker has it); an UPDATE's old image only with the before
+    value; a DELETE without it, its key only."""
     with_op = options.tidb_extension or options.include_before
     kind = change.type if with_op or change.type is DMLType.DELETE else DMLType.INSERT
     tombstone = change.type is DMLType.DELETE and not options.include_before
@@ -453,10 +454,10 @@ def avro_view(change: DML, schema: TableSchema, options: AvroOptions) -> ChangeV
 
 
 def debezium_view(change: DML, schema: TableSchema, options: DebeziumOptions) -> ChangeView:
-    """What the Debezium wire carries of a change (spec §6): DECIMAL as a float64, years below 100 shifted
-    (+2000 below 70, else +1900), DATETIME(0-3) in milliseconds; without `tidb_type` (no extension) BIGINT
-    UNSIGNED as its signed bit pattern and binary values as base64 text; without the schema every column's
-    JSON value as sent; an UPDATE's old image only with `output_old_value`."""
+    """What the Debezium wire carries of a change (docs/protocols/debezium.md §6): DECIMAL as a float64, years
+    below 100 shifted (+2000 below 70, else +1900), DATETIME(0-3) in milliseconds; without `tidb_type` (no
+    extension) BIGINT UNSIGNED as its signed bit pattern and binary values as base64 text; without the schema
+    every column's JSON value as sent; an UPDATE's old image only with `output_old_value`."""
     types = {c.name: column_type(c, ValuePolicy()) for c in schema.columns}
 
     def view(image: dict[str, Any] | None) -> dict[str, Any] | None:

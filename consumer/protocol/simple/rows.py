@@ -1,4 +1,5 @@
-"""Row values of one table version: wire maps <-> typed values, columnar (Arrow) on the fast path.
+"""The Simple protocol's rows of one table version: wire maps -> typed values, columnar (Arrow) on the fast
+path (`SimpleRows`, what `TableCodec` dispatches to for this protocol).
 
 JSON rows decode through a msgspec Struct generated from the table schema, so `data`/`old` are parsed
 straight into per-column fields without building dicts; each column then becomes one Arrow array.
@@ -6,15 +7,11 @@ straight into per-column fields without building dicts; each column then becomes
 
 from __future__ import annotations
 
-import contextlib
-import enum
-import gc
 import re
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from itertools import chain
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import pyarrow as pa
@@ -27,92 +24,32 @@ from consumer.errors import (
     ValueDecodeError,
     ValueTooLargeError,
 )
-from consumer.protocol import avro_codec, simple_avro_rows
+from consumer.protocol.base import ChangeImages, ImageKind, RowImages, collector_paused
 from consumer.protocol.containment import contained
 from consumer.protocol.model import DML, Checksum, DMLType, RawDML, TableSchema
-from consumer.protocol.types import ColumnType, DecodeStats, ValuePolicy, column_type
-from consumer.protocol.validation import validate_schema
-
-if TYPE_CHECKING:  # the registry client loads an HTTP stack: only TiCDC Avro needs it
-    from consumer.protocol.registry import SchemaRegistry
+from consumer.protocol.simple import avro_messages, avro_rows
+from consumer.protocol.types import ColumnType, ValuePolicy
 
 Encoding = Literal["json", "avro"]
-# Protocols whose records carry their own schema: their rows decode in their own modules (`_foreign_rows`).
-FOREIGN_ENCODINGS = ("avro-confluent", "debezium")
 _CHUNK_BYTES = 1 << 20  # payload decoded at a time by `decode_batch`, so its parsed rows stay in cache
 # Avro rows are read columnar by one native call a chunk, which has a fixed cost: measured fastest at 2 MiB
 _AVRO_CHUNK_BYTES = 2 << 20
-
-
-@dataclass(frozen=True)
-class RowImages:
-    """The `data` and `old` images of a batch of DMLs, one Arrow row per DML in each.
-
-    A DML without that image (INSERT has no `old`, DELETE no `data`) has an all-null row there and
-    False in `has_data` / `has_old`. Columns absent from the wire are null.
-    """
-
-    data: pa.RecordBatch
-    old: pa.RecordBatch
-    has_data: list[bool]
-    has_old: list[bool]
-
-
-class ImageKind(enum.IntEnum):
-    """Which row image of its DML a change row is (an UPDATE carries both, spec §3.3)."""
-
-    INSERT = 0
-    UPDATE_OLD = 1
-    UPDATE_NEW = 2
-    DELETE = 3
-
-
-@dataclass(frozen=True)
-class ChangeImages:
-    """The row images of a batch of DMLs in change order: an INSERT's new row, an UPDATE's old row then its
-    new row, a DELETE's old row. An image missing from the wire (Go drops a map whose every column was
-    filtered out) is an all-null row. Each value is decoded once, for the image it belongs to."""
-
-    rows: pa.RecordBatch
-    source: list[int]  # the DML (index into the batch) each image comes from
-    kinds: list[int]  # each image's `ImageKind`
-    checksums: list[Checksum | None]  # each DML's row checksums (spec §8), None where it sent none
 
 
 _UPDATE_KINDS = (ImageKind.UPDATE_OLD, ImageKind.UPDATE_NEW)
 _Decoded = TypeVar("_Decoded", RowImages, ChangeImages)
 
 
-class TableCodec:
-    """Decoding and encoding of the rows of one TableSchema version.
-
-    The schema is validated first (`SchemaRejectedError`), so no type outside TiDB's limits reaches Arrow.
-    Decoding raises only `ConsumerError`s: a `ValueDecodeError` names the column and the row, and anything
-    unanticipated comes out as an `InternalDecodeError` without a row.
+class SimpleRows:
+    """Decoding of the Simple protocol's rows of one TableSchema version (validated by `TableCodec`, whose
+    `columns` these are). Decoding raises only `ConsumerError`s: a `ValueDecodeError` names the column and
+    the row, and anything unanticipated comes out as an `InternalDecodeError` without a row.
     """
 
-    def __init__(
-        self,
-        schema: TableSchema,
-        policy: ValuePolicy | None = None,
-        *,
-        registry: SchemaRegistry | None = None,
-        stats: DecodeStats | None = None,
-    ) -> None:
-        """`registry`: where TiCDC Avro rows' writer schemas are (only that protocol needs one). `stats`:
-        where values the policy nulled and row images verified are counted (codecs may share one)."""
-        self.policy = policy or ValuePolicy()
-        self.stats = DecodeStats() if stats is None else stats
-        validate_schema(schema, self.policy.unknown_types)
+    def __init__(self, schema: TableSchema, columns: Sequence[ColumnType], policy: ValuePolicy) -> None:
+        self.policy = policy
         self.schema = schema
-        self.registry = registry
-        self._foreign: Any = None
-        self.columns: tuple[ColumnType, ...] = tuple(
-            column_type(c, self.policy, self.stats) for c in schema.columns
-        )
-        self.arrow_schema = pa.schema(
-            [pa.field(c.name, c.arrow_type, nullable=c.column.nullable) for c in self.columns]
-        )
+        self.columns: tuple[ColumnType, ...] = tuple(columns)
         self._image_schema = pa.schema([pa.field(c.name, c.arrow_type) for c in self.columns])
         self._batch_body, batch_row = _json_body(schema, self.columns, missing=None)
         self._row_body, _ = _json_body(schema, self.columns, missing=msgspec.UNSET)
@@ -125,9 +62,7 @@ class TableCodec:
     # -- fast path: many DMLs -> Arrow ---------------------------------------------------------------
     def decode_batch(self, raws: Sequence[RawDML]) -> RowImages:
         """Typed Arrow images of many DMLs of this table version. Errors carry `.row` = index in raws."""
-        with _collector_paused(), contained("decoding rows"):
-            if raws and raws[0].encoding in FOREIGN_ENCODINGS:
-                return self._foreign_batch(raws)
+        with collector_paused(), contained("decoding rows"):
             chunks = self._chunked(raws, self._decode_chunk)
         if len(chunks) == 1:
             return chunks[0]
@@ -141,9 +76,7 @@ class TableCodec:
     def decode_changes(self, raws: Sequence[RawDML]) -> ChangeImages:
         """The batch's row images in change order (see `ChangeImages`), typed. Errors carry `.row` = the
         index in raws of the DML whose value did not decode."""
-        with _collector_paused(), contained("decoding rows"):
-            if raws and raws[0].encoding in FOREIGN_ENCODINGS:
-                return self._foreign_changes(raws)
+        with collector_paused(), contained("decoding rows"):
             chunks = self._chunked(raws, self._changes_chunk)
         if len(chunks) == 1:
             return chunks[0]
@@ -218,7 +151,7 @@ class TableCodec:
 
     def _wire_images(
         self, raws: Sequence[RawDML]
-    ) -> tuple[list[Any], list[Any], list[Checksum | None], int, simple_avro_rows.AvroChunk | None]:
+    ) -> tuple[list[Any], list[Any], list[Checksum | None], int, avro_rows.AvroChunk | None]:
         """The chunk's `data` and `old` wire images, its checksums, its longest payload (no value is
         longer), and, where Avro rows were read columnar, their columns (the images are then indexes into
         them)."""
@@ -234,7 +167,7 @@ class TableCodec:
         if len(set(map(_ENCODING, raws))) > 1:  # an Avro payload fails the JSON path: settled here
             raise _MixedEncodings
         if raws and raws[0].encoding == "avro":
-            columnar = simple_avro_rows.read(self.columns, payloads)
+            columnar = avro_rows.read(self.columns, payloads)
             if columnar is not None:
                 return columnar.datas, columnar.olds, columnar.checksums, longest, columnar
         bodies = [self._wire_body(raw, row, self._batch_body) for row, raw in enumerate(raws)]
@@ -247,7 +180,7 @@ class TableCodec:
     def _wire_body(self, raw: RawDML, row: int, decoder: msgspec.json.Decoder) -> Any:
         if raw.encoding == "avro":
             try:
-                return avro_codec.read_dml(raw.payload)
+                return avro_messages.read_dml(raw.payload)
             except MalformedMessageError as exc:
                 raise ValueDecodeError(exc.reason, column="<row>", row=row) from exc
         try:
@@ -263,7 +196,7 @@ class TableCodec:
         images: list[Any],
         avro: bool,
         longest: int,
-        columnar: simple_avro_rows.AvroChunk | None = None,
+        columnar: avro_rows.AvroChunk | None = None,
     ) -> pa.RecordBatch:
         """One image of each row as a typed record batch; `longest`: the longest payload they came from;
         `columnar`: the Avro chunk the images index into, where it was read columnar."""
@@ -300,8 +233,6 @@ class TableCodec:
     def decode(self, raw: RawDML) -> DML:
         """One DML with typed values; columns absent from the wire stay absent from the dicts."""
         with contained("decoding rows"):
-            if raw.encoding in FOREIGN_ENCODINGS:
-                return self._foreign_dml(raw)
             return self._decode_one(raw)
 
     def _decode_one(self, raw: RawDML) -> DML:
@@ -357,91 +288,6 @@ class TableCodec:
                 raise ValueDecodeError("not in the table schema", column=name, row=0)
             typed[name] = column.to_python(getattr(column, convert)([value]))[0]
         return typed
-
-    # -- protocols that describe their rows themselves -------------------------------------------------
-    def _foreign_rows(self, encoding: str) -> Any:
-        if self._foreign is None:
-            # imported here: those modules build on this one
-            if encoding == "avro-confluent":
-                from consumer.protocol.avro_rows import AvroRows
-
-                if self.registry is None:
-                    raise MalformedMessageError("TiCDC Avro rows need a schema registry to decode")
-                self._foreign = AvroRows(self.schema, self.columns, self.registry, self.policy)
-            else:
-                from consumer.protocol.debezium import DebeziumRows
-
-                self._foreign = DebeziumRows(self.schema, self.columns, self.policy)
-        return self._foreign
-
-    def _foreign_changes(self, raws: Sequence[RawDML]) -> ChangeImages:
-        rows, source, kinds, _ = self._foreign_rows(raws[0].encoding).images(raws)
-        return ChangeImages(rows, source, kinds, [None] * len(raws))  # their checksums are not verified
-
-    def _foreign_batch(self, raws: Sequence[RawDML]) -> RowImages:
-        rows, source, kinds, _ = self._foreign_rows(raws[0].encoding).images(raws)
-        data: list[int | None] = [None] * len(raws)
-        old: list[int | None] = [None] * len(raws)
-        for position, (index, kind) in enumerate(zip(source, kinds, strict=True)):
-            (data if kind in (ImageKind.INSERT, ImageKind.UPDATE_NEW) else old)[index] = position
-        return RowImages(  # a null index takes an all-null row: the image a DML does not have
-            data=rows.take(pa.array(data, pa.int64())),
-            old=rows.take(pa.array(old, pa.int64())),
-            has_data=[position is not None for position in data],
-            has_old=[position is not None for position in old],
-        )
-
-    def _foreign_dml(self, raw: RawDML) -> DML:
-        rows, _, kinds, key_only = self._foreign_rows(raw.encoding).images([raw])
-        images: dict[int, dict[str, Any]] = {}
-        keys = set(self.schema.handle_key())
-        for position, kind in enumerate(kinds):
-            images[kind] = {
-                c.name: c.to_python(rows.column(i).slice(position, 1))[0]
-                for i, c in enumerate(self.columns)
-                if not key_only[position] or c.name in keys
-            }
-        old = images.get(ImageKind.UPDATE_OLD, images.get(ImageKind.DELETE))
-        new = images.get(ImageKind.UPDATE_NEW, images.get(ImageKind.INSERT))
-        return DML(
-            type=raw.type,
-            database=raw.database,
-            table=raw.table,
-            table_id=raw.table_id,
-            commit_ts=raw.commit_ts,
-            build_ts=raw.build_ts,
-            schema_version=raw.schema_version,
-            data=new,
-            old=old,
-        )
-
-    # -- encoding ------------------------------------------------------------------------------------
-    def encode_image(self, image: dict[str, Any] | None, encoding: Encoding) -> dict[str, Any] | None:
-        """Typed row -> wire map (JSON values or Avro (branch, value) pairs)."""
-        if image is None:
-            return None
-        known = {c.name: c for c in self.columns}
-        wire: dict[str, Any] = {}
-        for name, value in image.items():
-            column = known.get(name)
-            if column is None:
-                raise ValueDecodeError("not in the table schema", column=name)
-            wire[name] = column.to_json(value) if encoding == "json" else column.to_avro(value)
-        return wire
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """A batch decodes into many short-lived tuples and lists, which the garbage collector's automatic
-    passes would scan again and again (7-10% of the time); none of them form reference cycles."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 class _MixedEncodings(Exception):

@@ -1,4 +1,5 @@
-"""Avro encoding (spec §5): a bare datum of the 12-type union in `message.avsc`, always branch 11 (Message).
+"""Avro encoding (docs/protocols/simple.md §5): a bare datum of the 12-type union in `message.avsc`, always
+branch 11 (Message).
 
 `ColumnSchema.default` is read and written as Avro `bytes`: it shares `string`'s binary layout, and TiCDC
 puts raw (often invalid UTF-8) literal bytes there for BIT columns, which a strict string read rejects.
@@ -54,7 +55,7 @@ _TEMPORAL_WITH_FSP = frozenset(("datetime", "timestamp", "time"))
 
 def writer_schema_json() -> list[dict[str, Any]]:
     """TiCDC's writer schema (`message.json` upstream), as shipped with this package."""
-    return json.loads(resources.files("consumer.protocol").joinpath("message.avsc").read_text())
+    return json.loads(resources.files("consumer.protocol.simple").joinpath("message.avsc").read_text())
 
 
 def _wire_schemas() -> tuple[Any, Any, dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""Record value <-> message: compression, then JSON or Avro (spec §1.2), in both directions.
+"""Record value -> message in the Simple protocol: compression, then JSON or Avro (docs/protocols/simple.md
+§1.2).
 
 `MessageDecoder.decode` is the containment boundary for a record's bytes: whatever they hold, it returns a
 message or raises a `ConsumerError`. Schemas are validated there, once, as they arrive, and commitTs values
@@ -9,33 +10,25 @@ an `InternalDecodeError`, never as a stray exception that would stop a consumer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 from consumer.errors import (
     CompressionError,
     ConsumerError,
     DecodeError,
-    EncodeError,
     InternalDecodeError,
     MalformedMessageError,
     NestingTooDeepError,
 )
-from consumer.protocol import avro_codec, json_codec
-from consumer.protocol.avro_codec import AvroVariant
+from consumer.protocol.base import DecoderSettings, EncodingSetting, Protocol, TableRows
 from consumer.protocol.checks import MessageChecks
-from consumer.protocol.compression import (
-    PLAIN_FIRST_BYTES,
-    Compression,
-    CompressionSetting,
-    compress,
-    decompress,
-)
+from consumer.protocol.compression import PLAIN_FIRST_BYTES, CompressionSetting, decompress
 from consumer.protocol.containment import KeyedValue, decoded_each
-from consumer.protocol.model import DML, DecodedMessage, Message, TableSchema
-from consumer.protocol.rows import Encoding, TableCodec
-from consumer.protocol.types import ValuePolicy
+from consumer.protocol.model import DecodedMessage, TableSchema
+from consumer.protocol.simple import avro_messages, json_messages
+from consumer.protocol.simple.rows import Encoding, SimpleRows
+from consumer.protocol.types import ColumnType, ValuePolicy
 
-EncodingSetting = Literal["auto", "json", "avro"]
+__all__ = ["EncodingSetting", "MessageDecoder", "SimpleProtocol"]
 
 
 class MessageDecoder:
@@ -44,8 +37,6 @@ class MessageDecoder:
     `policy` brings the `DecodeLimits` (decompressed size, nesting depth, commitTs range) and what to do
     with unknown column types in the schemas that arrive.
     """
-
-    registry = None  # Simple records name no registry schema (see `RecordDecoder`)
 
     def __init__(
         self,
@@ -62,6 +53,10 @@ class MessageDecoder:
         self._plain_avro = encoding != "json" and compression in ("auto", "none")  # 0x16 may start Avro
         self._checks = MessageChecks(self.limits, self.policy.unknown_types)
 
+    @property
+    def protocol(self) -> SimpleProtocol:
+        return SIMPLE
+
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         """A record as `RecordDecoder` takes it: the Simple protocol puts nothing in the key."""
         return self.decode(value)
@@ -69,12 +64,12 @@ class MessageDecoder:
     def decode_records(self, records: Sequence[KeyedValue]) -> list[DecodedMessage | ConsumerError]:
         """In a poll of at least `_FEWEST_READ_AT_ONCE` records whose first is Avro (a topic's records share
         an encoding), the plain Avro DMLs of known routes have their headers read at once
-        (`avro_codec.known_headers`); every other record is read by `decode`."""
+        (`avro_messages.known_headers`); every other record is read by `decode`."""
         known = None
         first = records[0].value if len(records) >= _FEWEST_READ_AT_ONCE else None
         if self._plain_avro and type(first) is bytes and first[:1] == _AVRO_START:
             try:
-                known = avro_codec.known_headers([record.value for record in records], self._checks)
+                known = avro_messages.known_headers([record.value for record in records], self._checks)
             except Exception:  # only a shortcut: the records are then read one by one, each contained
                 known = None
         return decoded_each(self.decode_record, records, known)
@@ -87,11 +82,11 @@ class MessageDecoder:
         try:
             if value and value[0] == _JSON_START and self._plain_json:  # the hottest case, fewest calls
                 try:
-                    return json_codec.decode(value, self._checks)
+                    return json_messages.decode(value, self._checks)
                 except DecodeError as error:
                     return self._not_plain_json(value, error)
-            if self._plain_avro and value.__class__ is bytes and value.startswith(avro_codec.DML_PREFIX):
-                known = avro_codec.known_header(value, self._checks)  # what a plain reading would give
+            if self._plain_avro and value.__class__ is bytes and value.startswith(avro_messages.DML_PREFIX):
+                known = avro_messages.known_header(value, self._checks)  # what a plain reading would give
                 if known is not None:
                     return known
             return self._decode(value)
@@ -120,8 +115,8 @@ class MessageDecoder:
     def _decode_plain(self, payload: bytes) -> DecodedMessage:
         encoding = self.encoding if self.encoding != "auto" else _sniffed(payload[0] if payload else -1)
         if encoding == "json":
-            return json_codec.decode(payload, self._checks)
-        return avro_codec.decode(payload, self._checks)
+            return json_messages.decode(payload, self._checks)
+        return avro_messages.decode(payload, self._checks)
 
     def _decode_snappy_lookalike(self, value: bytes, plain_error: DecodeError) -> DecodedMessage:
         """A snappy block starts with its uncompressed length as a varint: 123 bytes look like `{`, 22 like
@@ -135,72 +130,38 @@ class MessageDecoder:
 
 _JSON_START = ord("{")
 _FEWEST_READ_AT_ONCE = 16  # fewer are read one by one: the columnar reading costs more than it saves
-_AVRO_START = bytes((avro_codec.MESSAGE_BRANCH,))
+_AVRO_START = bytes((avro_messages.MESSAGE_BRANCH,))
 
 
 def _sniffed(first: int) -> Encoding:
     """`{` starts JSON, 0x16 (union branch 11) starts Avro; nothing else is a Simple message."""
     if first == _JSON_START:
         return "json"
-    if first == avro_codec.MESSAGE_BRANCH:
+    if first == avro_messages.MESSAGE_BRANCH:
         return "avro"
     shown = f"0x{first:02x}" if first >= 0 else "nothing"
     raise MalformedMessageError(f"neither JSON nor Avro: value starts with {shown}")
 
 
-class MessageEncoder:
-    """Produces record values exactly as TiCDC does (a product feature: simulators and users' tests).
+class SimpleProtocol(Protocol):
+    """TiCDC's Simple protocol: `MessageDecoder` for records, `SimpleRows` for a table version's rows."""
 
-    `variant` picks the Avro dialect of classic ("tiflow") or new ("ticdc") TiCDC; `policy` carries the
-    zone TIMESTAMP values are written in.
-    """
+    name = "simple"
+    resolves_by_watermark = True
 
-    def __init__(
-        self,
-        encoding: Encoding = "json",
-        compression: Compression = "none",
-        *,
-        variant: AvroVariant = "ticdc",
-        policy: ValuePolicy | None = None,
-    ) -> None:
-        self.encoding = encoding
-        self.compression = compression
-        self.variant = variant
-        self.policy = policy or ValuePolicy()
-        self._codecs: dict[tuple[str, str, int], TableCodec] = {}
+    def record_decoder(self, settings: DecoderSettings) -> MessageDecoder:
+        return MessageDecoder(settings.encoding, settings.compression, policy=settings.policy)
 
-    def encode(self, message: Message, schema: TableSchema | None = None) -> bytes:
-        """Encode any message; a DML needs the schema of its `schema_version`."""
-        data = old = None
-        if isinstance(message, DML):
-            if schema is None:
-                raise EncodeError("encoding a DML needs its TableSchema")
-            codec = self.table_codec(schema)
-            data = self._image(codec, message.data)
-            old = self._image(codec, message.old)
-        if self.encoding == "json":
-            payload = json_codec.encode(message, data, old)
-        else:
-            payload = avro_codec.encode(message, data, old, self.variant)
-        return compress(payload, self.compression)
+    def table_rows(
+        self, schema: TableSchema, columns: Sequence[ColumnType], policy: ValuePolicy
+    ) -> TableRows:
+        return SimpleRows(schema, columns, policy)
 
-    def table_codec(self, schema: TableSchema) -> TableCodec:
-        codec = self._codecs.get(schema.key)
-        if codec is None or codec.schema != schema:
-            codec = self._codecs[schema.key] = TableCodec(schema, self.policy)
-        return codec
+    def __eq__(self, other: object) -> bool:
+        return type(other) is SimpleProtocol
 
-    def _image(self, codec: TableCodec, image: dict | None) -> dict | None:
-        wire = codec.encode_image(image, self.encoding)
-        if wire and self.encoding == "avro" and self.variant == "tiflow":
-            return {name: _tiflow_bit(codec, name, value) for name, value in wire.items()}
-        return wire
+    def __hash__(self) -> int:
+        return hash(SimpleProtocol)
 
 
-def _tiflow_bit(codec: TableCodec, name: str, value: object) -> object:
-    """Classic TiCDC writes BIT as a `long` holding the uint64 bits reinterpreted as signed."""
-    column = codec.schema.column(name)
-    if value is None or column is None or column.data_type.mysql_type != "bit":
-        return value
-    unsigned = int(value[1])  # type: ignore[index]
-    return ("long", unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned)
+SIMPLE = SimpleProtocol()

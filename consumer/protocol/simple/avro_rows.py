@@ -4,7 +4,7 @@ A chunk's DML datums are read columnar through `avro_container` (the 3 prefix by
 `fixed` field): `data` and `old` become map arrays of the value union. Each column's values are gathered
 from the union's branch they all come from, and converted by the column's own vectorized conversion.
 
-This path only settles what it can prove equal to the per-datum path (`rows.TableCodec._wire_body`,
+This path only settles what it can prove equal to the per-datum path (`rows.SimpleRows._wire_body`,
 fastavro): `read` returns None for anything else (the native reader's failure or panic, a misaligned datum,
 a map naming a column twice), and the chunk is decoded datum by datum. A column whose values do not convert
 on the fast path is converted from the Python values fastavro would have given, by `ColumnType.from_avro`
@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from consumer.protocol import avro_codec
 from consumer.protocol.avro_container import DatumContainer, private_field
 from consumer.protocol.model import Checksum
+from consumer.protocol.simple import avro_messages
 from consumer.protocol.types import (
     CONVERSION_ERRORS,
     ColumnType,
@@ -33,7 +33,7 @@ _PREFIX_FIELD = private_field("prefix")  # Message branch, MessageType.DML, DML 
 
 def _reader_schema() -> dict[str, Any]:
     """The DML record with its named types inlined, after a field for the prefix."""
-    schema = avro_codec.writer_schema_json()
+    schema = avro_messages.writer_schema_json()
     named = {t["name"]: t for t in schema}
 
     def inline(node: Any, seen: set[str]) -> Any:
@@ -145,7 +145,7 @@ def read(columns: Sequence[ColumnType], payloads: Sequence[bytes]) -> AvroChunk 
     if batch is None:
         return None
     prefixes = batch.column(_PREFIX_FIELD).cast(pa.binary())
-    if not pc.all(pc.equal(prefixes, pa.scalar(avro_codec.DML_PREFIX, pa.binary()))).as_py():
+    if not pc.all(pc.equal(prefixes, pa.scalar(avro_messages.DML_PREFIX, pa.binary()))).as_py():
         return None
     try:
         chunk = AvroChunk(columns, batch)

@@ -1,4 +1,4 @@
-"""JSON encoding (spec §3): messages exactly as TiCDC's Go `encoding/json` writes them."""
+"""JSON encoding (docs/protocols/simple.md §3): messages exactly as TiCDC's Go `encoding/json` writes them."""
 
 from __future__ import annotations
 

@@ -20,7 +20,11 @@ import pyarrow.compute as pc
 from consumer.errors import MalformedMessageError, ValueDecodeError
 from consumer.protocol.avro_container import DatumContainer, datum_error, private_field
 from consumer.protocol.avro_varints import overlong_reason, overlong_varint
-from consumer.protocol.confluent_avro import (
+from consumer.protocol.base import ImageKind, Images
+from consumer.protocol.model import DMLType, RawDML, TableSchema
+from consumer.protocol.self_described import enum_labels, set_labels
+from consumer.protocol.ticdc_avro.registry import SchemaRegistry
+from consumer.protocol.ticdc_avro.schemas import (
     BEFORE_FIELD,
     COMMIT_TS,
     OP,
@@ -30,10 +34,6 @@ from consumer.protocol.confluent_avro import (
     layout,
     schema_ids,
 )
-from consumer.protocol.model import DMLType, RawDML, TableSchema
-from consumer.protocol.registry import SchemaRegistry
-from consumer.protocol.rows import ImageKind
-from consumer.protocol.self_described import enum_labels, set_labels
 from consumer.protocol.types import CONVERSION_ERRORS, ColumnType, ValuePolicy, in_python_range
 
 _FRAME_FIELD = private_field("frame")  # a datum's Confluent frame, read and dropped
@@ -163,8 +163,8 @@ def _plain_array(array: pa.Array) -> pa.Array:
 
 # -- wire columns -> SDK columns ------------------------------------------------------------------------
 def typed_column(column: ColumnType, wire: AvroColumn, values: pa.Array, policy: ValuePolicy) -> pa.Array:
-    """One column of decoded datums as its SDK Arrow type (spec §5.1). Errors name the column and the row
-    (index in `values`)."""
+    """One column of decoded datums as its SDK Arrow type (docs/protocols/ticdc-avro.md §5.1). Errors name the
+    column and the row (index in `values`)."""
     try:
         return _converter(column, wire)(values, policy)
     except ValueDecodeError:
@@ -323,7 +323,7 @@ class AvroRows:
         self._keys = _Reader(self.layout.key_json) if self.layout.key_json is not None else None
         self._frames = (_frame(self.layout.value_id), _frame(self.layout.key_id))
 
-    def images(self, raws: Sequence[RawDML]) -> tuple[pa.RecordBatch, list[int], list[int], list[bool]]:
+    def images(self, raws: Sequence[RawDML]) -> Images:
         """(rows, source, kinds, key_only): the images in change order (an UPDATE's old image only when the
         record has it), the DML each comes from, its `ImageKind` value, and whether it holds only the key."""
         value_rows, key_rows = self._split(raws)
@@ -346,12 +346,12 @@ class AvroRows:
             parts.append(self._typed(datums, self.layout.key_columns, key_rows))
         if len(parts) == 1 and not key_rows:  # rows of the value schema without before images: in order
             in_order: list[int] = [_NEW_IMAGE[raw.type] for raw in raws]
-            return parts[0], list(range(len(raws))), in_order, [False] * len(raws)
+            return Images(parts[0], list(range(len(raws))), in_order, [False] * len(raws))
         order, source, kinds, key_only = self._order(raws, value_rows, key_rows, positions, before_missing)
         table = pa.Table.from_batches(parts, schema=self.image_schema).combine_chunks()
         rows = table.take(pa.array(order, pa.int64())).to_batches()
         batch = rows[0] if rows else pa.RecordBatch.from_pylist([], schema=self.image_schema)
-        return batch, source, kinds, key_only
+        return Images(batch, source, kinds, key_only)
 
     def _split(self, raws: Sequence[RawDML]) -> tuple[list[int], list[int]]:
         """(rows framed by the value schema, key-only DELETEs framed by the key schema): so every payload

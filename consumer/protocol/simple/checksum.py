@@ -1,6 +1,8 @@
-"""Row checksums (spec §8): TiDB's column-level CRC32 of a row image, to verify the rows TiCDC sent.
+"""Row checksums (docs/protocols/simple.md §8): TiDB's column-level CRC32 of a row image, to verify the rows
+TiCDC sent.
 
-One algorithm (spec §8.3), two implementations that check each other in the property tests:
+One algorithm (docs/protocols/simple.md §8.3), two implementations that check each other in the property
+tests:
 
 - `wire_checksum` hashes one image from its wire values (JSON text, or Avro datums), value by value. It is
   the reference: the encoder side (the simulator, users' tests) computes checksums with it, and it settles
@@ -33,9 +35,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumer.errors import ChecksumMismatchError, IntegrityError, RowCorruptedError
-from consumer.protocol import avro_codec
+from consumer.protocol.base import ChangeImages, ImageKind
 from consumer.protocol.model import Checksum, Column, DataType, RawDML
-from consumer.protocol.rows import ChangeImages, ImageKind, TableCodec
+from consumer.protocol.simple import avro_messages
+from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ColumnType, _zone_name, fsp_of
 
 _U64 = 0xFFFF_FFFF_FFFF_FFFF
@@ -64,7 +67,8 @@ def wire_checksum(columns: Sequence[Column], image: Mapping[str, Any] | None) ->
 
 
 def wire_value_bytes(data_type: DataType, value: Any) -> bytes:
-    """The bytes TiDB hashes for one non-NULL value (spec §8.3), from its JSON or Avro wire form."""
+    """The bytes TiDB hashes for one non-NULL value (docs/protocols/simple.md §8.3), from its JSON or Avro
+    wire form."""
     kind = data_type.mysql_type
     if kind in _EIGHT_BYTE_TYPES:
         return (_wire_int(value) & _U64).to_bytes(8, "little")
@@ -110,7 +114,7 @@ def _utc_text(value: Any) -> str:
 def dml_wire_images(raw: RawDML) -> tuple[Any, Any]:
     """A DML's `data` and `old` wire images, parsed generically (one row at a time: the settling path)."""
     if raw.encoding == "avro":
-        body = avro_codec.read_dml(raw.payload)
+        body = avro_messages.read_dml(raw.payload)
         return body["data"], body["old"]
     body = msgspec.json.decode(raw.payload)
     return body.get("data"), body.get("old")
@@ -338,7 +342,8 @@ def verify_changes(
     codec: TableCodec, images: ChangeImages, raws: Sequence[RawDML]
 ) -> tuple[int, dict[int, IntegrityError]]:
     """Check every image of a decoded batch that carries a checksum: the number verified, and the DMLs
-    (index in `raws`) that failed, each with why. A zero expected value means "no checksum" (spec §8.1)."""
+    (index in `raws`) that failed, each with why. A zero expected value means "no checksum"
+    (docs/protocols/simple.md §8.1)."""
     checksums = images.checksums
     rejected: dict[int, IntegrityError] = {
         row: _corrupted(checksum, row)
