@@ -366,15 +366,12 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
     watchdog = Watchdog(config.watchdog.stall_after_s)
     reporter = ProgressReporter(metrics_port=config.metrics.port, watchdog=watchdog)
     try:
-        stats = app.run(config, until_idle=until_idle, on_cycle=reporter, pause_gc=True, watchdog=watchdog)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from exc
-    except (SourceAuthenticationError, SourceUnreachableError) as exc:
-        click.echo(f"stopped: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(EXIT_SOURCE_UNAVAILABLE)
-    except ConsumerError as exc:
-        click.echo(f"stopped: {type(exc).__name__}: {exc}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        stats = _exiting_on_errors(
+            lambda: app.run(
+                config, until_idle=until_idle, on_cycle=reporter, pause_gc=True, watchdog=watchdog
+            ),
+            said="stopped",
+        )
     except KeyboardInterrupt:
         click.echo("interrupted: records after the last commit are read again on restart", err=True)
         sys.exit(EXIT_INTERRUPTED)
@@ -677,7 +674,7 @@ def list_letters(
 ) -> None:
     """The letters (origin, reason, whether a replay applied them), each record once."""
     config = _dead_letter_config(config_path, sink_url, flags)
-    letters = _redriving(lambda: letter_states(config, reason_code))
+    letters = _exiting_on_errors(lambda: letter_states(config, reason_code))
     if as_json:
         click.echo(msgspec.json.encode(letters).decode())
         return
@@ -694,7 +691,7 @@ def replay_letters(
     that fails again keeps its new reason (exit 3)."""
     config = _dead_letter_config(config_path, sink_url, flags)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    report = _redriving(lambda: replay(config, reason_code))
+    report = _exiting_on_errors(lambda: replay(config, reason_code))
     if as_json:
         click.echo(msgspec.json.encode(report).decode())
     else:
@@ -705,17 +702,17 @@ def replay_letters(
         sys.exit(EXIT_UNRESOLVED)
 
 
-def _redriving(job: Callable[[], T]) -> T:
-    """Run a dead-letter command's job; a failure it names ends the command with its exit code."""
+def _exiting_on_errors(job: Callable[[], T], said: str = "error") -> T:
+    """Run a command's job; a failure it names ends the command with its exit code."""
     try:
         return job()
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     except (SourceAuthenticationError, SourceUnreachableError) as exc:
-        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        click.echo(f"{said}: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_SOURCE_UNAVAILABLE)
     except ConsumerError as exc:
-        click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        click.echo(f"{said}: {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
 
 
