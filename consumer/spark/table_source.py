@@ -56,6 +56,7 @@ from consumer.protocol.model import DDLType
 from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext, DDLEvent
 from consumer.sources.base import FixedStarts
+from consumer.sources.errors import SourceError
 from consumer.sources.kafka import KafkaSource
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.sources.retry import SourceRetry
@@ -335,20 +336,23 @@ class TableStager:
         self.pipeline.attach(source)
         return source
 
-    def stage(self, seconds: float) -> None:
+    def stage(self, seconds: float) -> int:
         """Run the pipeline for about `seconds`, or until the stream is idle (or, for availableNow, read
-        up to its target)."""
+        up to its target); how many records it read."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not self._reached_target():
+        read = 0
+        while time.monotonic() < deadline and not self.reached_target():
             records = self.pipeline.source_retry.call(
                 "poll", partial(self.source.poll_batch, self.config.budget.max_batch_records, _POLL_S)
             )
             for record in records:
                 self.positions[(record.topic, record.partition)] = record.offset + 1
+            read += len(records)
             self.pipeline.step(records)
             if not records and self.target is None:
                 break
         self.pipeline.finish()
+        return read
 
     def learned_schema(self, timeout: float) -> pa.Schema:
         """The schema of the first entries: the log's, else staged until the table's first rows are (or,
@@ -381,7 +385,7 @@ class TableStager:
         newest = max(versions, key=lambda schema: schema.version)
         return changelog_schema(TableCodec(newest, self.policy, protocol=self.pipeline.decoder.protocol))
 
-    def _reached_target(self) -> bool:
+    def reached_target(self) -> bool:
         target = self.target
         return target is not None and all(self.positions.get(tp, 0) >= end for tp, end in target.items())
 
@@ -500,10 +504,7 @@ class TableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Stage for a while, then answer the last entry of the query's schema; once every such entry is
         delivered and a differing one waits, stop the query naming the change."""
         begin = int(start["entry"])
-        stager = self._planner()
-        if self._next_change(stager.sink.progress, begin) is None:
-            stager.stage(STAGE_SECONDS)
-        progress = stager.sink.progress
+        progress = self._staged_past(begin)
         change = self._next_change(progress, begin)
         end = progress.next_entry - 1 if change is None else change.first - 1
         if change is not None and end <= begin:
@@ -528,6 +529,27 @@ class TableStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+
+    def _staged_past(self, begin: int) -> _Progress:
+        """Stage for a while. An availableNow query ends when an answer repeats its start, so for one this
+        stages on until an entry or a change comes, or its target is read (a target Kafka does not deliver
+        within `kafkaConsumer.pollTimeoutMs` is an error, never a silent end)."""
+        stager = self._planner()
+        progress = stager.sink.progress
+        patience = self.options.poll_timeout_ms / 1000
+        waited = 0.0
+        while self._next_change(progress, begin) is None:
+            staged, started = progress.next_entry, time.monotonic()
+            read = stager.stage(STAGE_SECONDS)
+            if progress.next_entry > staged or stager.target is None or stager.reached_target():
+                break
+            waited = 0.0 if read else waited + time.monotonic() - started
+            if waited > patience:
+                raise SourceError(
+                    f"records up to {stager.target} did not arrive within {patience:.0f} s "
+                    "(kafkaConsumer.pollTimeoutMs)"
+                )
+        return progress
 
     def _planner(self) -> TableStager:
         if self._stager is None:
