@@ -93,7 +93,7 @@ class DebeziumRows:
             self._text_decoder = msgspec.json.Decoder(_payload_struct(text_row))
 
     def images(self, raws: Sequence[RawDML]) -> Images:
-        """(rows, source, kinds, key_only) as `AvroRows.images` gives them."""
+        """The batch's `Images`, as the TiCDC Avro rows give them."""
         if self._text_decoder is not None:
             try:
                 return self._images(raws, self._text_decoder, text=True)
