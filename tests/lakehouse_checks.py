@@ -5,15 +5,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from consumer.cli import EXIT_UNASSIGNED
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import KINDS, entry_uri, read_delta, tables
 from consumer.simulate.truth import delta_changelogs
+from consumer.testing.broker import EmbeddedBroker
 
 SESSION_TIMEOUT_S = 3
 FAST_GROUP_ENV = {  # group joins of ~SESSION_TIMEOUT_S / 2 on the embedded broker; many small commits
@@ -42,6 +45,27 @@ def start_run(
             text=True,
             start_new_session=True,
         )
+
+
+def run_to_end(
+    broker: EmbeddedBroker,
+    topic: str,
+    group: str,
+    sink: str,
+    log_stem: Path,
+    processes: int = 1,
+    options: Sequence[str] = (),
+    timeout: float = 300,
+) -> tuple[int, Path]:
+    """A `start_run` waited for: its exit code and log (`<log_stem>-<ns>.log`). A run never given a partition
+    (exit 5) because the embedded broker wedged the group runs again after `reset_group`, twice at most."""
+    for _ in range(3):
+        log = Path(f"{log_stem}-{time.monotonic_ns()}.log")
+        code = start_run(broker.bootstrap_servers, topic, group, sink, log, processes, options).wait(timeout)
+        if code != EXIT_UNASSIGNED:
+            break
+        broker.reset_group(group, topic)
+    return code, log
 
 
 def changelog_duplicates(root: str | Path, storage_options: Mapping[str, str] | None = None) -> int:

@@ -7,6 +7,8 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,63 @@ def test_round_trip(kafka_broker: EmbeddedBroker, kafka_topic: TopicFactory) -> 
         (1, 0, None, b"v1"),
         (1, 1, b"k2", None),
     ]
+
+
+def _member(
+    servers: str,
+    group: str,
+    topic: str,
+    until: threading.Event | None = None,
+    assigned: threading.Semaphore | None = None,
+) -> set[int]:
+    """A subscribed member: the partitions it was first assigned (None if never, in two minutes). With
+    `until` it releases `assigned` then stays in the group until `until` is set."""
+    member = Consumer({"bootstrap.servers": servers, "group.id": group, **EmbeddedBroker.GROUP_CONFIG})
+    try:
+        member.subscribe([topic])
+        deadline = time.monotonic() + 120
+        while not member.assignment() and time.monotonic() < deadline:
+            member.poll(0.1)
+        partitions = {tp.partition for tp in member.assignment()}
+        if assigned is not None and partitions:
+            assigned.release()
+        while until is not None and not until.is_set():
+            member.poll(0.1)
+        return partitions
+    finally:
+        member.close()
+
+
+def test_reset_group_keeps_its_offsets_and_lets_a_new_member_in(
+    kafka_broker: EmbeddedBroker, kafka_topic: TopicFactory
+) -> None:
+    """The members of a group leaving at once (what can wedge a tansu group), then a reset: the committed
+    offsets are as they were and a new member gets every partition."""
+    topic, group = kafka_topic(partitions=3), "reset-me"
+    servers = kafka_broker.bootstrap_servers
+    committer = Consumer({"bootstrap.servers": servers, "group.id": group})
+    committer.commit(offsets=[TopicPartition(topic, 0, 5), TopicPartition(topic, 2, 7)], asynchronous=False)
+    leave, assigned = threading.Event(), threading.Semaphore(0)
+
+    def member() -> None:
+        _member(servers, group, topic, leave, assigned)
+
+    members = [threading.Thread(target=member) for _ in range(2)]
+    for thread in members:
+        thread.start()
+    try:
+        for _ in members:
+            assert assigned.acquire(timeout=120), "a member of two was never assigned a partition"
+    finally:
+        leave.set()
+        for thread in members:
+            thread.join()
+    kafka_broker.reset_group(group, topic)
+    wanted = [TopicPartition(topic, partition) for partition in range(3)]
+    committed = committer.committed(wanted, timeout=10)
+    committer.close()
+    assert [(tp.partition, tp.offset) for tp in committed] == [(0, 5), (1, -1001), (2, 7)]
+    assert _member(servers, group, topic) == {0, 1, 2}
 
 
 def test_stop_ends_the_process_and_frees_the_port() -> None:

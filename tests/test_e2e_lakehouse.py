@@ -16,6 +16,7 @@ from lakehouse_checks import (
     changelog_duplicates,
     changelog_rows,
     ddl_types,
+    run_to_end,
     start_run,
     valid_at,
     versions,
@@ -39,27 +40,24 @@ def _produce(
     return workload
 
 
-def _run(
-    broker: EmbeddedBroker,
-    topic: str,
-    root: Path,
-    group: str,
-    *,
-    wait: bool = True,
-    processes: int = 1,
-    mode: str = "both",
+def _start(
+    broker: EmbeddedBroker, topic: str, root: Path, group: str, *, processes: int = 1
 ) -> subprocess.Popen[str]:
-    """A `run` command; its log goes next to the output, to read when a test fails. The broker outlives
-    tests: a group of an earlier test must not interfere, hence the topic in the group's name."""
-    log_path = root.parent / f"{group}-p{processes}-{time.monotonic_ns()}.log"
-    sink = f"delta:{root}"
+    """A `run` command, not waited for; its log goes next to the output, to read when a test fails. The
+    broker outlives tests: a group of an earlier test must not interfere, hence the topic in the group's
+    name."""
+    log = root.parent / f"{group}-p{processes}-{time.monotonic_ns()}.log"
+    return start_run(broker.bootstrap_servers, topic, f"{topic}.{group}", f"delta:{root}", log, processes)
+
+
+def _run(
+    broker: EmbeddedBroker, topic: str, root: Path, group: str, *, processes: int = 1, mode: str = "both"
+) -> None:
+    """A `run` command to its end, which must be a clean one (logged like `_start`'s)."""
+    log_stem = root.parent / f"{group}-p{processes}"
     options = ["--mode", mode]
-    process = start_run(
-        broker.bootstrap_servers, topic, f"{topic}.{group}", sink, log_path, processes, options
-    )
-    if wait:
-        assert process.wait(300) == 0, log_path.read_text()[-3000:]
-    return process
+    code, log = run_to_end(broker, topic, f"{topic}.{group}", f"delta:{root}", log_stem, processes, options)
+    assert code == 0, log.read_text()[-3000:]
 
 
 def _newest_log(directory: Path, group: str, processes: int) -> str:
@@ -117,7 +115,7 @@ def test_sigkill_at_several_points_then_restart_ends_exact(
     kill_points = {"assigned": 0, "its first commit": 1, "several batches in": 25}
     for point, commits in kill_points.items():
         before = _delta_commits(root)
-        process = _run(kafka_broker, topic, root, "killed", wait=False)
+        process = _start(kafka_broker, topic, root, "killed")
         log = max(tmp_path.glob("killed-p1-*.log"), key=lambda path: path.stat().st_mtime)
         deadline = time.monotonic() + 120
         while " assigned [" not in log.read_text() or _delta_commits(root) < before + commits:
@@ -152,8 +150,8 @@ def test_three_members_of_one_group_equal_one_process(
     single, shared = tmp_path / "single", tmp_path / "shared"
     _run(kafka_broker, topic, single, "single")
     members = [
-        _run(kafka_broker, topic, shared, "trio", wait=False, processes=2),
-        _run(kafka_broker, topic, shared, "trio", wait=False),
+        _start(kafka_broker, topic, shared, "trio", processes=2),
+        _start(kafka_broker, topic, shared, "trio"),
     ]
     for member in members:
         assert member.wait(300) == 0

@@ -18,7 +18,14 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from deltalake.query import QueryBuilder
-from lakehouse_checks import SESSION_TIMEOUT_S, changelog_duplicates, ddl_types, start_run, versions
+from lakehouse_checks import (
+    SESSION_TIMEOUT_S,
+    changelog_duplicates,
+    ddl_types,
+    run_to_end,
+    start_run,
+    versions,
+)
 from pyarrow.fs import FileSelector
 
 from consumer.lakehouse.progress import consistent_ts
@@ -40,32 +47,24 @@ def _produce(
     return workload, produce_to_kafka(workload, MessageEncoder(), broker.bootstrap_servers, topic)
 
 
-def _run(
-    broker: EmbeddedBroker,
-    topic: str,
-    root: str,
-    logs: Path,
-    *,
-    processes: int = 1,
-    wait: bool = True,
-    spark: bool = False,
+def _start(
+    broker: EmbeddedBroker, topic: str, root: str, logs: Path, *, processes: int = 1
 ) -> subprocess.Popen[str]:
-    """A `run` command writing `root`, reaching the store through the standard AWS_* variables (set by the
-    `s3_lake` fixture), logging to `logs/run-*.log`. `spark`: on the Spark engine (checkpoint in `logs`)."""
+    """A `run` command writing `root`, not waited for, reaching the store through the standard AWS_*
+    variables (set by the `s3_lake` fixture), logging to `logs/run-*.log`."""
+    log = logs / f"run-p{processes}-{time.monotonic_ns()}.log"
+    return start_run(broker.bootstrap_servers, topic, f"{topic}.lake", f"delta:{root}", log, processes)
+
+
+def _run(
+    broker: EmbeddedBroker, topic: str, root: str, logs: Path, *, processes: int = 1, spark: bool = False
+) -> None:
+    """A `run` command to its clean end (logged like `_start`'s). `spark`: on the Spark engine (checkpoint
+    in `logs`)."""
     engine = ["--engine", "spark", "--checkpoint", str(logs / "checkpoint")] if spark else []
-    log_path = logs / f"run-p{processes}-{time.monotonic_ns()}.log"
-    process = start_run(
-        broker.bootstrap_servers,
-        topic,
-        f"{topic}.lake",
-        f"delta:{root}",
-        log_path,
-        processes,
-        engine,
-    )
-    if wait:
-        assert process.wait(600) == 0, log_path.read_text()[-3000:]
-    return process
+    sink, stem = f"delta:{root}", logs / f"run-p{processes}"
+    code, log = run_to_end(broker, topic, f"{topic}.lake", sink, stem, processes, engine, timeout=600)
+    assert code == 0, log.read_text()[-3000:]
 
 
 def _plain_table(root: str, location: str, kind: str) -> pa.Table:
@@ -200,8 +199,8 @@ def test_three_members_on_s3_killed_at_random_points_end_exact(
     delays = random.Random(12).sample([x / 4 for x in range(12)], 3)  # 0 .. 2.75 s into the work
     for delay in delays:
         members = [
-            _run(kafka_broker, topic, s3_lake, tmp_path, processes=2, wait=False),
-            _run(kafka_broker, topic, s3_lake, tmp_path, wait=False),
+            _start(kafka_broker, topic, s3_lake, tmp_path, processes=2),
+            _start(kafka_broker, topic, s3_lake, tmp_path),
         ]
         _working(s3_lake, members)
         time.sleep(delay)  # a random kill point, by design: they are applying rows (waited for above)

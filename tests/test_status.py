@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from deltalake import write_deltalake
-from lakehouse_checks import start_run
+from lakehouse_checks import run_to_end
 
-from consumer.cli import EXIT_UNASSIGNED, main
+from consumer.cli import main
 from consumer.errors import DeadLetter, RecordLocation
 from consumer.lakehouse.progress import PROGRESS_SCHEMA, ProgressLog, consistent_ts
 from consumer.lakehouse.storage import LakeRoot
@@ -128,14 +128,9 @@ def _orphan(workload: Workload) -> bytes:
 
 
 def _run(broker: EmbeddedBroker, topic: str, root: Path, group: str, processes: int) -> int:
-    """A run of the group; one that was never given a partition (exit 5: the embedded broker sometimes
-    leaves a group that just had members without an assignment) runs again, a few times at most."""
-    for _ in range(3):
-        log = root.parent / f"{group}-p{processes}-{time.monotonic_ns()}.log"
-        process = start_run(broker.bootstrap_servers, topic, group, f"delta:{root}", log, processes)
-        code = process.wait(300)
-        if code != EXIT_UNASSIGNED:
-            break
+    code, log = run_to_end(
+        broker, topic, group, f"delta:{root}", root.parent / f"{group}-p{processes}", processes
+    )
     assert code in (0, 3), log.read_text()[-3000:]
     return code
 

@@ -186,6 +186,9 @@ class KafkaSource:
         ]
 
     def _assigned(self, consumer: Consumer, partitions: list[KafkaTopicPartition]) -> None:
+        if self._closed:  # a rebalance finishing while the client leaves: the next member takes them
+            log.info("not taking %s: leaving the group", _keys(partitions))
+            return
         self._reached()
         positioned = self._positioned(_keys(partitions))
         log.info("assigned %s", [(tp.topic, tp.partition, tp.offset) for tp in positioned])

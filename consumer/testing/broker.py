@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from consumer.testing.extra import missing_extra
@@ -145,6 +145,28 @@ class EmbeddedBroker:
             producer.poll(0)
         if producer.flush(timeout=30.0) or failures:
             raise BrokerError(f"produce to {topic!r} failed: {failures or 'delivery timed out'}")
+
+    def reset_group(self, group: str, topic: str, timeout: float = 10.0) -> None:
+        """Delete `group` and commit its offsets of `topic` again, as they were.
+
+        tansu can wedge a group for good: when its last two members leave within one rebalance, a member
+        that joins later is handed a departed member as leader and waits for that leader's SyncGroup forever
+        (the group describes as EMPTY meanwhile). Deleting the group unwedges it; re-committing keeps what
+        the group had read, so a run after the reset resumes where one without the defect would.
+        """
+        client = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": group})
+        try:
+            found = client.list_topics(topic, timeout=timeout).topics[topic].partitions
+            wanted = [TopicPartition(topic, partition) for partition in found]
+            offsets = [tp for tp in client.committed(wanted, timeout=timeout) if tp.offset >= 0]
+            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+            admin.delete_consumer_groups([group], request_timeout=timeout)[group].result()
+            if offsets:
+                client.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            raise BrokerError(f"cannot reset group {group!r}: {exc} (log: {self.log_path})") from exc
+        finally:
+            client.close()
 
     def stop(self) -> None:
         """End the broker (idempotent); its in-memory topics are gone afterwards.
