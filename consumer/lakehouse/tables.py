@@ -33,6 +33,7 @@ from deltalake.exceptions import DeltaError
 
 from consumer.lakehouse.catalog import Catalog, CatalogEntry
 from consumer.lakehouse.ddl import DDLLog, table_schema
+from consumer.lakehouse.history import HISTORY_META
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
 
@@ -333,15 +334,32 @@ def read_history(
     table: str,
     key: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, str] | None = None,
+    as_of_tso: int | None = None,
 ) -> pa.Table | None:
     """Every version of the live table `database.table`'s rows (of the row with `key`, column -> value,
-    when given), ordered by key then by when each became valid; None when the table has no history."""
+    when given), ordered by key then by when each became valid; None when the table has no history.
+
+    With `as_of_tso=T`: the history as it stood once every change with commit ts <= T was applied, of the
+    table that had the name at T (renamed or dropped since: still found): the versions valid from T or
+    earlier, a version still valid at T open (`_valid_to_ts` null, whatever ended it later), and the
+    columns the table had at some TSO <= T (a column added later left out; one dropped by then kept, as
+    the history keeps it). Raises TsoOutOfRangeError for a T outside `retained_range(root)`.
+    """
     lake = LakeRoot.of(root, storage_options)
-    uri = table_uri(lake, database, table, "history")
-    history = None if uri is None else lake.open(uri)
-    if history is None:
+    catalog = Catalog(lake)
+    if as_of_tso is None:
+        tso, entry = LATEST, catalog.current((database, table))
+    else:
+        tso = _target(lake, as_of_tso)
+        entry = catalog.find((database, table), tso)
+    history = None if entry is None else lake.open(entry_uri(lake, entry, "history"))
+    if history is None or entry is None:
         return None
-    versions = read_delta(lake, history)
+    started = None if as_of_tso is None else pc.field("_valid_from_ts") <= tso
+    schema = pa.schema(history.schema().to_arrow())
+    versions = as_durations(lake.scan(history).to_table(filter=started), stored_durations(schema))
+    if as_of_tso is not None:
+        versions = _history_at(lake, entry, versions, tso)
     for column, value in (key or {}).items():
         versions = versions.filter(
             pc.equal(versions[column], pa.scalar(value, versions.schema.field(column).type))
@@ -349,6 +367,26 @@ def read_history(
     keys = history.metadata().configuration.get(KEY_PROPERTY, "").split(",")
     order = [*(k for k in keys if k), "_valid_from_ts", "_partition", "_offset"]
     return versions.take(pc.sort_indices(versions, [(name, "ascending") for name in order]))
+
+
+def _history_at(lake: LakeRoot, entry: CatalogEntry, versions: pa.Table, tso: int) -> pa.Table:
+    """Versions valid from `tso` or earlier (`versions` holds no other) as known at `tso`: an end after it
+    was not known yet (null), and only the columns the table had by then."""
+    ends = versions["_valid_to_ts"]
+    index = versions.column_names.index("_valid_to_ts")
+    later = pc.fill_null(pc.greater(ends, tso), False)
+    known = pc.if_else(later, pa.scalar(None, pa.int64()), ends)
+    versions = versions.set_column(index, versions.schema.field(index), known)
+    logged = [
+        schema
+        for row in DDLLog(lake).rows()
+        if row["commit_ts"] <= tso and _concerns(entry, row) and (schema := table_schema(row["schema"]))
+    ]
+    if not logged:  # no DDL says which columns it had: every column the history has
+        return versions
+    had = {name for schema in logged for name in schema.names}
+    later_columns = [name for name in versions.column_names if name not in had and name not in HISTORY_META]
+    return versions.drop_columns(later_columns)
 
 
 def _read(
