@@ -44,6 +44,9 @@ FLOOR_PROPERTY = "ticdc.truncated_at"  # on a mirror: its latest TRUNCATE/DROP, 
 KEY_PROPERTY = "ticdc.key"  # on a mirror: its key columns, comma-separated (`maintain` clusters by them)
 COMPLETE_TS = "ticdc.mirror.complete_ts"  # mirror commit metadata: the table then holds every change up to it
 NEWEST_TS = "ticdc.mirror.newest_ts"  # mirror commit metadata: the newest change the commit applied
+RETAINED_AFTER = "ticdc.changelog.retained_after"  # on a changelog: it holds every change after this TSO
+READABLE_FROM = "ticdc.asof.readable_from"  # on a changelog: the oldest TSO the table answers as of
+KNOWN_PROPERTY = "ticdc.mirror.known"  # on a mirror: "version:complete_ts:newest_ts" maintain last computed
 ROW_OPERATIONS = frozenset({"WRITE", "MERGE", "DELETE", "UPDATE"})  # commits that may change a mirror's rows
 MIRROR_META = ("_commit_ts", "_schema_version")  # a mirror's columns beside the user's
 ORDER = (  # what orders a key's changes besides `_commit_ts`
@@ -89,6 +92,23 @@ class TsoOutOfRangeError(ValueError):
         )
 
 
+class AsOfRetentionError(TsoOutOfRangeError):
+    """An as-of read older than what `maintain --as-of-retention` kept: the changes it would need are gone.
+    `oldest` is the oldest TSO the lakehouse still answers as of."""
+
+    def __init__(self, tso: int, oldest: int, latest: int | None) -> None:
+        super().__init__(tso, oldest, latest)
+        self.oldest = oldest
+        self.args = (
+            f"TSO {tso} is older than the as-of retention kept: the oldest TSO this lakehouse answers "
+            f"as of is {oldest} (maintain --as-of-retention removed older changes); it answers up to "
+            f"{latest} (its consistent point, consistent_ts)",
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 @dataclass(frozen=True)
 class MirrorVersion:
     """Which changes a mirror version holds: every one up to `complete_ts` and none after `newest_ts`
@@ -124,23 +144,40 @@ def read_mirror(
 def retained_range(
     root: RootLike, storage_options: Mapping[str, str] | None = None
 ) -> tuple[int | None, int | None]:
-    """The TSOs as-of reads answer: from the earliest change the lakehouse retains (a DDL or a row) to its
-    consistent point; None where unknown (nothing written, no progress recorded)."""
+    """The TSOs as-of reads answer: from the earliest change the lakehouse retains (a DDL or a row; after
+    `maintain --as-of-retention` removed older changes, the oldest TSO every table still answers as of) to
+    its consistent point; None where unknown (nothing written, no progress recorded)."""
     lake = LakeRoot.of(root, storage_options)
-    return _earliest(lake), consistent_ts(lake)
+    earliest, floor = _earliest(lake)
+    return _oldest(earliest, floor), consistent_ts(lake)
 
 
 def mirror_versions(table: DeltaTable) -> list[MirrorVersion]:
     """What each version of a mirror holds, from its commits' metadata (a commit's claims hold for every
-    later version too). A log cleaned of its first commits says nothing of the newest change."""
+    later version too). A log cleaned of its first commits says nothing of the newest change, unless
+    `maintain` recorded what it knew of a version still in the log, or just before it (`KNOWN_PROPERTY`)."""
     commits = sorted(table.history(), key=lambda commit: commit["version"])
     complete, newest = 0, 0 if commits and commits[0]["version"] == 0 else None
+    known = _known(table)
+    if known is not None and commits and known.version == commits[0]["version"] - 1 and newest is None:
+        complete, newest = known.complete_ts, known.newest_ts
     versions = []
     for commit in commits:
         complete = max(complete, int(commit.get(COMPLETE_TS, 0)))
         newest = _newest(newest, commit)
+        if known is not None and commit["version"] == known.version and known.newest_ts is not None:
+            complete = max(complete, known.complete_ts)
+            newest = known.newest_ts if newest is None else max(newest, known.newest_ts)
         versions.append(MirrorVersion(commit["version"], complete, newest))
     return versions
+
+
+def _known(table: DeltaTable) -> MirrorVersion | None:
+    recorded = table.metadata().configuration.get(KNOWN_PROPERTY)
+    if not recorded:
+        return None
+    version, complete, newest = recorded.split(":")
+    return MirrorVersion(int(version), int(complete), int(newest))
 
 
 def _newest(before: int | None, commit: Mapping[str, Any]) -> int | None:
@@ -153,19 +190,34 @@ def _target(lake: LakeRoot, as_of_tso: int | None) -> int:
     point = consistent_ts(lake)
     if as_of_tso is None:
         return LATEST if point is None else point
-    earliest = _earliest(lake)
-    if point is None or earliest is None or not earliest <= as_of_tso <= point:
-        raise TsoOutOfRangeError(as_of_tso, earliest, point)
+    earliest, floor = _earliest(lake)
+    if floor is not None and as_of_tso < floor and point is not None and as_of_tso <= point:
+        raise AsOfRetentionError(as_of_tso, floor, point)
+    oldest = _oldest(earliest, floor)
+    if point is None or oldest is None or not oldest <= as_of_tso <= point:
+        raise TsoOutOfRangeError(as_of_tso, oldest, point)
     return as_of_tso
 
 
-def _earliest(lake: LakeRoot) -> int | None:
+def _oldest(earliest: int | None, floor: int | None) -> int | None:
+    return earliest if floor is None else max(floor, earliest or floor)
+
+
+def _earliest(lake: LakeRoot) -> tuple[int | None, int | None]:
+    """The earliest change retained (a DDL or a row), and the oldest TSO every table answers as of after
+    `maintain` removed older changes (None: it removed none)."""
     starts = [row["commit_ts"] for row in DDLLog(lake).rows()[:1]]
+    floors = []
     for entry in Catalog(lake).entries():
         changelog = lake.open(entry_uri(lake, entry, "changelog"))
-        if changelog is not None and changelog.file_uris():
+        if changelog is None:
+            continue
+        readable = changelog.metadata().configuration.get(READABLE_FROM)
+        if readable:
+            floors.append(int(readable))
+        if changelog.file_uris():
             starts.append(_smallest_ts(lake, changelog))
-    return min(starts, default=None)
+    return min(starts, default=None), max(floors, default=None)
 
 
 def _smallest_ts(lake: LakeRoot, table: DeltaTable) -> int:
@@ -190,7 +242,7 @@ def _mirror_at(lake: LakeRoot, entry: CatalogEntry, tso: int) -> pa.Table | None
         return read_delta(lake, mirror)
     if not key and changelog is not None:
         return None
-    base, since = _base(lake, mirror, tso, changelog is not None) if mirror is not None else (None, -1)
+    base, since = _base(lake, mirror, tso, changelog) if mirror is not None else (None, -1)
     window = _changes(lake, changelog, since, tso) if changelog is not None and key else None
     names = _user_columns(logged if logged is not None else mirror and pa.schema(mirror.schema().to_arrow()))
     schema = _output_schema(names, [*stored, *([logged] if logged is not None else [])])
@@ -220,22 +272,35 @@ def _concerns(entry: CatalogEntry, ddl: Mapping[str, Any]) -> bool:
     return ddl["database"] is not None and entry.name_at(ddl["commit_ts"]) == (ddl["database"], ddl["table"])
 
 
-def _base(lake: LakeRoot, mirror: DeltaTable, tso: int, logged: bool) -> tuple[pa.Table | None, int]:
-    """The newest mirror version holding no change after `tso`, and a TSO it holds every change up to
-    (-1: none; the changelog is replayed whole). A version vacuumed away counts as none. Without a
-    changelog (`logged` false: a mirror-only sink) and no such version: the mirror as it is."""
-    usable = [v for v in mirror_versions(mirror) if v.newest_ts is not None and v.newest_ts <= tso]
-    if not usable:
-        return (None, -1) if logged else (lake.scan(mirror).to_table(), LATEST)
-    chosen = usable[-1]
-    try:
-        table = mirror
-        if chosen.version != mirror.version():
-            table = DeltaTable(mirror.table_uri, version=chosen.version, storage_options=lake.options())
-        rows = lake.scan(table).to_table()
-    except (OSError, DeltaError):
-        return None, -1
-    return rows, chosen.complete_ts or -1
+def _base(
+    lake: LakeRoot, mirror: DeltaTable, tso: int, changelog: DeltaTable | None
+) -> tuple[pa.Table | None, int]:
+    """The newest mirror version holding no change after `tso` (and every change the changelog no longer
+    holds, `RETAINED_AFTER`), and a TSO it holds every change up to (-1: none; the changelog is replayed
+    whole). A version vacuumed away is passed over for an older one. Without a changelog (a mirror-only
+    sink) and no such version: the mirror as it is. Raises AsOfRetentionError when the changelog lost
+    changes no readable version holds."""
+    retained = -1 if changelog is None else int(changelog.metadata().configuration.get(RETAINED_AFTER, -1))
+    usable = [
+        v
+        for v in mirror_versions(mirror)
+        if v.newest_ts is not None and v.newest_ts <= tso and v.complete_ts >= retained
+    ]
+    if not usable and changelog is None:
+        return lake.scan(mirror).to_table(), LATEST
+    for chosen in reversed(usable):
+        try:
+            table = mirror
+            if chosen.version != mirror.version():
+                table = DeltaTable(mirror.table_uri, version=chosen.version, storage_options=lake.options())
+            return lake.scan(table).to_table(), chosen.complete_ts or -1
+        except (OSError, DeltaError):
+            continue
+    if retained >= 0:
+        assert changelog is not None
+        oldest = int(changelog.metadata().configuration.get(READABLE_FROM, retained))
+        raise AsOfRetentionError(tso, oldest, consistent_ts(lake))
+    return None, -1
 
 
 def _changes(lake: LakeRoot, changelog: DeltaTable, since: int, tso: int) -> pa.Table:
