@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -326,28 +327,54 @@ def _applied(
     schema: pa.Schema, base: pa.Table | None, window: pa.Table | None, key: list[str], floor: int
 ) -> pa.Table:
     """The base's rows with the window's changes applied: each key's latest image wins (base rows first
-    at an equal commit ts), deletes remove, and nothing older than the last TRUNCATE (`floor`) stays."""
-    parts = [
-        _conformed(part, schema) for part in (_as_changes(base), window) if part is not None and part.num_rows
-    ]
+    at an equal commit ts), deletes remove, and nothing older than the last TRUNCATE (`floor`) stays.
+    Only the window's keys are ordered: the base holds one row per key, kept unless a change of its key
+    is as new or newer."""
+    if window is not None and window.num_rows:
+        latest = latest_per_key(_conformed(window, schema), key)
+    else:
+        latest = _conformed(window, schema) if window is not None else None
+    if base is None or not base.num_rows:
+        rows = None
+    else:
+        rows = _shaped(base, schema)
+        if latest is not None and latest.num_rows:
+            rows, latest = _newest_of(rows, latest, key)
+    parts = [] if rows is None else [rows]
+    if latest is not None and latest.num_rows:
+        parts.append(latest.filter(pc.not_equal(latest["_change_type"], "delete")).select(schema.names))
     if not parts:
         return schema.empty_table()
-    latest = latest_per_key(pa.concat_tables(parts), key)
-    kept = pc.and_(
-        pc.not_equal(latest["_change_type"], "delete"), pc.greater_equal(latest["_commit_ts"], floor)
-    )
-    rows = latest.filter(kept).select(schema.names)
+    rows = pa.concat_tables(parts)
+    rows = rows.filter(pc.greater_equal(rows["_commit_ts"], floor))
     return rows.take(pc.sort_indices(rows, [(name, "ascending") for name in key]))
 
 
-def _as_changes(rows: pa.Table | None) -> pa.Table | None:
-    """Mirror rows as changes ordered before any change of the same commit ts."""
-    if rows is None:
-        return None
-    count = rows.num_rows
-    rows = rows.append_column("_change_type", pa.array(["insert"] * count, pa.string()))
-    rows = rows.append_column("_partition", pa.array([-1] * count, pa.int32()))
-    return rows.append_column("_offset", pa.array([-1] * count, pa.int64()))
+def _newest_of(base: pa.Table, latest: pa.Table, key: list[str]) -> tuple[pa.Table, pa.Table]:
+    """The base rows no change of their key is as new as, and the changes (one per key) at least as new as
+    the base row of their key (or of a key it lacks). One inner hash join, built on the changes (the
+    smaller side); Arrow joins carry no nested columns, so only keys, commit ts and row numbers are
+    joined."""
+    stored = base.select([*key, "_commit_ts"]).rename_columns([*key, "_base_ts"])
+    stored = stored.append_column("_base_row", pa.array(np.arange(base.num_rows), pa.int64()))
+    changed = latest.select([*key, "_commit_ts"]).rename_columns([*key, "_change_ts"])
+    changed = changed.append_column("_change_row", pa.array(np.arange(latest.num_rows), pa.int64()))
+    both = stored.join(changed, key, join_type="inner")
+    base_loses = pc.greater_equal(both["_change_ts"], both["_base_ts"])
+    kept = np.ones(base.num_rows, dtype=bool)
+    kept[both.filter(base_loses)["_base_row"].to_numpy()] = False
+    newer = np.ones(latest.num_rows, dtype=bool)
+    newer[both.filter(pc.invert(base_loses))["_change_row"].to_numpy()] = False
+    return base.filter(pa.array(kept)), latest.filter(pa.array(newer))
+
+
+def _shaped(part: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`part` with exactly `schema`'s columns (null where it lacks one)."""
+    columns = [
+        part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(part.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=pa.schema([f.with_nullable(True) for f in schema]))
 
 
 def _conformed(part: pa.Table, schema: pa.Schema) -> pa.Table:
