@@ -343,10 +343,28 @@ def _applied(
     parts = [] if rows is None else [rows]
     if latest is not None and latest.num_rows:
         parts.append(latest.filter(pc.not_equal(latest["_change_type"], "delete")).select(schema.names))
+    parts = [part.filter(pc.greater_equal(part["_commit_ts"], floor)) for part in parts]
     if not parts:
         return schema.empty_table()
+    return _by_key(parts, key)
+
+
+def _by_key(parts: list[pa.Table], key: list[str]) -> pa.Table:
+    """The parts' rows ordered by key. A base already in key order (a clustered mirror) with one integer
+    key is merged with the (few) other rows, not sorted again."""
     rows = pa.concat_tables(parts)
-    rows = rows.filter(pc.greater_equal(rows["_commit_ts"], floor))
+    column = rows.schema.field(key[0]).type if len(key) == 1 else None
+    if len(parts) == 2 and column is not None and pa.types.is_integer(column) and not rows[key[0]].null_count:
+        stored, added = (part[key[0]].to_numpy() for part in parts)
+        if stored.size < 2 or bool(np.all(stored[1:] > stored[:-1])):
+            order = np.argsort(added, kind="stable")
+            places = np.searchsorted(stored, added[order]) + np.arange(added.size)
+            permutation = np.empty(stored.size + added.size, dtype=np.int64)
+            taken = np.zeros(permutation.size, dtype=bool)
+            taken[places] = True
+            permutation[places] = stored.size + order
+            permutation[~taken] = np.arange(stored.size)
+            return rows.take(pa.array(permutation))
     return rows.take(pc.sort_indices(rows, [(name, "ascending") for name in key]))
 
 
