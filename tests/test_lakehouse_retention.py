@@ -151,7 +151,7 @@ def test_the_maintain_command_takes_a_retention_and_status_reports_the_range(tmp
     assert result.exit_code == 0, result.output
     assert f"as-of reads answer from TSO {earliest}" in result.output
     assert retained_range(tmp_path) == (earliest, point)  # the stream is fresh: nothing is older than 7 days
-    result = CliRunner().invoke(main, ["maintain", "--sink", f"delta:{tmp_path}", "--no-vacuum"])
+    result = CliRunner().invoke(main, ["maintain", "--sink", f"delta:{tmp_path}"])  # VACUUM too
     assert result.exit_code == 0, result.output
     assert retained_range(tmp_path) == (earliest, point)
     result = CliRunner().invoke(main, ["status", "--sink", str(tmp_path)])
