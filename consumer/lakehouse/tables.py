@@ -277,10 +277,11 @@ def _base(
     lake: LakeRoot, mirror: DeltaTable, tso: int, changelog: DeltaTable | None
 ) -> tuple[pa.Table | None, int]:
     """The newest mirror version holding no change after `tso` (and every change the changelog no longer
-    holds, `RETAINED_AFTER`), and a TSO it holds every change up to (-1: none; the changelog is replayed
-    whole). A version vacuumed away is passed over for an older one. Without a changelog (a mirror-only
-    sink) and no such version: the mirror as it is. Raises AsOfRetentionError when the changelog lost
-    changes no readable version holds."""
+        holds, `RETAINED_AFTER`), and a TSO it holds every change up to (-1: none; the changelog is replayed
+        whole). A version vacuumed away is passed over for an older one once the changelog lost older changes
+    (else the changelog is replayed whole). Without a changelog (a mirror-only
+        sink) and no such version: the mirror as it is. Raises AsOfRetentionError when the changelog lost
+        changes no readable version holds."""
     retained = -1 if changelog is None else int(changelog.metadata().configuration.get(RETAINED_AFTER, -1))
     usable = [
         v
@@ -289,7 +290,8 @@ def _base(
     ]
     if not usable and changelog is None:
         return lake.scan(mirror).to_table(), LATEST
-    for chosen in reversed(usable):
+    # With the whole changelog a full replay is as exact as an older version: only the newest is tried
+    for chosen in reversed(usable if retained >= 0 else usable[-1:]):
         try:
             table = mirror
             if chosen.version != mirror.version():
