@@ -453,11 +453,24 @@ def _report_unapplied(stats: PipelineStats) -> None:
     help="VACUUM files removed longer ago than this (at least the tables' own retention)",
 )
 @click.option("--no-vacuum", is_flag=True, help="compact, purge and checkpoint only")
+@click.option(
+    "--as-of-retention",
+    default="7d",
+    show_default=True,
+    help="as-of reads stay exact this far back (e.g. 7d, 36h, 90m; 'all' keeps every change); older "
+    "changelog rows go, and mirrors' files a read within it needs are not vacuumed",
+)
 def maintain(
-    sink_url: str | None, config_path: Path | None, cluster: bool, retention_hours: int, no_vacuum: bool
+    sink_url: str | None,
+    config_path: Path | None,
+    cluster: bool,
+    retention_hours: int,
+    no_vacuum: bool,
+    as_of_retention: str,
 ) -> None:
     """Keep a lakehouse fast: compact or cluster its Delta tables, purge recent deletes below the consistent
-    point, VACUUM, checkpoint; safe while consumers write."""
+    point, remove changes older than the as-of retention needs, VACUUM, checkpoint; safe while consumers
+    write."""
     from consumer.lakehouse.maintenance import maintain as run_maintenance
 
     try:
@@ -471,6 +484,7 @@ def maintain(
         cluster=cluster,
         retention_hours=retention_hours,
         vacuum=not no_vacuum,
+        as_of_retention_hours=retention_span_hours(as_of_retention),
     )
     for done in report.tables:
         outcome = (
@@ -480,12 +494,13 @@ def maintain(
                 f"{done.files_before} -> {done.files_after} files ({done.files_rewritten} rewritten"
                 f"{', clustered' if done.clustered else ''}), {done.files_vacuumed} vacuumed"
                 f"{f', {done.deletes_purged} deletes purged' if done.deletes_purged else ''}"
+                f"{f', {done.changes_removed} changes past as-of retention' if done.changes_removed else ''}"
             )
         )
         click.echo(f"{done.uri.removeprefix(root).lstrip('/')}: {outcome}")
     click.echo(
         f"{len(report.tables)} tables maintained in {report.seconds:.1f} s; "
-        f"consistent at TSO {report.consistent_ts}"
+        f"consistent at TSO {report.consistent_ts}; as-of reads answer from TSO {report.as_of_from}"
     )
     if any(done.error for done in report.tables):
         sys.exit(1)
@@ -537,6 +552,23 @@ def snapshot(
     click.echo(
         f"{rows.num_rows} rows of {name} as of {'the consistent point' if tso is None else tso} -> {out}"
     )
+
+
+def retention_span_hours(span: str) -> float | None:
+    """`--as-of-retention`: a number of days, hours or minutes (`7d`, `36h`, `90m`) in hours; `all`: None."""
+    if span.strip().lower() == "all":
+        return None
+    units = {"d": 24.0, "h": 1.0, "m": 1 / 60}
+    number, unit = span.strip()[:-1], span.strip()[-1:].lower()
+    try:
+        hours = float(number) * units[unit]
+    except (KeyError, ValueError) as exc:
+        raise click.BadParameter(
+            f"{span!r}: expected e.g. 7d, 36h, 90m or all", param_hint="--as-of-retention"
+        ) from exc
+    if hours < 0:
+        raise click.BadParameter(f"{span!r}: negative", param_hint="--as-of-retention")
+    return hours
 
 
 def time_tso(moment: datetime) -> int:
@@ -599,6 +631,8 @@ def _show_status(report: LakeStatus) -> None:
     age = "unknown" if report.consistent_age_s is None else f"{report.consistent_age_s:.1f} s ago"
     console = Console()
     console.print(f"[bold]{report.root}[/bold]: consistent at TSO {report.consistent_ts} ({age})")
+    if report.as_of_from is not None:
+        console.print(f"as-of reads answer from TSO {report.as_of_from} to {report.consistent_ts}")
     tables = Table("table", "location", "mirror rows", "changelog rows", "last change ts", "committed s ago")
     for t in report.tables:
         sizes = (t.mirror_rows, t.changelog_rows, t.last_change_ts, t.freshness_s)

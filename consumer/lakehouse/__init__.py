@@ -14,19 +14,31 @@ from consumer.lakehouse.catalog import Catalog, CatalogEntry, NamePeriod
 from consumer.lakehouse.maintenance import MaintenanceReport, maintain
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
-from consumer.lakehouse.tables import read_changelog, read_history, read_mirror, table_uri, tables
+from consumer.lakehouse.tables import (
+    AsOfRetentionError,
+    TsoOutOfRangeError,
+    read_changelog,
+    read_history,
+    read_mirror,
+    retained_range,
+    table_uri,
+    tables,
+)
 
 __all__ = [
+    "AsOfRetentionError",
     "Catalog",
     "CatalogEntry",
     "LakeRoot",
     "MaintenanceReport",
     "NamePeriod",
+    "TsoOutOfRangeError",
     "consistent_ts",
     "maintain",
     "read_changelog",
     "read_history",
     "read_mirror",
+    "retained_range",
     "table_uri",
     "tables",
 ]

@@ -8,6 +8,7 @@ retention references; a step that collides with a writer's commit is retried (th
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,15 +17,29 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from consumer.errors import SinkError
-from consumer.lakehouse.catalog import CATALOG
+from consumer.lakehouse.catalog import CATALOG, CatalogEntry
 from consumer.lakehouse.ddl import DDL_LOG
 from consumer.lakehouse.progress import PROGRESS, SCHEMAS, consistent_ts
 from consumer.lakehouse.storage import LakeRoot, retry_commits
-from consumer.lakehouse.tables import KEY_PROPERTY, KINDS, RootLike, entry_uri, tables
+from consumer.lakehouse.tables import (
+    KEY_PROPERTY,
+    KINDS,
+    KNOWN_PROPERTY,
+    READABLE_FROM,
+    RETAINED_AFTER,
+    RootLike,
+    entry_uri,
+    mirror_versions,
+    retained_range,
+    tables,
+)
+from consumer.protocol.model import TSO_PHYSICAL_SHIFT
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RETENTION_HOURS = 168  # Delta's default: readers and writers of older snapshots keep their files
+DEFAULT_AS_OF_RETENTION_HOURS = 168.0  # as-of reads answer at least this far back (7 days)
+VACUUM_MARGIN_HOURS = 1  # beyond the as-of retention, for a TSO's clock against the store's commit times
 DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024  # compaction target where the table sets none
 
 
@@ -38,6 +53,7 @@ class TableMaintenance:
     files_rewritten: int = 0
     clustered: bool = False
     deletes_purged: int = 0
+    changes_removed: int = 0  # changelog rows older than the as-of retention needs
     files_vacuumed: int = 0
     error: str | None = None
 
@@ -45,6 +61,7 @@ class TableMaintenance:
 @dataclass
 class MaintenanceReport:
     consistent_ts: int | None
+    as_of_from: int | None = None  # the oldest TSO the lakehouse answers as of afterwards (`retained_range`)
     tables: list[TableMaintenance] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -56,6 +73,8 @@ def maintain(
     cluster: bool = False,
     retention_hours: int = DEFAULT_RETENTION_HOURS,
     vacuum: bool = True,
+    as_of_retention_hours: float | None = DEFAULT_AS_OF_RETENTION_HOURS,
+    now: float | None = None,
 ) -> MaintenanceReport:
     """Maintain every Delta table under `root`: the catalog's tables and the lakehouse's own.
 
@@ -65,27 +84,94 @@ def maintain(
     - a `deletes` side table loses the keys deleted before the consistent point (every change older than
       it is applied everywhere: no lagging member can still bring them back);
     - VACUUM deletes files removed more than `retention_hours` ago (never less than Delta's own
-      `delta.deletedFileRetentionDuration`), then a checkpoint is written and expired log entries go.
+      `delta.deletedFileRetentionDuration`), then a checkpoint is written and expired log entries go;
+    - as-of retention (`as_of_retention_hours`, None: keep everything): as-of reads stay exact for every
+      TSO from `now` minus the retention on (or from the consistent point, when older: nothing is
+      removed without watermarks). Per table with a mirror and a changelog, the newest mirror
+      version holding no change after that horizon (and readable) becomes the base of the oldest reads:
+      the changelog's changes it holds (commit ts <= its `complete_ts`) are deleted, the changelog records
+      so (`ticdc.changelog.retained_after`) and the oldest TSO the table answers as of (the version's
+      `newest_ts`, `ticdc.asof.readable_from`). VACUUM keeps a mirror's files removed within the retention
+      (+1 h), so every version a read within it takes stays readable; the mirror records what it holds
+      (`ticdc.mirror.known`) before its log is cleaned. Reads older than that raise `AsOfRetentionError`.
     A table another process keeps changing is skipped with its error, not failed.
     """
     started = time.monotonic()
     lake = LakeRoot.of(root, storage_options)
     report = MaintenanceReport(consistent_ts(lake))
+    now = time.time() if now is None else now
+    removed: dict[str, int] = {}
+    if as_of_retention_hours is not None:
+        horizon = int((now - as_of_retention_hours * 3600) * 1000) << TSO_PHYSICAL_SHIFT
+        horizon = min(horizon, report.consistent_ts or 0)  # the consistent point stays readable
+        for entry in tables(lake):
+            try:
+                removed[entry_uri(lake, entry, "changelog")] = _retain(lake, entry, horizon)
+            except (DeltaError, OSError, SinkError) as exc:
+                log.warning("as-of retention of %s stopped: %s", entry.location, exc)
+        keep = math.ceil(as_of_retention_hours) + VACUUM_MARGIN_HOURS
     uris = [entry_uri(lake, entry, kind) for entry in tables(lake) for kind in KINDS]
     uris += [lake.join(name) for name in (CATALOG, DDL_LOG, PROGRESS, SCHEMAS)]
     for uri in uris:
         table = lake.open(uri)
         if table is None:
             continue
-        done = TableMaintenance(uri, len(table.file_uris()))
+        done = TableMaintenance(uri, len(table.file_uris()), changes_removed=removed.get(uri, 0))
+        hours = retention_hours
+        if as_of_retention_hours is not None and uri.endswith("/mirror"):
+            hours = max(hours, keep)
         try:
-            _maintain(lake, table, done, report.consistent_ts, cluster, retention_hours, vacuum)
+            _maintain(lake, table, done, report.consistent_ts, cluster, hours, vacuum)
         except (DeltaError, OSError, SinkError) as exc:
             done.error = str(exc)
             log.warning("maintenance of %s stopped: %s", uri, exc)
         report.tables.append(done)
+    report.as_of_from = retained_range(lake)[0]
     report.seconds = time.monotonic() - started
     return report
+
+
+def _retain(lake: LakeRoot, entry: CatalogEntry, horizon: int) -> int:
+    """Delete the changelog rows of `entry` that as-of reads from `horizon` on no longer need; how many."""
+    mirror = lake.open(entry_uri(lake, entry, "mirror"))
+    changelog_uri = entry_uri(lake, entry, "changelog")
+    changelog = lake.open(changelog_uri)
+    if mirror is None or changelog is None:
+        return 0
+    versions = mirror_versions(mirror)
+    if versions and versions[-1].newest_ts is not None:
+        latest = versions[-1]
+        known = f"{latest.version}:{latest.complete_ts}:{latest.newest_ts}"
+        if mirror.metadata().configuration.get(KNOWN_PROPERTY) != known:
+            retry_commits(
+                f"recording {mirror.table_uri}",
+                lambda: lake.existing(mirror.table_uri).alter.set_table_properties(
+                    {KNOWN_PROPERTY: known}, raise_if_not_exists=False
+                ),
+            )
+    bases = [v for v in versions if v.newest_ts is not None and v.newest_ts <= horizon and v.complete_ts > 0]
+    retained = int(changelog.metadata().configuration.get(RETAINED_AFTER, -1))
+    if not bases or bases[-1].complete_ts <= retained:
+        return 0
+    base = bases[-1]
+    try:  # the base must be readable: the oldest reads start from it
+        kept = DeltaTable(mirror.table_uri, version=base.version, storage_options=lake.options())
+        lake.scan(kept).count_rows()  # reads every file's footer: a file vacuumed away fails
+    except (DeltaError, OSError):
+        return 0
+    properties = {RETAINED_AFTER: str(base.complete_ts), READABLE_FROM: str(base.newest_ts)}
+    retry_commits(
+        f"as-of retention {changelog_uri}",
+        lambda: lake.existing(changelog_uri).alter.set_table_properties(
+            properties, raise_if_not_exists=False
+        ),
+    )
+
+    def delete() -> int:
+        table = lake.existing(changelog_uri)
+        return int(table.delete(f"_commit_ts <= {base.complete_ts}").get("num_deleted_rows") or 0)
+
+    return retry_commits(f"as-of retention {changelog_uri}", delete)
 
 
 def _maintain(

@@ -22,7 +22,7 @@ from consumer.errors import ConsumerError
 from consumer.lakehouse.catalog import CATALOG, Catalog, CatalogEntry
 from consumer.lakehouse.progress import PROGRESS, ProgressLog, consistent_ts
 from consumer.lakehouse.storage import LakeRoot
-from consumer.lakehouse.tables import entry_uri
+from consumer.lakehouse.tables import entry_uri, retained_range
 from consumer.protocol.model import TSO_PHYSICAL_SHIFT
 from consumer.sources.lookups import PartitionOffsets
 from consumer.sources.record import TopicPartition
@@ -85,6 +85,7 @@ class LakeStatus(msgspec.Struct, kw_only=True):
     consistent_ts: int | None
     consistent_at: datetime | None
     consistent_age_s: float | None  # None when unknown (no watermarks yet, or arrival ordering)
+    as_of_from: int | None = None  # the oldest TSO as-of reads answer (`retained_range`; to consistent_ts)
     tables: list[TableStatus]
     partitions: list[PartitionStatus]
     dead_letters: DeadLetterStatus | None = None
@@ -120,6 +121,7 @@ def read_status(
         consistent_ts=point,
         consistent_at=None if known is None else tso_time(known),
         consistent_age_s=_age(known, now),
+        as_of_from=retained_range(lake)[0] if point else None,
         tables=[_table(lake, entry, now) for entry in Catalog(lake).entries() if entry.live],
         partitions=_partitions(ProgressLog(lake), group),
     )

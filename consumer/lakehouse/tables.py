@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -33,6 +34,7 @@ from deltalake.exceptions import DeltaError
 
 from consumer.lakehouse.catalog import Catalog, CatalogEntry
 from consumer.lakehouse.ddl import DDLLog, table_schema
+from consumer.lakehouse.history import HISTORY_META
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
 
@@ -43,6 +45,9 @@ FLOOR_PROPERTY = "ticdc.truncated_at"  # on a mirror: its latest TRUNCATE/DROP, 
 KEY_PROPERTY = "ticdc.key"  # on a mirror: its key columns, comma-separated (`maintain` clusters by them)
 COMPLETE_TS = "ticdc.mirror.complete_ts"  # mirror commit metadata: the table then holds every change up to it
 NEWEST_TS = "ticdc.mirror.newest_ts"  # mirror commit metadata: the newest change the commit applied
+RETAINED_AFTER = "ticdc.changelog.retained_after"  # on a changelog: it holds every change after this TSO
+READABLE_FROM = "ticdc.asof.readable_from"  # on a changelog: the oldest TSO the table answers as of
+KNOWN_PROPERTY = "ticdc.mirror.known"  # on a mirror: "version:complete_ts:newest_ts" maintain last computed
 ROW_OPERATIONS = frozenset({"WRITE", "MERGE", "DELETE", "UPDATE"})  # commits that may change a mirror's rows
 MIRROR_META = ("_commit_ts", "_schema_version")  # a mirror's columns beside the user's
 ORDER = (  # what orders a key's changes besides `_commit_ts`
@@ -88,6 +93,23 @@ class TsoOutOfRangeError(ValueError):
         )
 
 
+class AsOfRetentionError(TsoOutOfRangeError):
+    """An as-of read older than what `maintain --as-of-retention` kept: the changes it would need are gone.
+    `oldest` is the oldest TSO the lakehouse still answers as of."""
+
+    def __init__(self, tso: int, oldest: int, latest: int | None) -> None:
+        super().__init__(tso, oldest, latest)
+        self.oldest = oldest
+        self.args = (
+            f"TSO {tso} is older than the as-of retention kept: the oldest TSO this lakehouse answers "
+            f"as of is {oldest} (maintain --as-of-retention removed older changes); it answers up to "
+            f"{latest} (its consistent point, consistent_ts)",
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 @dataclass(frozen=True)
 class MirrorVersion:
     """Which changes a mirror version holds: every one up to `complete_ts` and none after `newest_ts`
@@ -123,23 +145,40 @@ def read_mirror(
 def retained_range(
     root: RootLike, storage_options: Mapping[str, str] | None = None
 ) -> tuple[int | None, int | None]:
-    """The TSOs as-of reads answer: from the earliest change the lakehouse retains (a DDL or a row) to its
-    consistent point; None where unknown (nothing written, no progress recorded)."""
+    """The TSOs as-of reads answer: from the earliest change the lakehouse retains (a DDL or a row; after
+    `maintain --as-of-retention` removed older changes, the oldest TSO every table still answers as of) to
+    its consistent point; None where unknown (nothing written, no progress recorded)."""
     lake = LakeRoot.of(root, storage_options)
-    return _earliest(lake), consistent_ts(lake)
+    earliest, floor = _earliest(lake)
+    return _oldest(earliest, floor), consistent_ts(lake)
 
 
 def mirror_versions(table: DeltaTable) -> list[MirrorVersion]:
     """What each version of a mirror holds, from its commits' metadata (a commit's claims hold for every
-    later version too). A log cleaned of its first commits says nothing of the newest change."""
+    later version too). A log cleaned of its first commits says nothing of the newest change, unless
+    `maintain` recorded what it knew of a version still in the log, or just before it (`KNOWN_PROPERTY`)."""
     commits = sorted(table.history(), key=lambda commit: commit["version"])
     complete, newest = 0, 0 if commits and commits[0]["version"] == 0 else None
+    known = _known(table)
+    if known is not None and commits and known.version == commits[0]["version"] - 1 and newest is None:
+        complete, newest = known.complete_ts, known.newest_ts
     versions = []
     for commit in commits:
         complete = max(complete, int(commit.get(COMPLETE_TS, 0)))
         newest = _newest(newest, commit)
+        if known is not None and commit["version"] == known.version and known.newest_ts is not None:
+            complete = max(complete, known.complete_ts)
+            newest = known.newest_ts if newest is None else max(newest, known.newest_ts)
         versions.append(MirrorVersion(commit["version"], complete, newest))
     return versions
+
+
+def _known(table: DeltaTable) -> MirrorVersion | None:
+    recorded = table.metadata().configuration.get(KNOWN_PROPERTY)
+    if not recorded:
+        return None
+    version, complete, newest = recorded.split(":")
+    return MirrorVersion(int(version), int(complete), int(newest))
 
 
 def _newest(before: int | None, commit: Mapping[str, Any]) -> int | None:
@@ -152,19 +191,34 @@ def _target(lake: LakeRoot, as_of_tso: int | None) -> int:
     point = consistent_ts(lake)
     if as_of_tso is None:
         return LATEST if point is None else point
-    earliest = _earliest(lake)
-    if point is None or earliest is None or not earliest <= as_of_tso <= point:
-        raise TsoOutOfRangeError(as_of_tso, earliest, point)
+    earliest, floor = _earliest(lake)
+    if floor is not None and as_of_tso < floor and point is not None and as_of_tso <= point:
+        raise AsOfRetentionError(as_of_tso, floor, point)
+    oldest = _oldest(earliest, floor)
+    if point is None or oldest is None or not oldest <= as_of_tso <= point:
+        raise TsoOutOfRangeError(as_of_tso, oldest, point)
     return as_of_tso
 
 
-def _earliest(lake: LakeRoot) -> int | None:
+def _oldest(earliest: int | None, floor: int | None) -> int | None:
+    return earliest if floor is None else max(floor, earliest or floor)
+
+
+def _earliest(lake: LakeRoot) -> tuple[int | None, int | None]:
+    """The earliest change retained (a DDL or a row), and the oldest TSO every table answers as of after
+    `maintain` removed older changes (None: it removed none)."""
     starts = [row["commit_ts"] for row in DDLLog(lake).rows()[:1]]
+    floors = []
     for entry in Catalog(lake).entries():
         changelog = lake.open(entry_uri(lake, entry, "changelog"))
-        if changelog is not None and changelog.file_uris():
+        if changelog is None:
+            continue
+        readable = changelog.metadata().configuration.get(READABLE_FROM)
+        if readable:
+            floors.append(int(readable))
+        if changelog.file_uris():
             starts.append(_smallest_ts(lake, changelog))
-    return min(starts, default=None)
+    return min(starts, default=None), max(floors, default=None)
 
 
 def _smallest_ts(lake: LakeRoot, table: DeltaTable) -> int:
@@ -189,7 +243,7 @@ def _mirror_at(lake: LakeRoot, entry: CatalogEntry, tso: int) -> pa.Table | None
         return read_delta(lake, mirror)
     if not key and changelog is not None:
         return None
-    base, since = _base(lake, mirror, tso, changelog is not None) if mirror is not None else (None, -1)
+    base, since = _base(lake, mirror, tso, changelog) if mirror is not None else (None, -1)
     window = _changes(lake, changelog, since, tso) if changelog is not None and key else None
     names = _user_columns(logged if logged is not None else mirror and pa.schema(mirror.schema().to_arrow()))
     schema = _output_schema(names, [*stored, *([logged] if logged is not None else [])])
@@ -219,22 +273,37 @@ def _concerns(entry: CatalogEntry, ddl: Mapping[str, Any]) -> bool:
     return ddl["database"] is not None and entry.name_at(ddl["commit_ts"]) == (ddl["database"], ddl["table"])
 
 
-def _base(lake: LakeRoot, mirror: DeltaTable, tso: int, logged: bool) -> tuple[pa.Table | None, int]:
-    """The newest mirror version holding no change after `tso`, and a TSO it holds every change up to
-    (-1: none; the changelog is replayed whole). A version vacuumed away counts as none. Without a
-    changelog (`logged` false: a mirror-only sink) and no such version: the mirror as it is."""
-    usable = [v for v in mirror_versions(mirror) if v.newest_ts is not None and v.newest_ts <= tso]
-    if not usable:
-        return (None, -1) if logged else (lake.scan(mirror).to_table(), LATEST)
-    chosen = usable[-1]
-    try:
-        table = mirror
-        if chosen.version != mirror.version():
-            table = DeltaTable(mirror.table_uri, version=chosen.version, storage_options=lake.options())
-        rows = lake.scan(table).to_table()
-    except (OSError, DeltaError):
-        return None, -1
-    return rows, chosen.complete_ts or -1
+def _base(
+    lake: LakeRoot, mirror: DeltaTable, tso: int, changelog: DeltaTable | None
+) -> tuple[pa.Table | None, int]:
+    """The newest mirror version holding no change after `tso` (and every change the changelog no longer
+        holds, `RETAINED_AFTER`), and a TSO it holds every change up to (-1: none; the changelog is replayed
+        whole). A version vacuumed away is passed over for an older one once the changelog lost older changes
+    (else the changelog is replayed whole). Without a changelog (a mirror-only
+        sink) and no such version: the mirror as it is. Raises AsOfRetentionError when the changelog lost
+        changes no readable version holds."""
+    retained = -1 if changelog is None else int(changelog.metadata().configuration.get(RETAINED_AFTER, -1))
+    usable = [
+        v
+        for v in mirror_versions(mirror)
+        if v.newest_ts is not None and v.newest_ts <= tso and v.complete_ts >= retained
+    ]
+    if not usable and changelog is None:
+        return lake.scan(mirror).to_table(), LATEST
+    # With the whole changelog a full replay is as exact as an older version: only the newest is tried
+    for chosen in reversed(usable if retained >= 0 else usable[-1:]):
+        try:
+            table = mirror
+            if chosen.version != mirror.version():
+                table = DeltaTable(mirror.table_uri, version=chosen.version, storage_options=lake.options())
+            return lake.scan(table).to_table(), chosen.complete_ts or -1
+        except (OSError, DeltaError):
+            continue
+    if retained >= 0:
+        assert changelog is not None
+        oldest = int(changelog.metadata().configuration.get(READABLE_FROM, retained))
+        raise AsOfRetentionError(tso, oldest, consistent_ts(lake))
+    return None, -1
 
 
 def _changes(lake: LakeRoot, changelog: DeltaTable, since: int, tso: int) -> pa.Table:
@@ -260,28 +329,72 @@ def _applied(
     schema: pa.Schema, base: pa.Table | None, window: pa.Table | None, key: list[str], floor: int
 ) -> pa.Table:
     """The base's rows with the window's changes applied: each key's latest image wins (base rows first
-    at an equal commit ts), deletes remove, and nothing older than the last TRUNCATE (`floor`) stays."""
-    parts = [
-        _conformed(part, schema) for part in (_as_changes(base), window) if part is not None and part.num_rows
-    ]
+    at an equal commit ts), deletes remove, and nothing older than the last TRUNCATE (`floor`) stays.
+    Only the window's keys are ordered: the base holds one row per key, kept unless a change of its key
+    is as new or newer."""
+    if window is not None and window.num_rows:
+        latest = latest_per_key(_conformed(window, schema), key)
+    else:
+        latest = _conformed(window, schema) if window is not None else None
+    if base is None or not base.num_rows:
+        rows = None
+    else:
+        rows = _shaped(base, schema)
+        if latest is not None and latest.num_rows:
+            rows, latest = _newest_of(rows, latest, key)
+    parts = [] if rows is None else [rows]
+    if latest is not None and latest.num_rows:
+        parts.append(latest.filter(pc.not_equal(latest["_change_type"], "delete")).select(schema.names))
+    parts = [part.filter(pc.greater_equal(part["_commit_ts"], floor)) for part in parts]
     if not parts:
         return schema.empty_table()
-    latest = latest_per_key(pa.concat_tables(parts), key)
-    kept = pc.and_(
-        pc.not_equal(latest["_change_type"], "delete"), pc.greater_equal(latest["_commit_ts"], floor)
-    )
-    rows = latest.filter(kept).select(schema.names)
+    return _by_key(parts, key)
+
+
+def _by_key(parts: list[pa.Table], key: list[str]) -> pa.Table:
+    """The parts' rows ordered by key. A base already in key order (a clustered mirror) with one integer
+    key is merged with the (few) other rows, not sorted again."""
+    rows = pa.concat_tables(parts)
+    column = rows.schema.field(key[0]).type if len(key) == 1 else None
+    if len(parts) == 2 and column is not None and pa.types.is_integer(column) and not rows[key[0]].null_count:
+        stored, added = (part[key[0]].to_numpy() for part in parts)
+        if stored.size < 2 or bool(np.all(stored[1:] > stored[:-1])):
+            order = np.argsort(added, kind="stable")
+            places = np.searchsorted(stored, added[order]) + np.arange(added.size)
+            permutation = np.empty(stored.size + added.size, dtype=np.int64)
+            taken = np.zeros(permutation.size, dtype=bool)
+            taken[places] = True
+            permutation[places] = stored.size + order
+            permutation[~taken] = np.arange(stored.size)
+            return rows.take(pa.array(permutation))
     return rows.take(pc.sort_indices(rows, [(name, "ascending") for name in key]))
 
 
-def _as_changes(rows: pa.Table | None) -> pa.Table | None:
-    """Mirror rows as changes ordered before any change of the same commit ts."""
-    if rows is None:
-        return None
-    count = rows.num_rows
-    rows = rows.append_column("_change_type", pa.array(["insert"] * count, pa.string()))
-    rows = rows.append_column("_partition", pa.array([-1] * count, pa.int32()))
-    return rows.append_column("_offset", pa.array([-1] * count, pa.int64()))
+def _newest_of(base: pa.Table, latest: pa.Table, key: list[str]) -> tuple[pa.Table, pa.Table]:
+    """The base rows no change of their key is as new as, and the changes (one per key) at least as new as
+    the base row of their key (or of a key it lacks). One inner hash join, built on the changes (the
+    smaller side); Arrow joins carry no nested columns, so only keys, commit ts and row numbers are
+    joined."""
+    stored = base.select([*key, "_commit_ts"]).rename_columns([*key, "_base_ts"])
+    stored = stored.append_column("_base_row", pa.array(np.arange(base.num_rows), pa.int64()))
+    changed = latest.select([*key, "_commit_ts"]).rename_columns([*key, "_change_ts"])
+    changed = changed.append_column("_change_row", pa.array(np.arange(latest.num_rows), pa.int64()))
+    both = stored.join(changed, key, join_type="inner")
+    base_loses = pc.greater_equal(both["_change_ts"], both["_base_ts"])
+    kept = np.ones(base.num_rows, dtype=bool)
+    kept[both.filter(base_loses)["_base_row"].to_numpy()] = False
+    newer = np.ones(latest.num_rows, dtype=bool)
+    newer[both.filter(pc.invert(base_loses))["_change_row"].to_numpy()] = False
+    return base.filter(pa.array(kept)), latest.filter(pa.array(newer))
+
+
+def _shaped(part: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`part` with exactly `schema`'s columns (null where it lacks one)."""
+    columns = [
+        part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(part.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=pa.schema([f.with_nullable(True) for f in schema]))
 
 
 def _conformed(part: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -333,15 +446,32 @@ def read_history(
     table: str,
     key: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, str] | None = None,
+    as_of_tso: int | None = None,
 ) -> pa.Table | None:
     """Every version of the live table `database.table`'s rows (of the row with `key`, column -> value,
-    when given), ordered by key then by when each became valid; None when the table has no history."""
+    when given), ordered by key then by when each became valid; None when the table has no history.
+
+    With `as_of_tso=T`: the history as it stood once every change with commit ts <= T was applied, of the
+    table that had the name at T (renamed or dropped since: still found): the versions valid from T or
+    earlier, a version still valid at T open (`_valid_to_ts` null, whatever ended it later), and the
+    columns the table had at some TSO <= T (a column added later left out; one dropped by then kept, as
+    the history keeps it). Raises TsoOutOfRangeError for a T outside `retained_range(root)`.
+    """
     lake = LakeRoot.of(root, storage_options)
-    uri = table_uri(lake, database, table, "history")
-    history = None if uri is None else lake.open(uri)
-    if history is None:
+    catalog = Catalog(lake)
+    if as_of_tso is None:
+        tso, entry = LATEST, catalog.current((database, table))
+    else:
+        tso = _target(lake, as_of_tso)
+        entry = catalog.find((database, table), tso)
+    history = None if entry is None else lake.open(entry_uri(lake, entry, "history"))
+    if history is None or entry is None:
         return None
-    versions = read_delta(lake, history)
+    started = None if as_of_tso is None else pc.field("_valid_from_ts") <= tso
+    schema = pa.schema(history.schema().to_arrow())
+    versions = as_durations(lake.scan(history).to_table(filter=started), stored_durations(schema))
+    if as_of_tso is not None:
+        versions = _history_at(lake, entry, versions, tso)
     for column, value in (key or {}).items():
         versions = versions.filter(
             pc.equal(versions[column], pa.scalar(value, versions.schema.field(column).type))
@@ -349,6 +479,26 @@ def read_history(
     keys = history.metadata().configuration.get(KEY_PROPERTY, "").split(",")
     order = [*(k for k in keys if k), "_valid_from_ts", "_partition", "_offset"]
     return versions.take(pc.sort_indices(versions, [(name, "ascending") for name in order]))
+
+
+def _history_at(lake: LakeRoot, entry: CatalogEntry, versions: pa.Table, tso: int) -> pa.Table:
+    """Versions valid from `tso` or earlier (`versions` holds no other) as known at `tso`: an end after it
+    was not known yet (null), and only the columns the table had by then."""
+    ends = versions["_valid_to_ts"]
+    index = versions.column_names.index("_valid_to_ts")
+    later = pc.fill_null(pc.greater(ends, tso), False)
+    known = pc.if_else(later, pa.scalar(None, pa.int64()), ends)
+    versions = versions.set_column(index, versions.schema.field(index), known)
+    logged = [
+        schema
+        for row in DDLLog(lake).rows()
+        if row["commit_ts"] <= tso and _concerns(entry, row) and (schema := table_schema(row["schema"]))
+    ]
+    if not logged:  # no DDL says which columns it had: every column the history has
+        return versions
+    had = {name for schema in logged for name in schema.names}
+    later_columns = [name for name in versions.column_names if name not in had and name not in HISTORY_META]
+    return versions.drop_columns(later_columns)
 
 
 def _read(

@@ -97,12 +97,16 @@ def read_history(
     table: str,
     key: Mapping[str, Any] | None = None,
     storage_options: Mapping[str, str] | None = None,
+    as_of_tso: int | None = None,
 ) -> DataFrame:
-    """Every version of the live table `database.table`'s rows (of the row with `key` when given), as
-    `consumer.lakehouse.read_history` gives them. Raises FileNotFoundError when it has no history."""
-    rows = read_history_arrow(root, database, table, key, storage_options)
+    """Every version of the live table `database.table`'s rows (of the row with `key` when given), or with
+    `as_of_tso` the history as it stood at that TSO (of the table that had the name then), as
+    `consumer.lakehouse.read_history` gives them. Raises FileNotFoundError when it has no history,
+    `TsoOutOfRangeError` for a TSO outside `retained_range(root)`."""
+    rows = read_history_arrow(root, database, table, key, storage_options, as_of_tso=as_of_tso)
     if rows is None:
-        raise FileNotFoundError(f"no live table {database}.{table} with a history in the catalog of {root}")
+        when = "live table" if as_of_tso is None else f"table at TSO {as_of_tso}"
+        raise FileNotFoundError(f"no {when} {database}.{table} with a history in the catalog of {root}")
     return _nullable_frame(spark, rows)
 
 
