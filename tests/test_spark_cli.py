@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from lakehouse_checks import changelog_duplicates, changelog_rows
 from pyspark.sql import SparkSession
@@ -191,6 +192,81 @@ def test_sigterm_stops_a_running_query_cleanly_and_a_restart_completes_it_exactl
     assert differences(delta_mirror_state(root, [t.schema for t in workload.tables]), truth) == []
     assert changelog_duplicates(root) == 0
     assert changelog_rows(root) == changelog_images(workload.config)
+
+
+@pytest.mark.parametrize(
+    ("master", "retried"),
+    [("local[2]", False), ("local[2,4]", True)],
+    ids=["no-task-retries", "task-retries"],
+)
+def test_sigkill_of_an_executor_python_worker_mid_batch_then_restart_is_exact(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path, master: str, retried: bool
+) -> None:
+    """kill -9 of the Python worker running a task of a batch (reading and decoding its Kafka range): without
+    task retries (local mode's default) the query fails and the command exits 2, and a restart from the
+    checkpoint completes exactly; with retries (as on a cluster: `spark.task.maxFailures`) Spark runs the task
+    again in a new worker and the same command completes exactly."""
+    topic = kafka_topic(3)
+    workload = _produce(kafka_broker, topic, "json", "none", rows=12000)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    root, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
+    big_batches = {"TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "4000"}  # tasks long enough to be caught
+    process, log = _start(kafka_broker, topic, root, checkpoint, "--master", master, env=big_batches)
+    killed = _kill_a_busy_task_worker(process, log, checkpoint)
+    code = process.wait(600)
+    output = log.read_text()
+    assert "Python worker exited unexpectedly" in output, (killed, output[-4000:])  # the kill hit a task
+    if retried:
+        assert code == 0, output[-4000:]
+    else:
+        assert code == 2, output[-4000:]
+        assert "the streaming query failed" in output, output[-4000:]
+        _finish(*_start(kafka_broker, topic, root, checkpoint, "--master", master, env=big_batches))
+    assert differences(delta_mirror_state(root, [t.schema for t in workload.tables]), truth) == []
+    assert changelog_duplicates(root) == 0
+    assert changelog_rows(root) == changelog_images(workload.config)
+
+
+def _task_workers(session: int) -> dict[int, psutil.Process]:
+    """The Python workers the command's executors fork to run tasks (`pyspark.daemon pyspark.worker`, a
+    child of the daemon): not the daemon itself, nor the planner's processes (`pyspark.sql.worker.*`)."""
+    workers = {}
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) != session:
+                continue
+            parent = process.parent()
+            command, above = process.cmdline(), parent.cmdline() if parent else []
+        except (psutil.Error, ProcessLookupError):
+            continue
+        if "pyspark.worker" in command and "pyspark.worker" in above:
+            workers[process.pid] = process
+    return workers
+
+
+def _kill_a_busy_task_worker(process: subprocess.Popen[bytes], log: Path, checkpoint: Path) -> int:
+    """SIGKILL a task worker seen using CPU (running a task: an idle worker waits on its socket) while a
+    batch is planned and not yet recorded; its pid."""
+    deadline = time.monotonic() + 300
+    seen: dict[int, float] = {}
+    while True:
+        ended = process.poll() is not None
+        assert not ended, f"the run ended before a busy worker was seen: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "no task worker was ever seen busy"
+        planned = {int(name) for name in _planned(checkpoint)}
+        recorded = {int(name.split("-")[1].split(".")[0]) for name in _batches(checkpoint)}
+        for pid, worker in _task_workers(process.pid).items():
+            try:
+                times = worker.cpu_times()
+            except psutil.Error:
+                continue
+            used = times.user + times.system
+            busy = pid in seen and used > seen[pid]
+            seen[pid] = used
+            if busy and planned and max(planned) > max(recorded, default=-1):
+                os.kill(pid, signal.SIGKILL)
+                return pid
+        time.sleep(0.02)
 
 
 def _group_alive(pgid: int) -> bool:

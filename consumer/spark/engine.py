@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,7 +36,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.errors import StreamingQueryException
+from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
+from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
@@ -216,7 +218,7 @@ class ChangeBatches:
         """Collect batch `batch_id` (the executors read and decode it while the previous batch is still
         being applied here), record its ranges, and hand it to the applying thread."""
         try:
-            rows = frame.toArrow().to_pylist()  # the one action: each action would read Kafka again
+            rows = _collected(frame, batch_id)  # the one action: each action would read Kafka again
             self.drain()
             if self._next_batch != batch_id and self._restore(batch_id):
                 return
@@ -391,6 +393,20 @@ class ChangeBatches:
     def _marks(self, tp: TopicPartition) -> list[int]:
         mark = self._watermarks.get(tp)
         return [] if mark is None else [mark]
+
+
+def _collected(frame: DataFrame, batch_id: int) -> list[dict[str, Any]]:
+    """The batch's segment rows; a failed job (a task that failed as often as Spark allows, e.g. its Python
+    worker killed: `spark.task.maxFailures`) is the query's failure, not this function's."""
+    try:
+        return frame.toArrow().to_pylist()
+    except (Py4JJavaError, PySparkException) as exc:
+        text = str(exc)
+        reason = re.search(r"Job aborted due to stage failure: [^\n]*", text)
+        detail = reason.group(0) if reason else (text.strip().splitlines() or [type(exc).__name__])[0]
+        raise SparkQueryError(
+            f"the streaming query failed: the executors could not read batch {batch_id}: {detail[:1000]}"
+        ) from exc
 
 
 # -- `ticdc-consumer run --engine spark` -----------------------------------------------------------------
