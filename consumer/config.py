@@ -184,6 +184,13 @@ class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
         int,
         described("MERGE a mirror once this many changelog rows await it (0: no row threshold)"),
     ] = 0
+    mirror_buckets: Annotated[
+        int,
+        described(
+            "new mirrors get this many hash buckets of their key (a partition column, _bucket): a MERGE "
+            "names its buckets and touches only their files (0: none)"
+        ),
+    ] = 0
 
 
 class ErrorsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -518,8 +525,8 @@ def _check_sink(config: RunConfig) -> None:
     if kind not in ("delta", "parquet", "jsonl"):
         raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
     sink = config.sink
-    if sink.mirror_interval_s < 0 or sink.mirror_interval_rows < 0:
-        raise ConfigError("sink.mirror_interval_s and sink.mirror_interval_rows must be >= 0")
+    if sink.mirror_interval_s < 0 or sink.mirror_interval_rows < 0 or sink.mirror_buckets < 0:
+        raise ConfigError("sink.mirror_interval_s, mirror_interval_rows and mirror_buckets must be >= 0")
     outputs = sink_outputs(sink.mode)
     lazy = bool(sink.mirror_interval_s or sink.mirror_interval_rows) and "mirror" in outputs
     if lazy and "changelog" not in outputs:

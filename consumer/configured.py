@@ -47,6 +47,7 @@ def build_sinks(config: RunConfig) -> list[Sink]:
                 allow_unsafe_commits=sink.allow_unsafe_commits,
                 mirror_interval_s=sink.mirror_interval_s,
                 mirror_interval_rows=sink.mirror_interval_rows,
+                mirror_buckets=sink.mirror_buckets,
             )
         ]
     if kind == "parquet":

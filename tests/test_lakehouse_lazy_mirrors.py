@@ -209,6 +209,8 @@ def test_lazy_mirrors_need_the_changelog(tmp_path: Path) -> None:
         DeltaSink(tmp_path, mode="mirror", mirror_interval_rows=10)
     with pytest.raises(ValueError, match=">= 0"):
         DeltaSink(tmp_path, mirror_interval_s=-1)
+    with pytest.raises(ValueError, match=">= 0"):
+        DeltaSink(tmp_path, mirror_buckets=-2)
     overrides = {"source": {"url": "kafka://h:9/t"}, "sink": {"url": f"delta:{tmp_path}", "mode": "mirror"}}
     overrides["sink"]["mirror_interval_s"] = 5  # type: ignore[assignment]
     with pytest.raises(ConfigError, match="must keep the changelog"):

@@ -63,6 +63,8 @@ from consumer.lakehouse.offsets import delta_applied, next_offsets, transactions
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import retry_commits
 from consumer.lakehouse.tables import (
+    BUCKET,
+    BUCKETS_PROPERTY,
     COMPLETE_TS,
     FLOOR_PROPERTY,
     KEY_PROPERTY,
@@ -70,6 +72,7 @@ from consumer.lakehouse.tables import (
     NEWEST_TS,
     STORED_AS,
     STORED_DURATION,
+    bucket_of,
     latest_per_key,
     mirror_versions,
 )
@@ -131,11 +134,13 @@ class DeltaSink(LakehouseSink):
         allow_unsafe_commits: bool = False,
         mirror_interval_s: float = 0.0,
         mirror_interval_rows: int = 0,
+        mirror_buckets: int = 0,
     ) -> None:
         super().__init__(root, storage_options, allow_unsafe_commits=allow_unsafe_commits)
         self.outputs = sink_outputs(mode)  # raises ValueError for an unknown table kind
-        if mirror_interval_s < 0 or mirror_interval_rows < 0:
-            raise ValueError("mirror_interval_s and mirror_interval_rows must be >= 0")
+        if mirror_interval_s < 0 or mirror_interval_rows < 0 or mirror_buckets < 0:
+            raise ValueError("mirror_interval_s, mirror_interval_rows and mirror_buckets must be >= 0")
+        self.mirror_buckets = mirror_buckets  # for mirrors created from now on (a mirror records its own)
         self.mirror_interval_s, self.mirror_interval_rows = mirror_interval_s, mirror_interval_rows
         self.lazy_mirrors = "mirror" in self.outputs and bool(mirror_interval_s or mirror_interval_rows)
         if self.lazy_mirrors and "changelog" not in self.outputs:
@@ -350,7 +355,7 @@ class DeltaSink(LakehouseSink):
             if latest.num_rows == 0:
                 return
             source = _conform(latest.select(columns), self._evolved(mirror, latest.select(columns).schema))
-            source = source.append_column("_change_type", latest["_change_type"])
+            source = _bucketed(source, mirror, keys).append_column("_change_type", latest["_change_type"])
             newest = pc.max(fresh["_commit_ts"]).as_py()
             offsets = transactions(fresh, context.group)
             self._merge(mirror, source, keys, self._properties(context, newest, offsets, complete))
@@ -369,7 +374,7 @@ class DeltaSink(LakehouseSink):
         metrics = (
             mirror.merge(
                 source,
-                _merge_predicate(mirror, source, keys, keys),
+                _merge_predicate(mirror, source, keys, keys, bucketed=_buckets(mirror) > 0),
                 source_alias="s",
                 target_alias="t",
                 streamed_exec=False,  # the source's key stats prune files too
@@ -390,7 +395,13 @@ class DeltaSink(LakehouseSink):
         table = self.root.open(uri)
         if table is None:
             stored = pa.schema([_storable(field) for field in schema])
-            table = self.root.create(uri, stored, {"delta.targetFileSize": str(self.target_file_size)})
+            partitions = None
+            if self.mirror_buckets:  # the count in the column's metadata: created with the table, at once
+                count = {BUCKETS_PROPERTY: str(self.mirror_buckets)}
+                stored = stored.append(pa.field(BUCKET, pa.int64(), nullable=False, metadata=count))
+                partitions = [BUCKET]
+            configuration = {"delta.targetFileSize": str(self.target_file_size)}
+            table = self.root.create(uri, stored, configuration, partitions)
         properties = {
             KEY_PROPERTY: ",".join(keys),
             **({FLOOR_PROPERTY: str(floor)} if floor > _floor(table) else {}),
@@ -581,7 +592,8 @@ class DeltaSink(LakehouseSink):
                     f"Delta type {current.field(field.name).type}"
                 )
         wanted = {field.name for field in fields}
-        dropped = [n for n in current.names if n not in wanted and n not in (*META_COLUMNS, *MIRROR_META)]
+        kept = (*META_COLUMNS, *MIRROR_META, BUCKET)
+        dropped = [n for n in current.names if n not in wanted and n not in kept]
         if dropped and uri.endswith("/mirror"):
             table.update(
                 updates={_quote(n): "NULL" for n in dropped},
@@ -690,17 +702,52 @@ def _changes_after(sink: DeltaSink, changelog: DeltaTable, since: int) -> pa.Tab
 
 # -- MERGE predicates ----------------------------------------------------------------------------------
 def _merge_predicate(
-    target: DeltaTable, source: pa.Table, columns: Sequence[str], keys: Sequence[str]
+    target: DeltaTable,
+    source: pa.Table,
+    columns: Sequence[str],
+    keys: Sequence[str],
+    *,
+    bucketed: bool = False,
 ) -> str:
-    """Target and source rows match on `columns`, within the ranges of the source's first key column."""
+    """Target and source rows match on `columns`, within the ranges of the source's first key column; in
+    a bucketed mirror also within the source's buckets, named as literals (delta-rs prunes partitions and
+    files on literal target predicates only)."""
     predicate = " AND ".join(f"t.{_quote(c)} = s.{_quote(c)}" for c in columns)
-    ranges = _key_ranges(source, keys[0], _file_starts(target, keys[0]))
+    buckets = None
+    if bucketed:
+        buckets = sorted(pc.unique(source[BUCKET]).to_pylist())
+        predicate += f" AND t.{BUCKET} IN ({', '.join(str(int(b)) for b in buckets)})"
+    ranges = _key_ranges(source, keys[0], _file_starts(target, keys[0], buckets))
     return f"{predicate} AND ({ranges})" if ranges else predicate
 
 
-def _file_starts(table: DeltaTable, key: str) -> np.ndarray | None:
-    """The sorted smallest keys of the table's files (from their statistics); None when a file has none."""
+def _buckets(table: DeltaTable) -> int:
+    """A mirror's bucket count (0: not bucketed), from its bucket column's metadata."""
+    schema = _schema(table)
+    if BUCKET not in schema.names:
+        return 0
+    value = (schema.field(BUCKET).metadata or {}).get(BUCKETS_PROPERTY.encode())
+    return int(value) if value else 0
+
+
+def _bucketed(source: pa.Table, mirror: DeltaTable, keys: Sequence[str]) -> pa.Table:
+    """`source` with each row's bucket, when the mirror has buckets."""
+    buckets = _buckets(mirror)
+    if not buckets:
+        return source
+    bucket = bucket_of(source[keys[0]], buckets)
+    if BUCKET in source.column_names:
+        return source.set_column(source.column_names.index(BUCKET), BUCKET, bucket)
+    return source.append_column(BUCKET, bucket)
+
+
+def _file_starts(table: DeltaTable, key: str, buckets: Sequence[int] | None = None) -> np.ndarray | None:
+    """The sorted smallest keys of the table's files (of those in `buckets`, when given) from their
+    statistics; None when a file has none."""
     actions = pa.table(table.get_add_actions(flatten=True))
+    partition = f"partition.{BUCKET}"
+    if buckets is not None and partition in actions.column_names:
+        actions = actions.filter(pc.is_in(actions[partition].cast(pa.int64()), pa.array(buckets, pa.int64())))
     column = f"min.{key}"
     if column not in actions.column_names:
         return None if actions.num_rows else np.array([])
