@@ -7,6 +7,8 @@ left in the changelog, from the lake's records alone, exactly once."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +16,7 @@ import pytest
 from deltalake import DeltaTable
 from test_lakehouse_asof import GROUP, TOPIC, _commit_points, _differences, _Driver
 
+from consumer import app
 from consumer.batches.changes import table_changes
 from consumer.config import ConfigError, load_config
 from consumer.errors import RecordLocation
@@ -21,7 +24,7 @@ from consumer.lakehouse.offsets import app_id
 from consumer.lakehouse.tables import mirror_versions, read_changelog, read_mirror, retained_range, table_uri
 from consumer.protocol.model import Column, DataType, DMLType, Index, TableSchema
 from consumer.protocol.table import TableCodec
-from consumer.simulate.truth import arrow_table_rows, sent, truth_at
+from consumer.simulate.truth import arrow_table_rows, differences, load_truth, sent, truth_at
 from consumer.simulate.workload import StreamRecord, Workload, WorkloadConfig
 from consumer.sinks.base import CommitContext
 from consumer.sinks.delta import DeltaSink
@@ -219,3 +222,42 @@ def test_lazy_mirrors_need_the_changelog(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=">= 0"):
         load_config(environ={}, overrides=overrides)
     assert DeltaSink(tmp_path, mode="changelog", mirror_interval_rows=10).lazy_mirrors is False
+
+
+# -- the loop engine end to end ---------------------------------------------------------------------------
+def test_run_with_lazy_bucketed_mirrors_leaves_them_exact_when_it_stops(tmp_path: Path) -> None:
+    """`run` over a capture with `[sink] mirror_interval_rows` and `mirror_buckets`: the changelog is
+    committed batch by batch, the mirrors are MERGEd when the run stops, and a plain Delta reader then sees
+    the ground truth."""
+    capture, truth_path = tmp_path / "capture.jsonl", tmp_path / "truth.json"
+    command = [
+        sys.executable, "-m", "consumer", "simulate", "--topic", "shop", "--out", str(capture), "--truth",
+        str(truth_path), "--rows", "1500", "--tables", "2", "--no-ddl",
+    ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True)
+    config = tmp_path / "run.toml"
+    settings = (
+        "[sink]\nmirror_interval_rows = 1000000\nmirror_buckets = 4\n[budget]\nmax_batch_records = 200\n"
+    )
+    config.write_text(settings)
+    root = tmp_path / "lake"
+    overrides = {"source": {"url": f"file:{capture}"}, "sink": {"url": f"delta:{root}"}}
+    app.run(load_config(config, overrides=overrides, environ={}), until_idle=0.5)
+
+    workload = Workload(WorkloadConfig(rows=1500, tables=2, ddl=False))
+    for _ in workload.records():
+        pass
+    plain = {}
+    for table in workload.tables:
+        uri = table_uri(root, table.schema.database, table.schema.table)
+        assert uri is not None
+        mirror = DeltaTable(uri)
+        assert mirror.metadata().partition_columns == ["_bucket"]
+        operations = [c["operation"] for c in mirror.history()]
+        assert operations.count("MERGE") == 1  # once, as the run stopped
+        changelog = DeltaTable(uri.removesuffix("mirror") + "changelog")
+        assert len(changelog.history()) > 3  # batch by batch
+        plain[f"{table.schema.database}.{table.schema.table}"] = arrow_table_rows(
+            pa.table(mirror.to_pyarrow_table()), table.schema
+        )
+    assert differences(plain, load_truth(truth_path)) == []
