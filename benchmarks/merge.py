@@ -40,14 +40,21 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from consumer.batches.changes import TableChanges, changelog_schema, stored_schema
 from consumer.lakehouse.catalog import Catalog
 from consumer.lakehouse.storage import LakeRoot
-from consumer.lakehouse.tables import BUCKET, bucket_of, read_delta, read_mirror
+from consumer.lakehouse.tables import (
+    BUCKET,
+    COMPLETE_TS,
+    NEWEST_TS,
+    bucket_of,
+    read_delta,
+    read_mirror,
+)
 from consumer.protocol.model import TSO_PHYSICAL_SHIFT, Column, DataType, Index, TableSchema
 from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext
@@ -142,6 +149,10 @@ class Bench:
                 mode="append",
                 partition_by=[BUCKET] if self.buckets else None,
                 target_file_size=file_bytes,
+                # as a mirror commit says which changes it holds (the as-of and fresh reads use it)
+                commit_properties=CommitProperties(
+                    custom_metadata={COMPLETE_TS: str(BASE_TS), NEWEST_TS: str(BASE_TS)}
+                ),
             )
 
     def _values(self, keys: np.ndarray) -> list[pa.Array]:
@@ -383,6 +394,8 @@ def run_as_of(
             count = min(args.changes, int(share * size) - tail)
             bench.cycle(bench.batch(1.0, count))
             tail += count
+        rows = read_mirror(bench.root, SCHEMA.database, SCHEMA.table)
+        assert rows is not None and rows.num_rows >= size * 0.95, "the fresh read lost rows"
         fresh = best_of(3, lambda: read_mirror(bench.root, SCHEMA.database, SCHEMA.table))
         alone = best_of(3, lambda: read_delta(lake, DeltaTable(bench.uri)))
         results.append((tail, fresh, alone))

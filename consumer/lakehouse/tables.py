@@ -264,10 +264,21 @@ def _applied(
     schema: pa.Schema, base: pa.Table | None, window: pa.Table | None, key: list[str], floor: int
 ) -> pa.Table:
     """The base's rows with the window's changes applied: each key's latest image wins (base rows first
-    at an equal commit ts), deletes remove, and nothing older than the last TRUNCATE (`floor`) stays."""
+    at an equal commit ts), deletes remove, and nothing older than the last TRUNCATE (`floor`) stays.
+    Only the keys the window changes are resolved; the base's other rows are taken as they are."""
+    untouched = None
+    if base is not None and base.num_rows and window is not None and window.num_rows:
+        rows = pa.array(np.arange(base.num_rows, dtype=np.int64))
+        probe = base.select(key).append_column("_row", rows)
+        changed = probe.join(window.select(key), key, join_type="left semi")["_row"]
+        touched = np.zeros(base.num_rows, dtype=bool)
+        touched[changed.to_numpy()] = True
+        untouched, base = base.filter(pa.array(~touched)), base.filter(pa.array(touched))
     parts = [
         _conformed(part, schema) for part in (_as_changes(base), window) if part is not None and part.num_rows
     ]
+    if untouched is not None and untouched.num_rows:
+        parts.append(_conformed(_as_changes(untouched.slice(0, 0)), schema))  # the types, no rows
     if not parts:
         return schema.empty_table()
     latest = latest_per_key(pa.concat_tables(parts), key)
@@ -275,7 +286,20 @@ def _applied(
         pc.not_equal(latest["_change_type"], "delete"), pc.greater_equal(latest["_commit_ts"], floor)
     )
     rows = latest.filter(kept).select(schema.names)
+    if untouched is not None and untouched.num_rows:
+        others = _selected(untouched, rows.schema)
+        others = others.filter(pc.greater_equal(others["_commit_ts"], floor)) if floor else others
+        rows = pa.concat_tables([others, rows])
     return rows.take(pc.sort_indices(rows, [(name, "ascending") for name in key]))
+
+
+def _selected(part: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`part` with `schema`'s columns, typed as it types them (null where `part` lacks one)."""
+    columns = [
+        part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(part.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _as_changes(rows: pa.Table | None) -> pa.Table | None:
@@ -283,9 +307,9 @@ def _as_changes(rows: pa.Table | None) -> pa.Table | None:
     if rows is None:
         return None
     count = rows.num_rows
-    rows = rows.append_column("_change_type", pa.array(["insert"] * count, pa.string()))
-    rows = rows.append_column("_partition", pa.array([-1] * count, pa.int32()))
-    return rows.append_column("_offset", pa.array([-1] * count, pa.int64()))
+    rows = rows.append_column("_change_type", pa.repeat(pa.scalar("insert", pa.string()), count))
+    rows = rows.append_column("_partition", pa.repeat(pa.scalar(-1, pa.int32()), count))
+    return rows.append_column("_offset", pa.repeat(pa.scalar(-1, pa.int64()), count))
 
 
 def _conformed(part: pa.Table, schema: pa.Schema) -> pa.Table:
