@@ -267,7 +267,9 @@ def _applied(
     at an equal commit ts), deletes remove, and nothing older than the last TRUNCATE (`floor`) stays.
     Only the keys the window changes are resolved; the base's other rows are taken as they are."""
     untouched = None
-    if base is not None and base.num_rows and window is not None and window.num_rows:
+    if base is not None and base.num_rows and (window is None or not window.num_rows):
+        untouched, base = base, None  # nothing to apply: the mirror's rows as they are
+    elif base is not None and base.num_rows and window is not None:
         rows = pa.array(np.arange(base.num_rows, dtype=np.int64))
         probe = base.select(key).append_column("_row", rows)
         changed = probe.join(window.select(key), key, join_type="left semi")["_row"]
@@ -279,6 +281,8 @@ def _applied(
     ]
     if untouched is not None and untouched.num_rows:
         parts.append(_conformed(_as_changes(untouched.slice(0, 0)), schema))  # the types, no rows
+    if untouched is not None and not untouched.num_rows:
+        untouched = None
     if not parts:
         return schema.empty_table()
     latest = latest_per_key(pa.concat_tables(parts), key)
