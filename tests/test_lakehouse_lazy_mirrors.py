@@ -261,3 +261,39 @@ def test_run_with_lazy_bucketed_mirrors_leaves_them_exact_when_it_stops(tmp_path
             pa.table(mirror.to_pyarrow_table()), table.schema
         )
     assert differences(plain, load_truth(truth_path)) == []
+
+
+# -- two members ------------------------------------------------------------------------------------------
+class _TwoMembers(_Driver):
+    """Batches written by two members (sinks) of one group in turn; both record progress."""
+
+    def __init__(self, members: list[DeltaSink], partitions: int) -> None:
+        super().__init__(members[0], partitions, 1)
+        self.members, self.turn = members, 0
+
+    def _flush(self, resolved_ts: int) -> None:
+        self.sink = self.members[self.turn % 2]
+        self.turn += 1
+        super()._flush(resolved_ts)
+
+    def _record(self, watermark: int) -> None:
+        for member in self.members:
+            self.sink = member
+            super()._record(watermark)
+
+
+def test_two_lazy_members_merge_each_others_changes_exactly_once(tmp_path: Path) -> None:
+    config = WorkloadConfig(rows=200, tables=2, partitions=2, ddl=False, seed=9, watermark_every_txns=3)
+    records = sent(Workload(config))
+    members = [DeltaSink(tmp_path, mirror_interval_rows=40), DeltaSink(tmp_path, mirror_interval_rows=40)]
+    driver = _TwoMembers(members, config.partitions)
+    driver.feed(records)
+    assert [d for tso in _commit_points(records) for d in _differences(tmp_path, records, tso)] == []
+    for member in members:  # both stop
+        member.record_progress(CommitContext(GROUP, {}, driver.last_watermark, b"", {}, stopped=()))
+    for uri in _mirror_uris(tmp_path):
+        assert _merged_offsets(uri) == _changelog_offsets(uri)
+        merges = [c for c in DeltaTable(uri).history() if c["operation"] == "MERGE"]
+        assert {c["ticdc.group"] for c in merges} == {GROUP} and len(merges) >= 2
+    for table in ("t0", "t1"):
+        _plain_mirror_exact(tmp_path, records, "shop", table)
