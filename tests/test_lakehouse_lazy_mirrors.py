@@ -27,7 +27,7 @@ from consumer.protocol.table import TableCodec
 from consumer.simulate.truth import arrow_table_rows, differences, load_truth, sent, truth_at
 from consumer.simulate.workload import StreamRecord, Workload, WorkloadConfig
 from consumer.sinks.base import CommitContext
-from consumer.sinks.delta import DeltaSink
+from consumer.sinks.delta import DeltaSink, _prefix_up_to
 from consumer.testing.messages import raw_dml
 
 NEVER = 10**12  # a row threshold no test reaches: MERGEs only when the run stops or restarts
@@ -297,3 +297,72 @@ def test_two_lazy_members_merge_each_others_changes_exactly_once(tmp_path: Path)
         assert {c["ticdc.group"] for c in merges} == {GROUP} and len(merges) >= 2
     for table in ("t0", "t1"):
         _plain_mirror_exact(tmp_path, records, "shop", table)
+
+
+# -- attacks ------------------------------------------------------------------------------------------------
+def _rows(partition: int, offsets: list[int], ts: list[int]) -> pa.Table:
+    return pa.table(
+        {
+            "_topic": [TOPIC] * len(offsets),
+            "_partition": pa.array([partition] * len(offsets), pa.int32()),
+            "_offset": offsets,
+            "_commit_ts": ts,
+        }
+    )
+
+
+def test_a_merge_takes_a_prefix_of_offsets_and_claims_only_what_it_holds() -> None:
+    """A partition whose commit ts go back (a changefeed resending): only the offsets before the first
+    change after the point are MERGEd (app transactions record one offset per partition), and the claimed
+    complete point stops before the oldest change left out; unknown commit ts (0) never counts as later."""
+    rows = pa.concat_tables([_rows(0, [0, 1, 2, 3], [5, 9, 7, 6]), _rows(1, [0, 1, 2], [4, 0, 8])])
+    merged, complete, left = _prefix_up_to(rows, upto=8, point=8)
+    assert list(zip(merged["_partition"].to_pylist(), merged["_offset"].to_pylist(), strict=True)) == [
+        (0, 0),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+    ]
+    assert (complete, left) == (5, 3)  # offsets 1-3 of partition 0 wait; the oldest of them has ts 6
+    merged, complete, left = _prefix_up_to(rows, upto=10, point=8)  # a DDL barrier at 11
+    assert (merged.num_rows, complete, left) == (7, 8, 0)
+    assert _prefix_up_to(rows.slice(0, 0), upto=8, point=8)[1:] == (8, 0)
+
+
+def test_a_lagging_members_older_change_waits_for_the_consistent_point_and_loses_to_a_delete(
+    tmp_path: Path,
+) -> None:
+    """A member's lazy MERGE takes only changes up to the consistent point: a delete after it waits while
+    another member lags behind it on another partition; once that member's older update arrives, one MERGE
+    orders both and the delete wins (the row is not revived)."""
+    sink = DeltaSink(tmp_path, mirror_interval_rows=NEVER)
+    ins, upd, rm = DMLType.INSERT, DMLType.UPDATE, DMLType.DELETE
+    _write(sink, [(ins, 1, "a", 10), (ins, 2, "b", 10), (rm, 1, None, 20)], 0)
+    applied = {(TOPIC, 0): 30 << 18, (TOPIC, 1): 12 << 18}  # partition 1's member is behind, at 12
+    resume = {(TOPIC, 0): 3, (TOPIC, 1): 0}
+    sink.record_progress(CommitContext(GROUP, resume, 30 << 18, b"", applied, stopped=()))
+    uri = table_uri(tmp_path, "shop", "kv")
+    assert uri is not None
+    rows = DeltaTable(uri).to_pyarrow_table().sort_by("id").select(["id", "v"]).to_pylist()
+    assert rows == [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}]  # the delete at 20 is after the point, 12
+    assert mirror_versions(DeltaTable(uri))[-1].complete_ts == 12 << 18
+    at_12 = read_mirror(tmp_path, "shop", "kv", as_of_tso=12 << 18)
+    assert at_12 is not None and at_12.select(["id", "v"]).to_pylist() == rows
+
+    lagging = DeltaSink(tmp_path, mirror_interval_rows=NEVER)  # the member behind, on partition 1
+    located = [
+        (raw_dml(SCHEMA, upd, {"id": 1, "v": "old"}, {"id": 1, "v": "a"}, commit_ts=15 << 18), 0),
+        (raw_dml(SCHEMA, upd, {"id": 2, "v": "b2"}, {"id": 2, "v": "b"}, commit_ts=25 << 18), 1),
+    ]
+    changes = table_changes(TableCodec(SCHEMA), [(d, RecordLocation(TOPIC, 1, o)) for d, o in located])
+    lagging.write(changes, CommitContext(GROUP))
+    applied = {(TOPIC, 1): 30 << 18}
+    lagging.record_progress(CommitContext(GROUP, {(TOPIC, 1): 2}, 30 << 18, b"", applied, stopped=()))
+    rows = DeltaTable(uri).to_pyarrow_table().sort_by("id").select(["id", "v"]).to_pylist()
+    assert rows == [{"id": 2, "v": "b2"}]  # key 1 stays deleted; key 2 takes the newer change
+    assert mirror_versions(DeltaTable(uri))[-1].complete_ts == 30 << 18
+    at_16 = read_mirror(tmp_path, "shop", "kv", as_of_tso=16 << 18)
+    assert at_16 is not None and at_16.select(["id", "v"]).to_pylist() == [
+        {"id": 1, "v": "old"},
+        {"id": 2, "v": "b"},
+    ]
