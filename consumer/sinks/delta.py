@@ -206,7 +206,7 @@ class DeltaSink(LakehouseSink):
                 if entry.floor == 0 and entry.location not in self._lagging:
                     self._lagging[entry.location] = _Lagging(entry, rows=-1)
         for lagging in list(self._lagging.values()):
-            if context.stopped is not None or self._due(lagging):
+            if (context.stopped is not None and lagging.rows != 0) or self._due(lagging):
                 self._merge_lagging(lagging, context)
 
     # -- lazy mirrors ----------------------------------------------------------------------------------
