@@ -173,6 +173,24 @@ class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
     allow_unsafe_commits: Annotated[
         bool, described("accept a store without conditional writes, for one writer process only")
     ] = False
+    mirror_interval_s: Annotated[
+        float,
+        described(
+            "MERGE a mirror at most this often, each key's net change since its last MERGE (0: every batch); "
+            "the changelog is written every batch and reads combine both"
+        ),
+    ] = 0.0
+    mirror_interval_rows: Annotated[
+        int,
+        described("MERGE a mirror once this many changelog rows await it (0: no row threshold)"),
+    ] = 0
+    mirror_buckets: Annotated[
+        int,
+        described(
+            "new mirrors get this many hash buckets of their key (a partition column, _bucket): a MERGE "
+            "names its buckets and touches only their files (0: none)"
+        ),
+    ] = 0
 
 
 class ErrorsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -506,6 +524,16 @@ def _check_sink(config: RunConfig) -> None:
         raise ConfigError(str(exc)) from exc
     if kind not in ("delta", "parquet", "jsonl"):
         raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
+    sink = config.sink
+    if sink.mirror_interval_s < 0 or sink.mirror_interval_rows < 0 or sink.mirror_buckets < 0:
+        raise ConfigError("sink.mirror_interval_s, mirror_interval_rows and mirror_buckets must be >= 0")
+    outputs = sink_outputs(sink.mode)
+    lazy = bool(sink.mirror_interval_s or sink.mirror_interval_rows) and "mirror" in outputs
+    if lazy and "changelog" not in outputs:
+        raise ConfigError(
+            "sink.mirror_interval_s / mirror_interval_rows MERGE a mirror from its changelog: "
+            "sink.mode must keep the changelog too"
+        )
     if kind == "jsonl" and "://" in root:
         raise ConfigError(
             f"sink {config.sink.url!r}: the JSON-lines sink appends to files in a local directory"

@@ -45,6 +45,9 @@ def build_sinks(config: RunConfig) -> list[Sink]:
                 storage_options=sink.storage_options,
                 target_file_size=sink.target_file_size,
                 allow_unsafe_commits=sink.allow_unsafe_commits,
+                mirror_interval_s=sink.mirror_interval_s,
+                mirror_interval_rows=sink.mirror_interval_rows,
+                mirror_buckets=sink.mirror_buckets,
             )
         ]
     if kind == "parquet":

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 from lakehouse_checks import (
     SESSION_TIMEOUT_S,
     changelog_duplicates,
@@ -52,12 +53,19 @@ def _start(
 
 
 def _run(
-    broker: EmbeddedBroker, topic: str, root: Path, group: str, *, processes: int = 1, mode: str = "both"
+    broker: EmbeddedBroker,
+    topic: str,
+    root: Path,
+    group: str,
+    *,
+    processes: int = 1,
+    mode: str = "both",
+    options: tuple[str, ...] = (),
 ) -> None:
     """A `run` command to its end, which must be a clean one (logged like `_start`'s)."""
     log_stem = root.parent / f"{group}-p{processes}"
-    options = ["--mode", mode]
-    code, log = run_to_end(broker, topic, f"{topic}.{group}", f"delta:{root}", log_stem, processes, options)
+    flags = ["--mode", mode, *options]
+    code, log = run_to_end(broker, topic, f"{topic}.{group}", f"delta:{root}", log_stem, processes, flags)
     assert code == 0, log.read_text()[-3000:]
 
 
@@ -172,14 +180,32 @@ def test_three_members_of_one_group_equal_one_process(
     assert versions(shared) == written
 
 
+LAZY_BUCKETED = ("--mirror-interval-rows", "400", "--mirror-buckets", "4")
+
+
+@pytest.mark.parametrize(
+    ("processes", "options"), [(1, ()), (2, LAZY_BUCKETED)], ids=["every-batch", "two-members-lazy-bucketed"]
+)
 def test_as_of_every_watermark_equals_the_truth_then(
-    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path, processes: int, options: tuple[str, ...]
 ) -> None:
+    """Also with two members MERGEing their mirrors lazily (every 400 changelog rows) into bucketed
+    mirrors: as-of reads combine each mirror version with the changelog after it."""
     topic = kafka_topic(3)
     config = {"rows": 1200, "dispatch": "primary-key", "start_physical_ms": int(time.time() * 1000)}
     _produce(kafka_broker, topic, **config)
     records = sent(Workload(WorkloadConfig(**{"tables": 3, "partitions": 3, **config})))  # the same stream
-    _run(kafka_broker, topic, tmp_path / "lake", "asof")
+    _run(kafka_broker, topic, tmp_path / "lake", "asof", processes=processes, options=options)
+    if options:  # lazily MERGEd, several times: the run's members stopped with their mirrors complete
+        merges = [
+            c
+            for mirror in (tmp_path / "lake").glob("*/*/mirror")
+            for c in DeltaTable(str(mirror)).history()
+            if c["operation"] == "MERGE"
+        ]
+        assert len(merges) >= 3
+        mirrors = [m for m in (tmp_path / "lake").glob("*/*/mirror") if (m / "_delta_log").exists()]
+        assert {tuple(DeltaTable(str(m)).metadata().partition_columns) for m in mirrors} == {("_bucket",)}
     watermarks = sorted({r.message.commit_ts for r in records if isinstance(r.message, Watermark)})
     for watermark in watermarks:
         for name, expected in truth_at(records, watermark).items():

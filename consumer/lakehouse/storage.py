@@ -108,11 +108,21 @@ class LakeRoot:
         return table
 
     def create(
-        self, uri: str, schema: pa.Schema, configuration: Mapping[str, str | None] | None = None
+        self,
+        uri: str,
+        schema: pa.Schema,
+        configuration: Mapping[str, str | None] | None = None,
+        partition_by: list[str] | None = None,
     ) -> DeltaTable:
-        """The Delta table at `uri`, created with `schema` unless another writer created it first."""
+        """The Delta table at `uri`, created with `schema` (partitioned by `partition_by`) unless another
+        writer created it first."""
         DeltaTable.create(
-            uri, schema, mode="ignore", configuration=configuration, storage_options=self.options()
+            uri,
+            schema,
+            mode="ignore",
+            partition_by=partition_by,
+            configuration=configuration,
+            storage_options=self.options(),
         )
         return self.existing(uri)
 

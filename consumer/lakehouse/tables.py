@@ -22,6 +22,7 @@ replays the whole changelog.
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -50,6 +51,8 @@ READABLE_FROM = "ticdc.asof.readable_from"  # on a changelog: the oldest TSO the
 KNOWN_PROPERTY = "ticdc.mirror.known"  # on a mirror: "version:complete_ts:newest_ts" maintain last computed
 ROW_OPERATIONS = frozenset({"WRITE", "MERGE", "DELETE", "UPDATE"})  # commits that may change a mirror's rows
 MIRROR_META = ("_commit_ts", "_schema_version")  # a mirror's columns beside the user's
+BUCKET = "_bucket"  # a bucketed mirror's partition column: hash of its first key column mod its buckets
+BUCKETS_PROPERTY = "ticdc.bucket_count"  # in the `_bucket` field's metadata: how many buckets
 ORDER = (  # what orders a key's changes besides `_commit_ts`
     pa.field("_change_type", pa.string()),
     pa.field("_partition", pa.int32()),
@@ -265,7 +268,7 @@ def _key(mirror: DeltaTable | None, logged: pa.Schema | None) -> list[str]:
 
 def _user_columns(schema: pa.Schema | None) -> list[str]:
     """The columns the DDLs gave the table, else (none logged) every user column its mirror has."""
-    return [] if schema is None else [name for name in schema.names if name not in MIRROR_META]
+    return [] if schema is None else [n for n in schema.names if n not in MIRROR_META and n != BUCKET]
 
 
 def _concerns(entry: CatalogEntry, ddl: Mapping[str, Any]) -> bool:
@@ -427,6 +430,29 @@ def latest_per_key(changelog: pa.Table, key_columns: Sequence[str]) -> pa.Table:
     ordered = images.take(order).append_column("_position", pa.array(range(images.num_rows), pa.int64()))
     last = ordered.group_by(list(key_columns), use_threads=False).aggregate([("_position", "max")])
     return ordered.take(last["_position_max"]).drop_columns(["_position"])
+
+
+def bucket_of(values: pa.ChunkedArray | pa.Array, buckets: int) -> pa.Array:
+    """Each key's bucket (int64, 0 .. buckets-1): a mix of a 64-bit integer key (splitmix64's finaliser),
+    CRC-32 of any other key's text form; the same for a key whatever process computes it."""
+    if pa.types.is_integer(values.type):
+        mixed = np.asarray(pc.fill_null(values, 0).cast(pa.int64()).to_numpy(), dtype=np.int64).view(
+            np.uint64
+        )
+        with np.errstate(over="ignore"):
+            mixed = (mixed ^ (mixed >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            mixed = (mixed ^ (mixed >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            mixed = mixed ^ (mixed >> np.uint64(31))
+        return pa.array((mixed % np.uint64(buckets)).astype(np.int64), pa.int64())
+    texts = values.to_pylist()
+    return pa.array(
+        [zlib.crc32(_text(value).encode()) % buckets for value in texts],
+        pa.int64(),
+    )
+
+
+def _text(value: Any) -> str:
+    return value.hex() if isinstance(value, bytes) else str(value)
 
 
 def read_changelog(

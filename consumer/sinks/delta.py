@@ -18,6 +18,11 @@ member may still hold an older change of that key (a RENAME re-hashes keys to ot
 must not bring the row back. The MERGE names the key ranges the batch touches, so delta-rs reads and
 rewrites only the files holding those keys; files are bounded (`target_file_size`).
 
+Lazy mirrors (`mirror_interval_s`, `mirror_interval_rows`): the changelog is still appended every batch, the
+mirror MERGEd when due (checked as progress is recorded) from the changelog rows its app transactions say
+it lacks, per partition up to the consistent point, so its commit is exact at the TSO it records; a restart
+finds them the same way (nothing is kept in memory that the lake does not also say).
+
 Type mapping: MySQL TIME (an Arrow duration, which Delta lacks) is stored as int64 microseconds, marked in
 the field's metadata so the readers give it back as a duration. User columns are nullable in Delta, so a
 dropped column can be null from then on.
@@ -25,9 +30,12 @@ dropped column can be null from then on.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -55,6 +63,8 @@ from consumer.lakehouse.offsets import delta_applied, next_offsets, transactions
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import retry_commits
 from consumer.lakehouse.tables import (
+    BUCKET,
+    BUCKETS_PROPERTY,
     COMPLETE_TS,
     FLOOR_PROPERTY,
     KEY_PROPERTY,
@@ -62,7 +72,9 @@ from consumer.lakehouse.tables import (
     NEWEST_TS,
     STORED_AS,
     STORED_DURATION,
+    bucket_of,
     latest_per_key,
+    mirror_versions,
 )
 from consumer.protocol.model import DDL, DDLType, TableSchema
 from consumer.protocol.table import TableCodec
@@ -92,6 +104,16 @@ MERGE_METRICS = (  # delta-rs MERGE metrics summed in `operation_metrics`
 )
 
 
+@dataclass
+class _Lagging:
+    """A lazy mirror's pending MERGE: its table, how many changelog rows it lacks (-1: unknown, left by a
+    run before this sink) and when it was last MERGEd (`time.monotonic`)."""
+
+    entry: CatalogEntry
+    rows: int = 0
+    merged_at: float = dataclasses.field(default_factory=time.monotonic)
+
+
 class DeltaSink(LakehouseSink):
     """Writes each resolved batch to its table's changelog and/or mirror; safe for several writers.
 
@@ -110,9 +132,25 @@ class DeltaSink(LakehouseSink):
         retry_backoff: float = 0.05,
         target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
         allow_unsafe_commits: bool = False,
+        mirror_interval_s: float = 0.0,
+        mirror_interval_rows: int = 0,
+        mirror_buckets: int = 0,
     ) -> None:
         super().__init__(root, storage_options, allow_unsafe_commits=allow_unsafe_commits)
         self.outputs = sink_outputs(mode)  # raises ValueError for an unknown table kind
+        if mirror_interval_s < 0 or mirror_interval_rows < 0 or mirror_buckets < 0:
+            raise ValueError("mirror_interval_s, mirror_interval_rows and mirror_buckets must be >= 0")
+        self.mirror_buckets = mirror_buckets  # for mirrors created from now on (a mirror records its own)
+        self.mirror_interval_s, self.mirror_interval_rows = mirror_interval_s, mirror_interval_rows
+        self.lazy_mirrors = "mirror" in self.outputs and bool(mirror_interval_s or mirror_interval_rows)
+        if self.lazy_mirrors and "changelog" not in self.outputs:
+            raise ValueError(
+                "a mirror MERGEd on its own cadence (mirror_interval_s, mirror_interval_rows) is MERGEd "
+                "from the changelog: the sink mode must keep the changelog too"
+            )
+        self._lagging: dict[str, _Lagging] = {}  # lazy mirrors by location: what awaits their next MERGE
+        self._merged_ts: dict[str, int] = {}  # lazy mirrors by location: a TSO they hold every change up to
+        self._caught_up = False  # lazy mirrors: MERGEd what a run before this sink left in the changelog
         self.max_commit_retries = max_commit_retries
         self.retry_backoff = retry_backoff
         self.target_file_size = target_file_size
@@ -129,11 +167,17 @@ class DeltaSink(LakehouseSink):
             return
         newest = pc.max(changes.changelog["_commit_ts"]).as_py()
         entry = self.catalog.locate((changes.database, changes.table), newest)
+        lazy = self.lazy_mirrors and bool(changes.key_columns)
+        if lazy:  # before the changelog: a restart finds the key of the rows it must still MERGE
+            self._lazy_mirror(entry, changes)
         if "changelog" in self.outputs:
             self._append_changelog(self.root.join(entry.location, "changelog"), changes.changelog, context)
         if not changes.key_columns:
             self._warn_keyless(changes)
-        if "mirror" in self.outputs and changes.key_columns:
+        if lazy:
+            lagging = self._lagging[entry.location]  # MERGEd when due, after progress is recorded
+            lagging.entry, lagging.rows = entry, lagging.rows + changes.changelog.num_rows
+        elif "mirror" in self.outputs and changes.key_columns:
             self._merge_mirror(entry, changes, context)
         if "history" in self.outputs and changes.key_columns:
             self._merge_history(entry, changes, context)
@@ -149,9 +193,75 @@ class DeltaSink(LakehouseSink):
         )
 
     def record_progress(self, context: CommitContext) -> None:
-        """Also re-reads the root's consistent point, which later mirror commits claim to hold."""
+        """Also re-reads the root's consistent point, which later mirror commits claim to hold; then MERGEs
+        the lazy mirrors that are due (all of them as the run stops or partitions go, and, first, every
+        mirror a run before this sink left behind its changelog)."""
         super().record_progress(context)
         self._complete_ts = max(self._complete_ts, consistent_ts(self.root, context.group) or 0)
+        if not self.lazy_mirrors:
+            return
+        if not self._caught_up:
+            self._caught_up = True
+            for entry in self.catalog.refresh():
+                if entry.floor == 0 and entry.location not in self._lagging:
+                    self._lagging[entry.location] = _Lagging(entry, rows=-1)
+        for lagging in list(self._lagging.values()):
+            if (context.stopped is not None and lagging.rows != 0) or self._due(lagging):
+                self._merge_lagging(lagging, context)
+
+    # -- lazy mirrors ----------------------------------------------------------------------------------
+    def _due(self, lagging: _Lagging) -> bool:
+        """Whether a lazy mirror's next MERGE is due: rows of unknown count await it (a run before this
+        sink's), `mirror_interval_rows` do, or `mirror_interval_s` passed since its last MERGE."""
+        if lagging.rows < 0:
+            return True
+        rows, seconds = self.mirror_interval_rows, self.mirror_interval_s
+        return lagging.rows > 0 and (
+            (rows > 0 and lagging.rows >= rows)
+            or (seconds > 0 and time.monotonic() - lagging.merged_at >= seconds)
+        )
+
+    def _lazy_mirror(self, entry: CatalogEntry, changes: TableChanges) -> None:
+        """A lazy mirror exists, its key recorded, before its first changelog rows."""
+        if entry.location in self._lagging:
+            return
+        uri = self.root.join(entry.location, "mirror")
+        columns = [*(n for n in changes.changelog.column_names if n not in META_COLUMNS), *MIRROR_META]
+        schema = changes.changelog.select(columns).schema
+
+        def create() -> None:
+            self._mirror(uri, schema, changes.key_columns, entry.floor)
+
+        self._commit(f"mirror {uri}", create)
+        self._lagging[entry.location] = _Lagging(entry)
+
+    def _merge_lagging(self, lagging: _Lagging, context: CommitContext, upto: int | None = None) -> None:
+        """MERGE into a lazy mirror the changes its changelog holds and it lacks (by its app transactions)
+        up to the consistent point read before (`upto`, later for a DDL barrier), each key's net change.
+        Per partition only a prefix of offsets is MERGEd (app transactions record one offset), so the
+        commit claims to be complete up to that point, or to just before the oldest change left out: a
+        plain Delta reader then sees the table exactly as of the TSO the commit records. A table that a
+        TRUNCATE or DROP emptied leaves the lazy mirrors."""
+        entry = lagging.entry
+        point = self._complete_ts  # read before the changelog is: every change up to it is there
+        changelog = self.root.open(self.root.join(entry.location, "changelog"))
+        mirror = self.root.open(self.root.join(entry.location, "mirror"))
+        keys = (mirror.metadata().configuration.get(KEY_PROPERTY) or "") if mirror is not None else ""
+        if changelog is None or mirror is None or not keys or _floor(mirror) or entry.floor:
+            self._lagging.pop(entry.location, None)
+            return
+        since = self._merged_ts.get(entry.location)
+        if since is None:
+            versions = mirror_versions(mirror)
+            since = versions[-1].complete_ts if versions else 0
+        rows = _changes_after(self, changelog, since)
+        if rows.num_rows:
+            rows = unapplied(rows, delta_applied(mirror, context.group, next_offsets(rows)))
+        merged, complete, left = _prefix_up_to(rows, max(point, upto or 0), point)
+        if merged.num_rows:
+            self._merge_changes(entry, merged, tuple(keys.split(",")), context, complete)
+        self._merged_ts[entry.location] = max(since, complete)
+        lagging.rows, lagging.merged_at = left, time.monotonic()
 
     def _apply_to_table(self, ddl: DDL, name: Name, context: CommitContext) -> CatalogEntry | None:
         """The catalog's part (`LakehouseSink`), and the tables':
@@ -167,8 +277,14 @@ class DeltaSink(LakehouseSink):
           columns (TiCDC Avro's DDL record names its table only) alters nothing: its rows bring their columns.
         Every step is idempotent, so members applying one DDL at once both succeed.
         """
+        if self.lazy_mirrors and ddl.type is DDLType.ALTER:  # the DDL is a barrier for a lazy mirror too
+            before = self.catalog.find(name, ddl.commit_ts - 1)
+            if before is not None:
+                lagging = self._lagging.get(before.location) or _Lagging(before)
+                self._merge_lagging(lagging, context, upto=ddl.commit_ts - 1)
         emptied = super()._apply_to_table(ddl, name, context)
         if emptied is not None:
+            self._lagging.pop(emptied.location, None)  # nothing older than the DDL belongs in it any more
             self._empty_mirror(emptied, ddl, context)
             self._close_history(emptied, ddl.commit_ts, context)
         elif ddl.type is DDLType.ALTER and ddl.table_schema is not None and ddl.table_schema.columns:
@@ -206,17 +322,27 @@ class DeltaSink(LakehouseSink):
         """Stale changes (older than the mirror's row, or than a later delete of the key) never win; an
         upsert of a key the mirror lacks inserts it (a consumer that joined mid-stream never saw its INSERT);
         a MERGE that changes nothing commits nothing (delta-rs)."""
-        keys = changes.key_columns
+        self._merge_changes(entry, changes.changelog, changes.key_columns, context)
+
+    def _merge_changes(
+        self,
+        entry: CatalogEntry,
+        changelog: pa.Table,
+        keys: tuple[str, ...],
+        context: CommitContext,
+        complete: int | None = None,
+    ) -> None:
+        """MERGE the changes of `changelog` (a batch, or a lazy mirror's changelog rows) the mirror lacks:
+        each key's last change, by (commit ts, partition, offset), deletes winning ties. The commit claims
+        the mirror complete up to `complete` (default: the consistent point last read)."""
         uri = self.root.join(entry.location, "mirror")
         deletes_uri = self.root.join(entry.location, "deletes")
-        columns = [*(n for n in changes.changelog.column_names if n not in META_COLUMNS), *MIRROR_META]
+        columns = [*(n for n in changelog.column_names if n not in META_COLUMNS), *MIRROR_META]
 
         def attempt() -> None:
-            mirror = self._mirror(uri, changes.changelog.select(columns).schema, keys, entry.floor)
+            mirror = self._mirror(uri, changelog.select(columns).schema, keys, entry.floor)
             floor = _floor(mirror)  # rows from before a TRUNCATE/DROP another member applied
-            fresh = unapplied(
-                changes.changelog, delta_applied(mirror, context.group, next_offsets(changes.changelog))
-            )
+            fresh = unapplied(changelog, delta_applied(mirror, context.group, next_offsets(changelog)))
             fresh = fresh.filter(pc.greater_equal(fresh["_commit_ts"], floor)) if floor else fresh
             if fresh.num_rows == 0:
                 return
@@ -229,11 +355,10 @@ class DeltaSink(LakehouseSink):
             if latest.num_rows == 0:
                 return
             source = _conform(latest.select(columns), self._evolved(mirror, latest.select(columns).schema))
-            source = source.append_column("_change_type", latest["_change_type"])
+            source = _bucketed(source, mirror, keys).append_column("_change_type", latest["_change_type"])
             newest = pc.max(fresh["_commit_ts"]).as_py()
-            self._merge(
-                mirror, source, keys, self._properties(context, newest, transactions(fresh, context.group))
-            )
+            offsets = transactions(fresh, context.group)
+            self._merge(mirror, source, keys, self._properties(context, newest, offsets, complete))
 
         self._commit(f"mirror {uri}", attempt)
 
@@ -249,7 +374,7 @@ class DeltaSink(LakehouseSink):
         metrics = (
             mirror.merge(
                 source,
-                _merge_predicate(mirror, source, keys, keys),
+                _merge_predicate(mirror, source, keys, keys, bucketed=_buckets(mirror) > 0),
                 source_alias="s",
                 target_alias="t",
                 streamed_exec=False,  # the source's key stats prune files too
@@ -270,7 +395,13 @@ class DeltaSink(LakehouseSink):
         table = self.root.open(uri)
         if table is None:
             stored = pa.schema([_storable(field) for field in schema])
-            table = self.root.create(uri, stored, {"delta.targetFileSize": str(self.target_file_size)})
+            partitions = None
+            if self.mirror_buckets:  # the count in the column's metadata: created with the table, at once
+                count = {BUCKETS_PROPERTY: str(self.mirror_buckets)}
+                stored = stored.append(pa.field(BUCKET, pa.int64(), nullable=False, metadata=count))
+                partitions = [BUCKET]
+            configuration = {"delta.targetFileSize": str(self.target_file_size)}
+            table = self.root.create(uri, stored, configuration, partitions)
         properties = {
             KEY_PROPERTY: ",".join(keys),
             **({FLOOR_PROPERTY: str(floor)} if floor > _floor(table) else {}),
@@ -461,7 +592,8 @@ class DeltaSink(LakehouseSink):
                     f"Delta type {current.field(field.name).type}"
                 )
         wanted = {field.name for field in fields}
-        dropped = [n for n in current.names if n not in wanted and n not in (*META_COLUMNS, *MIRROR_META)]
+        kept = (*META_COLUMNS, *MIRROR_META, BUCKET)
+        dropped = [n for n in current.names if n not in wanted and n not in kept]
         if dropped and uri.endswith("/mirror"):
             table.update(
                 updates={_quote(n): "NULL" for n in dropped},
@@ -499,11 +631,17 @@ class DeltaSink(LakehouseSink):
 
     # -- plumbing --------------------------------------------------------------------------------------
     def _properties(
-        self, context: CommitContext, newest_ts: int, offsets: list[Transaction] | None = None
+        self,
+        context: CommitContext,
+        newest_ts: int,
+        offsets: list[Transaction] | None = None,
+        complete_ts: int | None = None,
     ) -> CommitProperties:
         """A mirror commit's properties, saying which changes the mirror holds after it: every change up
-        to the consistent point last read, and none newer than `newest_ts` besides earlier commits'."""
-        marks = {COMPLETE_TS: str(self._complete_ts), NEWEST_TS: str(newest_ts)}
+        to `complete_ts` (default: the consistent point last read), and none newer than `newest_ts` besides
+        earlier commits'."""
+        complete = self._complete_ts if complete_ts is None else complete_ts
+        marks = {COMPLETE_TS: str(complete), NEWEST_TS: str(newest_ts)}
         return CommitProperties(
             custom_metadata=commit_metadata(context) | marks, app_transactions=offsets or None
         )
@@ -516,19 +654,100 @@ class DeltaSink(LakehouseSink):
             raise SinkError(f"{what}: {exc}") from exc
 
 
+def _prefix_up_to(rows: pa.Table, upto: int, point: int) -> tuple[pa.Table, int, int]:
+    """Of changelog rows a mirror lacks, what one MERGE applies: per partition the rows before its first
+    change after `upto` (commit ts 0, unknown, never counts as after). Returns those, a TSO the mirror
+    then holds every change up to (`point`, or just before the oldest change left out), and how many are
+    left out."""
+    if rows.num_rows == 0:
+        return rows, point, 0
+    ts = rows["_commit_ts"]
+    late = rows.filter(pc.greater(ts, upto))
+    if late.num_rows == 0:
+        return rows, point, 0
+    cuts = late.group_by(["_topic", "_partition"], use_threads=False).aggregate([("_offset", "min")])
+    left_out = None
+    for topic, partition, cut in zip(
+        *(cuts[c].to_pylist() for c in ("_topic", "_partition", "_offset_min")), strict=True
+    ):
+        here = pc.and_(
+            pc.and_(pc.equal(rows["_topic"], topic), pc.equal(rows["_partition"], partition)),
+            pc.greater_equal(rows["_offset"], cut),
+        )
+        left_out = here if left_out is None else pc.or_(left_out, here)
+    assert left_out is not None
+    left = rows.filter(left_out)
+    known = left["_commit_ts"].filter(pc.greater(left["_commit_ts"], 0))
+    oldest = pc.min(known).as_py() if len(known) else None
+    complete = point if oldest is None else min(point, oldest - 1)
+    return rows.filter(pc.invert(left_out)), complete, left.num_rows
+
+
+def _changes_after(sink: DeltaSink, changelog: DeltaTable, since: int) -> pa.Table:
+    """The changelog's rows with a commit ts after `since` (or unknown, 0), reading only the files whose
+    statistics allow such rows."""
+    actions = pa.table(changelog.get_add_actions(flatten=True))
+    files = changelog.file_uris()
+    if "max._commit_ts" in actions.column_names and "min._commit_ts" in actions.column_names:
+        lows, highs = actions["min._commit_ts"].to_pylist(), actions["max._commit_ts"].to_pylist()
+        wanted = {  # by file name: unique in a Delta table, and free of the paths' encodings
+            path.rsplit("/", 1)[-1]
+            for path, low, high in zip(actions["path"].to_pylist(), lows, highs, strict=True)
+            if low is None or high is None or high > since or low <= 0
+        }
+        files = [uri for uri in files if uri.rsplit("/", 1)[-1] in wanted]
+    ts = pc.field("_commit_ts")
+    return sink.root.scan(changelog, files).to_table(filter=(ts > since) | (ts == 0))
+
+
 # -- MERGE predicates ----------------------------------------------------------------------------------
 def _merge_predicate(
-    target: DeltaTable, source: pa.Table, columns: Sequence[str], keys: Sequence[str]
+    target: DeltaTable,
+    source: pa.Table,
+    columns: Sequence[str],
+    keys: Sequence[str],
+    *,
+    bucketed: bool = False,
 ) -> str:
-    """Target and source rows match on `columns`, within the ranges of the source's first key column."""
+    """Target and source rows match on `columns`, within the ranges of the source's first key column; in
+    a bucketed mirror also within the source's buckets, named as literals (delta-rs prunes partitions and
+    files on literal target predicates only)."""
     predicate = " AND ".join(f"t.{_quote(c)} = s.{_quote(c)}" for c in columns)
-    ranges = _key_ranges(source, keys[0], _file_starts(target, keys[0]))
+    buckets = None
+    if bucketed:
+        buckets = sorted(pc.unique(source[BUCKET]).to_pylist())
+        predicate += f" AND t.{BUCKET} IN ({', '.join(str(int(b)) for b in buckets)})"
+    ranges = _key_ranges(source, keys[0], _file_starts(target, keys[0], buckets))
     return f"{predicate} AND ({ranges})" if ranges else predicate
 
 
-def _file_starts(table: DeltaTable, key: str) -> np.ndarray | None:
-    """The sorted smallest keys of the table's files (from their statistics); None when a file has none."""
+def _buckets(table: DeltaTable) -> int:
+    """A mirror's bucket count (0: not bucketed), from its bucket column's metadata."""
+    schema = _schema(table)
+    if BUCKET not in schema.names:
+        return 0
+    value = (schema.field(BUCKET).metadata or {}).get(BUCKETS_PROPERTY.encode())
+    return int(value) if value else 0
+
+
+def _bucketed(source: pa.Table, mirror: DeltaTable, keys: Sequence[str]) -> pa.Table:
+    """`source` with each row's bucket, when the mirror has buckets."""
+    buckets = _buckets(mirror)
+    if not buckets:
+        return source
+    bucket = bucket_of(source[keys[0]], buckets)
+    if BUCKET in source.column_names:
+        return source.set_column(source.column_names.index(BUCKET), BUCKET, bucket)
+    return source.append_column(BUCKET, bucket)
+
+
+def _file_starts(table: DeltaTable, key: str, buckets: Sequence[int] | None = None) -> np.ndarray | None:
+    """The sorted smallest keys of the table's files (of those in `buckets`, when given) from their
+    statistics; None when a file has none."""
     actions = pa.table(table.get_add_actions(flatten=True))
+    partition = f"partition.{BUCKET}"
+    if buckets is not None and partition in actions.column_names:
+        actions = actions.filter(pc.is_in(actions[partition].cast(pa.int64()), pa.array(buckets, pa.int64())))
     column = f"min.{key}"
     if column not in actions.column_names:
         return None if actions.num_rows else np.array([])
