@@ -247,20 +247,23 @@ class _Unsettled(Exception):
     """A fast path's input it does not decide on: the general path decodes it."""
 
 
-# ZonedTimestamp text as TiCDC writes it (`wire_value`), years 0001-9999: within it, Arrow's parse accepts
-# what msgspec's RFC 3339 parse accepts (both reject Feb 30, 24:00, leap seconds) with the same instant.
-_STAMP_TEXT = (
-    r"^(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-[0-9]{2}-[0-9]{2}"
-    r"T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z$"
-)
+# ZonedTimestamp text as TiCDC writes it (`wire_value`), years 0001-9999 (year 0000 is refused apart, with
+# `starts_with`: an alternation for it made RE2 take twice as long): within it, Arrow's parse accepts what
+# msgspec's RFC 3339 parse accepts (both reject Feb 30, 24:00, leap seconds) with the same instant.
+_STAMP_TEXT = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?Z$"
+_YEAR_ZERO = "0000"
 _UTC_US = pa.timestamp("us", tz="UTC")
 
 
 def _stamps_of_text(values: list[str | None]) -> pa.Array:
     """A TIMESTAMP column's wire text -> timestamp[us, UTC], as `_typed_values` makes of msgspec's datetimes;
-    `_Unsettled` (or Arrow's error) for text outside `_STAMP_TEXT` or that Arrow does not parse."""
+    `_Unsettled` (or Arrow's error) for text outside `_STAMP_TEXT`, of year 0000, or that Arrow does not
+    parse."""
     texts = pa.array(values, pa.string())
-    if pc.all(pc.match_substring_regex(texts, _STAMP_TEXT)).as_py() is False:
+    if (
+        pc.all(pc.match_substring_regex(texts, _STAMP_TEXT)).as_py() is False
+        or pc.any(pc.starts_with(texts, _YEAR_ZERO)).as_py() is True
+    ):
         raise _Unsettled("a TIMESTAMP not in TiCDC's layout")
     return in_python_range(texts.cast(_UTC_US))
 
