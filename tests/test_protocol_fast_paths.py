@@ -4,6 +4,7 @@ fallback: the same message, or the same error, for valid records and for bytes m
 from __future__ import annotations
 
 import datetime as dt
+import unittest.mock
 from typing import Any
 
 import msgspec
@@ -21,6 +22,7 @@ from consumer.errors import (
 )
 from consumer.protocol.avro_container import zigzag
 from consumer.protocol.containment import contained, raise_contained
+from consumer.protocol.debezium import rows as debezium_rows
 from consumer.protocol.debezium.decoder import DEBEZIUM, DebeziumDecoder
 from consumer.protocol.debezium.encoder import DebeziumEncoder, DebeziumOptions
 from consumer.protocol.debezium.rows import DebeziumRows
@@ -314,6 +316,35 @@ def test_debezium_insert_batches_as_the_general_loop(data: Any) -> None:
             rows.images(batch_raws)
         errors.append((str(caught.value), caught.value.column, caught.value.row))
     assert errors[0] == errors[1] and errors[0][2] == 2
+
+
+def _images_or_error(rows: DebeziumRows, raws: list[RawDML], whole: bool) -> Any:
+    try:
+        batch, source, kinds, key_only = rows._chunk(raws) if whole else rows.images(raws)
+    except ValueDecodeError as exc:
+        return str(exc), exc.column, exc.row
+    return batch.to_pylist(), batch.schema, source, kinds, key_only
+
+
+@PROPERTY
+@given(data=st.data())
+def test_debezium_batches_decoded_in_chunks_are_the_batch_decoded_at_once(data: Any) -> None:
+    """A batch is decoded `_CHUNK_ROWS` at a time and joined: the same images as the whole batch at once, and
+    with bad records in it the same error (the whole batch's first bad column's first bad row)."""
+    options = data.draw(st.sampled_from([DebeziumOptions(tidb_extension=True), DebeziumOptions()]))
+    schema = data.draw(debezium_table_schemas(max_columns=4))
+    changes = [data.draw(debezium_changes(options, schema)) for _ in range(data.draw(st.integers(2, 7)))]
+    decoder = DebeziumDecoder()
+    raws: list[Any] = [decoder.decode_record(change.key, change.value) for change in changes]
+    codec = TableCodec(decoder.described_schema(raws[0].schema_key), protocol=DEBEZIUM)  # type: ignore[arg-type]
+    rows = DebeziumRows(codec.schema, codec.columns, codec.policy)
+    bad = [b"{}", b'{"after":null,"before":null}', b'{"after":{"id":"x"}}', b"{", b'{"after":{"id":1e999}}']
+    for _ in range(data.draw(st.integers(0, 2))):
+        at = data.draw(st.integers(0, len(raws) - 1))
+        raws[at] = msgspec.structs.replace(raws[at], payload=data.draw(st.sampled_from(bad)))
+    whole = _images_or_error(rows, raws, whole=True)
+    with unittest.mock.patch.object(debezium_rows, "_CHUNK_ROWS", data.draw(st.integers(1, 3))):
+        assert _images_or_error(rows, raws, whole=False) == whole
 
 
 # -- Debezium: TIMESTAMP columns read as text and parsed by Arrow ----------------------------------------

@@ -21,7 +21,13 @@ from typing import Any
 import msgspec
 
 from consumer.errors import ConsumerError, MalformedMessageError, UnsupportedTypeError
-from consumer.protocol.base import DecoderSettings, Protocol, SelfDescribedRows, TableRows
+from consumer.protocol.base import (
+    DecoderSettings,
+    Protocol,
+    SelfDescribedRows,
+    TableRows,
+    collector_paused,
+)
 from consumer.protocol.checks import MessageChecks
 from consumer.protocol.compression import LZ4_MAGIC, CompressionSetting, decompress
 from consumer.protocol.containment import KeyedValue, decoded_each, raise_contained
@@ -136,6 +142,7 @@ _KEY = msgspec.json.Decoder(_KeyEnvelope)
 _IMAGES = msgspec.json.Decoder(_Images)
 _VALUE_SCHEMA = msgspec.json.Decoder(_ValueSchema)
 _CONNECT_FIELDS = msgspec.json.Decoder(list[_ConnectField])
+_replace = msgspec.structs.replace
 _PAYLOAD_KEY = b'{"payload":'
 _PAYLOAD_START = len(_PAYLOAD_KEY)
 _KNOWN_SCHEMAS = 16  # value schemas `_split_known` matches by their bytes
@@ -148,6 +155,7 @@ class _Described:
     value_schema: bytes
     key_identity: Any
     schema: TableSchema
+    dml: RawDML  # its DMLs' fields but type, commit ts and payload (which `_known_dml` replaces)
     key_raw: msgspec.Raw | None = None  # the key's schema when it has one, to compare with a parsed key's
 
 
@@ -172,7 +180,8 @@ class DebeziumDecoder:
         return self._by_version.get(key)
 
     def decode_records(self, records: Sequence[KeyedValue]) -> list[DecodedMessage | ConsumerError]:
-        return decoded_each(self.decode_record, records)
+        with collector_paused():  # a record's short-lived objects (its key's dict) form no cycles
+            return decoded_each(self.decode_record, records)
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         try:
@@ -218,18 +227,8 @@ class DebeziumDecoder:
                 return None
         except INVALID:
             return None
-        schema = found.schema
-        return RawDML(
-            type=kind,
-            database=source.db,
-            table=source.table,
-            table_id=schema.table_id,
-            commit_ts=commit_ts,
-            build_ts=0,
-            schema_version=schema.version,
-            payload=body,
-            encoding=ENCODING,
-        )
+        # fewer fields to name than a new RawDML's (its database and table are equal to the source's)
+        return _replace(found.dml, type=kind, commit_ts=commit_ts, payload=body)
 
     def _decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         if not value:
@@ -353,7 +352,18 @@ class DebeziumDecoder:
         table = derive(source.db, source.table, schema_bytes, keys)
         validate_schema(table, self.policy.unknown_types)
         key_raw = msgspec.Raw(key_identity) if isinstance(key_identity, bytes) else None
-        self._latest[name] = _Described(schema_bytes, key_identity, table, key_raw)
+        dml = RawDML(
+            type=DMLType.INSERT,
+            database=source.db,
+            table=source.table,
+            table_id=table.table_id,
+            commit_ts=0,
+            build_ts=0,
+            schema_version=table.version,
+            payload=b"",
+            encoding=ENCODING,
+        )
+        self._latest[name] = _Described(schema_bytes, key_identity, table, dml, key_raw)
         self._by_version[table.key] = table
         return table
 
