@@ -13,11 +13,21 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from delta_changes import (
+    CONTEXT,
+    SCHEMA,
+    TS,
+    ddl_event,
+    delete_row,
+    evolved_schema,
+    insert_row,
+    table_batch,
+    update_row,
+)
 from deltalake import DeltaTable
 from deltalake.query import QueryBuilder
 from pyarrow.fs import FileSelector
 from pyspark.sql import SparkSession
-from test_sink_delta import CONTEXT, SCHEMA, TS, _changes, _ddl, _delete, _evolved, _insert, _update
 
 from consumer.errors import DeadLetter, RecordLocation, SinkError
 from consumer.lakehouse.progress import consistent_ts
@@ -51,20 +61,20 @@ def plain_mirror(root: str, database: str, table: str) -> list[dict[str, Any]]:
 
 def test_a_delta_sink_on_s3_keeps_pure_mirrors_a_plain_reader_finds(s3_lake: str) -> None:
     sink = DeltaSink(s3_lake)
-    sink.write(_changes([_insert(1, TS, 0), _insert(2, TS, 1), _insert(3, TS, 2)]), CONTEXT)
-    sink.write(_changes([_delete(2, TS + 1, 3), _update(3, TS + 2, 4, qty=9)]), CONTEXT)
-    renamed = _evolved(5, *SCHEMA.columns, table="orders_v2")
-    sink.apply_ddl(_ddl(DDLType.RENAME, "RENAME TABLE orders TO orders_v2", TS + 3, renamed), CONTEXT)
+    sink.write(table_batch([insert_row(1, TS, 0), insert_row(2, TS, 1), insert_row(3, TS, 2)]), CONTEXT)
+    sink.write(table_batch([delete_row(2, TS + 1, 3), update_row(3, TS + 2, 4, qty=9)]), CONTEXT)
+    renamed = evolved_schema(5, *SCHEMA.columns, table="orders_v2")
+    sink.apply_ddl(ddl_event(DDLType.RENAME, "RENAME TABLE orders TO orders_v2", TS + 3, renamed), CONTEXT)
     DeltaSink(s3_lake).write(
-        _changes([_insert(4, TS, 0, partition=1)]), CONTEXT
+        table_batch([insert_row(4, TS, 0, partition=1)]), CONTEXT
     )  # older: old name, same table
     rows = plain_mirror(s3_lake, "shop", "orders_v2")
     assert [(r["id"], r["qty"]) for r in rows] == [(1, 1), (3, 9), (4, 1)]
     assert set(rows[0]) == {"id", "name", "qty", "_commit_ts", "_schema_version"}
 
-    sink.apply_ddl(_ddl(DDLType.ERASE, "DROP TABLE orders_v2", TS + 4, renamed), CONTEXT)
-    sink.apply_ddl(_ddl(DDLType.CREATE, "CREATE TABLE orders_v2 (id bigint)", TS + 5, renamed), CONTEXT)
-    sink.write(_changes([_insert(7, TS + 6, 5, schema=renamed)], renamed), CONTEXT)
+    sink.apply_ddl(ddl_event(DDLType.ERASE, "DROP TABLE orders_v2", TS + 4, renamed), CONTEXT)
+    sink.apply_ddl(ddl_event(DDLType.CREATE, "CREATE TABLE orders_v2 (id bigint)", TS + 5, renamed), CONTEXT)
+    sink.write(table_batch([insert_row(7, TS + 6, 5, schema=renamed)], renamed), CONTEXT)
     assert [r["id"] for r in plain_mirror(s3_lake, "shop", "orders_v2")] == [7]
     sink.record_progress(CommitContext("g", {("t", 0): 6}, TS + 6, b"", applied_ts={("t", 0): TS + 6}))
     assert DeltaSink(s3_lake).recorded_offsets("g") == {("t", 0): 6}
@@ -79,10 +89,10 @@ def test_storage_options_reach_delta_rs_and_pyarrow(s3_server: LocalS3Server, sp
         DeltaSink(root + "/delta", storage_options=options),
         ParquetSink(root + "/parquet", storage_options=options),
     )
-    batch = _changes([_insert(1, TS, 0), _insert(2, TS, 1)])
+    batch = table_batch([insert_row(1, TS, 0), insert_row(2, TS, 1)])
     for sink in (delta, parquet):
         sink.write(batch, CONTEXT)
-        sink.apply_ddl(_ddl(DDLType.TRUNCATE, "TRUNCATE TABLE orders", TS + 1), CONTEXT)
+        sink.apply_ddl(ddl_event(DDLType.TRUNCATE, "TRUNCATE TABLE orders", TS + 1), CONTEXT)
     changelog = read_changelog(spark, root + "/parquet", "shop", "orders", "parquet", storage_options=options)
     assert sorted(r["id"] for r in changelog.collect()) == [1, 2]
     assert [r.type for r in read_ddl_log(spark, root + "/parquet", storage_options=options).collect()] == [

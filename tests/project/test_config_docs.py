@@ -17,7 +17,7 @@ from consumer.config import RunConfig
 from consumer.config_fields import FIELDS, FLAGS, ConfigField, table_cells
 from consumer.pipeline import PipelineStats
 
-README = Path(__file__).parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 TABLE_HEADER = "| key | default | flag | meaning |"
 # Values a flag under test may take that load_config accepts (other text fields take any text)
 TEXT_SAMPLES = {

@@ -116,7 +116,7 @@ def test_stop_ends_the_process_and_frees_the_port() -> None:
 
 def test_interpreter_exit_kills_the_broker() -> None:
     script = "from consumer.testing.broker import EmbeddedBroker; print(EmbeddedBroker().pid)"
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     pid = int(
         subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True, check=True).stdout
     )

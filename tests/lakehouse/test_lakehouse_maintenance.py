@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pyarrow as pa
 from click.testing import CliRunner
+from delta_changes import CONTEXT, SCHEMA, TS, evolved_schema, raw_change, table_batch
 from deltalake import DeltaTable
-from test_sink_delta import CONTEXT, SCHEMA, TS, _changes, _evolved, _raw
 
 from consumer.cli import main
 from consumer.lakehouse import maintain, read_mirror, table_uri
@@ -17,7 +17,7 @@ from consumer.protocol.model import DMLType
 from consumer.sinks.base import CommitContext
 from consumer.sinks.delta import DeltaSink
 
-OTHER = _evolved(5, *SCHEMA.columns, table="other")
+OTHER = evolved_schema(5, *SCHEMA.columns, table="other")
 
 
 def _filled(root: Path) -> DeltaSink:
@@ -25,12 +25,16 @@ def _filled(root: Path) -> DeltaSink:
     sink = DeltaSink(root, target_file_size=2048)
     for batch in range(6):
         keys = range(batch, 600, 6)  # every batch spans the whole key range: files overlap
-        rows = [(_raw(DMLType.INSERT, TS + batch, _row(k)), 0, batch * 100 + i) for i, k in enumerate(keys)]
-        sink.write(_changes(rows), CONTEXT)
-    inserts = [(_raw(DMLType.INSERT, TS, _row(k), schema=OTHER), 1, k) for k in range(100)]
-    deletes = [(_raw(DMLType.DELETE, TS + 10, old=_row(k), schema=OTHER), 1, 100 + k) for k in range(100)]
-    sink.write(_changes(inserts, OTHER), CONTEXT)
-    sink.write(_changes(deletes, OTHER), CONTEXT)
+        rows = [
+            (raw_change(DMLType.INSERT, TS + batch, _row(k)), 0, batch * 100 + i) for i, k in enumerate(keys)
+        ]
+        sink.write(table_batch(rows), CONTEXT)
+    inserts = [(raw_change(DMLType.INSERT, TS, _row(k), schema=OTHER), 1, k) for k in range(100)]
+    deletes = [
+        (raw_change(DMLType.DELETE, TS + 10, old=_row(k), schema=OTHER), 1, 100 + k) for k in range(100)
+    ]
+    sink.write(table_batch(inserts, OTHER), CONTEXT)
+    sink.write(table_batch(deletes, OTHER), CONTEXT)
     return sink
 
 

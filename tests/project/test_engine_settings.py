@@ -198,7 +198,7 @@ SPARK_ONLY_READS: dict[Field, Callable[[Built], Any]] = {
     ("engine", "checkpoint"): lambda b: b.checkpoint.removesuffix("/ticdc"),
 }
 SPARK_RUN = {  # read by `consumer.spark.engine.run` as it starts the query
-    ("engine", "master"): "the session's master (tests/test_spark_cli.py runs on a standalone cluster)",
+    ("engine", "master"): "the session's master (tests/spark/test_spark_cli.py runs on a standalone cluster)",
     ("engine", "trigger_seconds"): "the processingTime trigger of a query run until stopped",
 }
 BY_THE_COMMAND = {  # read by `run` itself, whatever the engine

@@ -20,7 +20,7 @@ from nbclient import NotebookClient
 from consumer.protocol.model import DDL, DML, DDLType, DMLType
 from consumer.simulate.workload import Workload, WorkloadConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
 KERNEL = "python3"
 CELL_TIMEOUT = 300  # seconds per cell; the whole notebook takes ~30 s on 2 cores (Spark's start ~10 s)

@@ -14,75 +14,28 @@ import msgspec
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
+from delta_changes import (
+    CONTEXT,
+    SCHEMA,
+    TS,
+    ddl_event,
+    delete_row,
+    evolved_schema,
+    insert_row,
+    raw_change,
+    table_batch,
+    update_row,
+)
 from deltalake import DeltaTable
 
-from consumer.batches.changes import TableChanges, table_changes
-from consumer.errors import RecordLocation, SinkError
+from consumer.errors import SinkError
 from consumer.lakehouse.catalog import Catalog
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import read_changelog, read_mirror, table_uri, tables
-from consumer.protocol.model import DDL, Column, DataType, DDLType, DMLType, Index, RawDML, TableSchema
-from consumer.protocol.table import TableCodec
-from consumer.sinks.base import CommitContext, DDLEvent
+from consumer.protocol.model import Column, DataType, DDLType, DMLType, Index, TableSchema
+from consumer.sinks.base import CommitContext
 from consumer.sinks.delta import DeltaSink
-from consumer.testing.messages import raw_dml
-
-TS = 449512873440575500
-SCHEMA = TableSchema(
-    database="shop",
-    table="orders",
-    table_id=1,
-    version=5,
-    columns=(
-        Column("id", DataType("bigint", length=20), nullable=False),
-        Column("name", DataType("varchar", "utf8mb4", "utf8mb4_bin", length=32)),
-        Column("qty", DataType("int", length=11)),
-    ),
-    indexes=(Index("primary", True, True, False, ("id",)),),
-)
-CONTEXT = CommitContext(group="g", resume_offsets={("t", 0): 3}, resolved_ts=TS, schema_snapshot=b"cache-1")
-
-
-# -- building batches ----------------------------------------------------------------------------------
-def _raw(
-    kind: DMLType, ts: int, data: dict | None = None, old: dict | None = None, schema: TableSchema = SCHEMA
-) -> RawDML:
-    return raw_dml(schema, kind, data, old, commit_ts=ts)
-
-
-def _changes(rows: list[tuple[RawDML, int, int]], schema: TableSchema = SCHEMA) -> TableChanges:
-    """rows: (raw, partition, offset)."""
-    located = [(raw, RecordLocation("t", partition, offset)) for raw, partition, offset in rows]
-    return table_changes(TableCodec(schema), located)
-
-
-def _insert(
-    key: int, ts: int, offset: int, partition: int = 0, schema: TableSchema = SCHEMA, **values: Any
-) -> tuple[RawDML, int, int]:
-    return (
-        _raw(DMLType.INSERT, ts, {"id": key, "name": f"n{key}", "qty": 1, **values}, schema=schema),
-        partition,
-        offset,
-    )
-
-
-def _update(key: int, ts: int, offset: int, qty: int, partition: int = 0) -> tuple[RawDML, int, int]:
-    old, new = {"id": key, "name": f"n{key}", "qty": 0}, {"id": key, "name": f"n{key}", "qty": qty}
-    return _raw(DMLType.UPDATE, ts, new, old), partition, offset
-
-
-def _delete(key: int, ts: int, offset: int, partition: int = 0) -> tuple[RawDML, int, int]:
-    return _raw(DMLType.DELETE, ts, old={"id": key, "name": f"n{key}", "qty": 1}), partition, offset
-
-
-def _ddl(kind: DDLType, sql: str, ts: int, schema: TableSchema | None = SCHEMA) -> DDLEvent:
-    ddl = DDL(type=kind, sql=sql, commit_ts=ts, build_ts=0, table_schema=schema)
-    return DDLEvent(ddl, schema.database if schema else None, schema.table if schema else None)
-
-
-def _evolved(version: int, *columns: Column, table: str = "orders") -> TableSchema:
-    return msgspec.structs.replace(SCHEMA, version=version, columns=columns, table=table)
 
 
 # -- reading results -----------------------------------------------------------------------------------
@@ -116,13 +69,15 @@ def _changelog(root: Path, table: str = "orders") -> list[dict[str, Any]]:
 # -- changelog -----------------------------------------------------------------------------------------
 def test_changelog_appends_once_and_a_replay_adds_nothing(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path, mode="changelog")
-    first = _changes([_insert(1, TS, 0), _insert(2, TS, 1), _insert(3, TS, 0, partition=1)])
+    first = table_batch([insert_row(1, TS, 0), insert_row(2, TS, 1), insert_row(3, TS, 0, partition=1)])
     sink.write(first, CONTEXT)
     table = DeltaTable(_uri(tmp_path, kind="changelog"))
     assert table.transaction_version("ticdc:g:t:0") == 2 and table.transaction_version("ticdc:g:t:1") == 1
 
     sink.write(first, CONTEXT)  # a replay after a crash: nothing new
-    overlapping = _changes([_insert(2, TS, 1), _update(2, TS + 1, 2, qty=5), _insert(3, TS, 0, partition=1)])
+    overlapping = table_batch(
+        [insert_row(2, TS, 1), update_row(2, TS + 1, 2, qty=5), insert_row(3, TS, 0, partition=1)]
+    )
     sink.write(overlapping, CONTEXT)  # offset 1 and partition 1 were written; offset 2 is new
 
     rows = _changelog(tmp_path)
@@ -140,17 +95,18 @@ def test_changelog_appends_once_and_a_replay_adds_nothing(tmp_path: Path) -> Non
 
 def test_every_commit_records_its_group_and_watermark(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
-    sink.write(_changes([_insert(1, TS, 0)]), CONTEXT)
+    sink.write(table_batch([insert_row(1, TS, 0)]), CONTEXT)
     for kind in ("changelog", "mirror"):
         info = DeltaTable(_uri(tmp_path, kind=kind)).history(1)[0]
         assert info["ticdc.group"] == "g" and info["ticdc.resolved_ts"] == str(TS)
 
 
 def test_time_columns_are_stored_as_microseconds(tmp_path: Path) -> None:
-    schema = _evolved(5, *SCHEMA.columns, Column("took", DataType("time", length=10)))
+    schema = evolved_schema(5, *SCHEMA.columns, Column("took", DataType("time", length=10)))
     sink = DeltaSink(tmp_path)
     sink.write(
-        _changes([_insert(1, TS, 0, schema=schema, took=dt.timedelta(hours=-2, seconds=1))], schema), CONTEXT
+        table_batch([insert_row(1, TS, 0, schema=schema, took=dt.timedelta(hours=-2, seconds=1))], schema),
+        CONTEXT,
     )
     assert [r["took"] for r in _plain(_uri(tmp_path))] == [-7_199_000_000]
     assert _mirror(tmp_path)[1]["took"] == dt.timedelta(hours=-2, seconds=1)  # given back as a duration
@@ -160,11 +116,20 @@ def test_time_columns_are_stored_as_microseconds(tmp_path: Path) -> None:
 def test_mirror_follows_inserts_updates_deletes_and_key_changes(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path, mode="mirror")
     sink.write(
-        _changes([_insert(1, TS, 0), _insert(2, TS, 1), _insert(3, TS, 2), _update(1, TS + 1, 3, qty=7)]),
+        table_batch(
+            [
+                insert_row(1, TS, 0),
+                insert_row(2, TS, 1),
+                insert_row(3, TS, 2),
+                update_row(1, TS + 1, 3, qty=7),
+            ]
+        ),
         CONTEXT,
     )
     # a primary-key change arrives as DELETE + INSERT with one commit ts
-    sink.write(_changes([_delete(2, TS + 2, 4), _insert(20, TS + 2, 5), _delete(3, TS + 3, 6)]), CONTEXT)
+    sink.write(
+        table_batch([delete_row(2, TS + 2, 4), insert_row(20, TS + 2, 5), delete_row(3, TS + 3, 6)]), CONTEXT
+    )
     mirror = _mirror(tmp_path)
     assert {k: (r["name"], r["qty"]) for k, r in mirror.items()} == {1: ("n1", 7), 20: ("n20", 1)}
     assert set(mirror[1]) == {"id", "name", "qty", "_commit_ts", "_schema_version"}
@@ -178,9 +143,10 @@ def test_mirror_follows_inserts_updates_deletes_and_key_changes(tmp_path: Path) 
 def test_a_plain_delta_reader_sees_exactly_the_live_rows(tmp_path: Path) -> None:
     """No tombstones, no flag column: the mirror is the upstream table (plus when each row last changed)."""
     sink = DeltaSink(tmp_path, mode="mirror")
-    sink.write(_changes([_insert(k, TS, k) for k in range(1, 6)]), CONTEXT)
+    sink.write(table_batch([insert_row(k, TS, k) for k in range(1, 6)]), CONTEXT)
     sink.write(
-        _changes([_delete(2, TS + 1, 6), _delete(4, TS + 1, 7), _update(5, TS + 2, 8, qty=9)]), CONTEXT
+        table_batch([delete_row(2, TS + 1, 6), delete_row(4, TS + 1, 7), update_row(5, TS + 2, 8, qty=9)]),
+        CONTEXT,
     )
     rows = sorted(_plain(_uri(tmp_path)), key=lambda r: r["id"])
     assert [(r["id"], r["qty"]) for r in rows] == [(1, 1), (3, 1), (5, 9)]
@@ -193,11 +159,13 @@ def test_a_plain_delta_reader_sees_exactly_the_live_rows(tmp_path: Path) -> None
 
 def test_mirror_ignores_stale_changes_and_inserts_updates_of_unknown_keys(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path, mode="mirror")
-    sink.write(_changes([_update(1, TS + 10, 0, qty=10)]), CONTEXT)  # joined mid-stream: never saw the INSERT
-    sink.write(_changes([_update(1, TS + 5, 0, qty=5, partition=1)]), CONTEXT)  # older: ignored
-    sink.write(_changes([_delete(1, TS + 4, 1, partition=1)]), CONTEXT)  # older delete: ignored
+    sink.write(
+        table_batch([update_row(1, TS + 10, 0, qty=10)]), CONTEXT
+    )  # joined mid-stream: never saw the INSERT
+    sink.write(table_batch([update_row(1, TS + 5, 0, qty=5, partition=1)]), CONTEXT)  # older: ignored
+    sink.write(table_batch([delete_row(1, TS + 4, 1, partition=1)]), CONTEXT)  # older delete: ignored
     assert {k: r["qty"] for k, r in _mirror(tmp_path).items()} == {1: 10}
-    sink.write(_changes([_delete(1, TS + 10, 1)]), CONTEXT)  # same commit ts, later offset: applies
+    sink.write(table_batch([delete_row(1, TS + 10, 1)]), CONTEXT)  # same commit ts, later offset: applies
     assert _mirror(tmp_path) == {}
 
 
@@ -205,21 +173,23 @@ def test_a_lagging_members_older_change_cannot_bring_a_deleted_row_back(tmp_path
     """After a RENAME re-hashes keys, a key's changes move to another partition: the member owning it may
     delete the row before the member behind applies an older change of the same key."""
     ahead, behind = DeltaSink(tmp_path, mode="mirror"), DeltaSink(tmp_path, mode="mirror")
-    ahead.write(_changes([_insert(1, TS, 0, partition=1), _insert(2, TS, 1, partition=1)]), CONTEXT)
-    ahead.write(_changes([_delete(1, TS + 10, 2, partition=1)]), CONTEXT)
-    behind.write(_changes([_update(1, TS + 5, 0, qty=5), _update(2, TS + 5, 1, qty=5)]), CONTEXT)
-    behind.write(_changes([_insert(3, TS + 6, 2)]), CONTEXT)
+    ahead.write(table_batch([insert_row(1, TS, 0, partition=1), insert_row(2, TS, 1, partition=1)]), CONTEXT)
+    ahead.write(table_batch([delete_row(1, TS + 10, 2, partition=1)]), CONTEXT)
+    behind.write(table_batch([update_row(1, TS + 5, 0, qty=5), update_row(2, TS + 5, 1, qty=5)]), CONTEXT)
+    behind.write(table_batch([insert_row(3, TS + 6, 2)]), CONTEXT)
     assert {k: r["qty"] for k, r in _mirror(tmp_path).items()} == {2: 5, 3: 1}
-    ahead.write(_changes([_insert(1, TS + 20, 3, partition=1)]), CONTEXT)  # a newer insert of the key: back
+    ahead.write(
+        table_batch([insert_row(1, TS + 20, 3, partition=1)]), CONTEXT
+    )  # a newer insert of the key: back
     assert sorted(_mirror(tmp_path)) == [1, 2, 3]
 
 
 def test_the_deletes_side_table_is_purged_below_the_consistent_point(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path, mode="mirror")
-    sink.write(_changes([_insert(k, TS, k) for k in range(40)]), CONTEXT)
+    sink.write(table_batch([insert_row(k, TS, k) for k in range(40)]), CONTEXT)
     sink.record_progress(CommitContext("g", {("t", 0): 60}, TS, b"", applied_ts={("t", 0): TS + 20}))
     for k in range(32):  # the 32nd commit to the side table purges it
-        sink.write(_changes([_delete(k, TS + 1 + k, 40 + k)]), CONTEXT)
+        sink.write(table_batch([delete_row(k, TS + 1 + k, 40 + k)]), CONTEXT)
     deletes = _uri(tmp_path).replace("/mirror", "/deletes")
     assert sorted(r["id"] for r in _plain(deletes)) == list(range(19, 32))  # deleted at TS + 20 and after
     assert len(DeltaTable(deletes).file_uris()) == 1
@@ -229,9 +199,9 @@ def test_the_deletes_side_table_is_purged_below_the_consistent_point(tmp_path: P
 
 def test_mirror_replay_is_skipped(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path, mode="mirror")
-    batch = _changes([_insert(1, TS, 0), _update(1, TS + 1, 1, qty=3)])
+    batch = table_batch([insert_row(1, TS, 0), update_row(1, TS + 1, 1, qty=3)])
     sink.write(batch, CONTEXT)
-    sink.write(_changes([_delete(1, TS + 2, 2)]), CONTEXT)
+    sink.write(table_batch([delete_row(1, TS + 2, 2)]), CONTEXT)
     sink.write(batch, CONTEXT)  # replayed: the row must not come back
     assert _mirror(tmp_path) == {}
     assert DeltaTable(_uri(tmp_path)).transaction_version("ticdc:g:t:0") == 3
@@ -241,11 +211,12 @@ def test_a_merge_reads_and_rewrites_only_the_files_holding_its_keys(tmp_path: Pa
     sink = DeltaSink(tmp_path, mode="mirror", target_file_size=4096)
     for batch in range(8):  # sorted inserts: each MERGE adds files of its own key range
         sink.write(
-            _changes([_insert(batch * 500 + k, TS + batch, batch * 500 + k) for k in range(500)]), CONTEXT
+            table_batch([insert_row(batch * 500 + k, TS + batch, batch * 500 + k) for k in range(500)]),
+            CONTEXT,
         )
     files = len(DeltaTable(_uri(tmp_path)).file_uris())
     before = sink.operation_metrics()
-    sink.write(_changes([_update(k, TS + 100, 4000 + k, qty=7) for k in (3998, 3999)]), CONTEXT)
+    sink.write(table_batch([update_row(k, TS + 100, 4000 + k, qty=7) for k in (3998, 3999)]), CONTEXT)
     merged = {k: v - before[k] for k, v in sink.operation_metrics().items()}
     assert files >= 8 and merged["merges"] == 1 and merged["num_target_rows_updated"] == 2
     assert (
@@ -263,8 +234,8 @@ def test_table_without_key_gets_a_changelog_and_one_warning(
     schema = msgspec.structs.replace(SCHEMA, indexes=())
     sink = DeltaSink(tmp_path)
     with caplog.at_level(logging.WARNING, "consumer.sinks.delta"):
-        sink.write(_changes([_insert(1, TS, 0, schema=schema)], schema), CONTEXT)
-        sink.write(_changes([_insert(2, TS, 1, schema=schema)], schema), CONTEXT)
+        sink.write(table_batch([insert_row(1, TS, 0, schema=schema)], schema), CONTEXT)
+        sink.write(table_batch([insert_row(2, TS, 1, schema=schema)], schema), CONTEXT)
     assert len(_changelog(tmp_path)) == 2 and read_mirror(tmp_path, "shop", "orders") is None
     assert [r.getMessage() for r in caplog.records] == [
         "shop.orders has no primary key or NOT NULL unique index: no mirror or history, changelog only"
@@ -274,27 +245,31 @@ def test_table_without_key_gets_a_changelog_and_one_warning(
 # -- DDL -----------------------------------------------------------------------------------------------
 def test_add_column_evolves_both_tables_and_earlier_rows_are_null(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
-    sink.write(_changes([_insert(1, TS, 0)]), CONTEXT)
-    v6 = _evolved(6, *SCHEMA.columns, Column("note", DataType("varchar", "utf8mb4", "utf8mb4_bin", length=8)))
-    add = _ddl(DDLType.ALTER, "ALTER TABLE orders ADD COLUMN note varchar(8)", TS + 1, v6)
+    sink.write(table_batch([insert_row(1, TS, 0)]), CONTEXT)
+    v6 = evolved_schema(
+        6, *SCHEMA.columns, Column("note", DataType("varchar", "utf8mb4", "utf8mb4_bin", length=8))
+    )
+    add = ddl_event(DDLType.ALTER, "ALTER TABLE orders ADD COLUMN note varchar(8)", TS + 1, v6)
     sink.apply_ddl(add, CONTEXT)
     versions = [DeltaTable(_uri(tmp_path, kind=kind)).version() for kind in ("changelog", "mirror")]
     sink.apply_ddl(add, CONTEXT)  # a replay changes nothing
     assert [DeltaTable(_uri(tmp_path, kind=kind)).version() for kind in ("changelog", "mirror")] == versions
     for kind in ("changelog", "mirror"):
         assert "note" in DeltaTable(_uri(tmp_path, kind=kind)).schema().to_arrow().names
-    sink.write(_changes([_insert(2, TS + 2, 1, schema=v6, note="hi")], v6), CONTEXT)
+    sink.write(table_batch([insert_row(2, TS + 2, 1, schema=v6, note="hi")], v6), CONTEXT)
     assert [(r["id"], r["note"]) for r in _changelog(tmp_path)] == [(1, None), (2, "hi")]
     assert {k: r["note"] for k, r in _mirror(tmp_path).items()} == {1: None, 2: "hi"}
 
 
 def test_drop_column_keeps_it_in_delta_and_null_from_then_on(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
-    sink.write(_changes([_insert(1, TS, 0, qty=4), _insert(3, TS, 1), _delete(3, TS, 2)]), CONTEXT)
-    v6 = _evolved(6, *SCHEMA.columns[:2])
-    sink.apply_ddl(_ddl(DDLType.ALTER, "ALTER TABLE orders DROP COLUMN qty", TS + 1, v6), CONTEXT)
-    raw = _raw(DMLType.INSERT, TS + 2, {"id": 2, "name": "n2"}, schema=v6)
-    sink.write(_changes([(raw, 0, 3)], v6), CONTEXT)
+    sink.write(
+        table_batch([insert_row(1, TS, 0, qty=4), insert_row(3, TS, 1), delete_row(3, TS, 2)]), CONTEXT
+    )
+    v6 = evolved_schema(6, *SCHEMA.columns[:2])
+    sink.apply_ddl(ddl_event(DDLType.ALTER, "ALTER TABLE orders DROP COLUMN qty", TS + 1, v6), CONTEXT)
+    raw = raw_change(DMLType.INSERT, TS + 2, {"id": 2, "name": "n2"}, schema=v6)
+    sink.write(table_batch([(raw, 0, 3)], v6), CONTEXT)
     changelog = [(r["id"], r["_change_type"], r["qty"]) for r in _changelog(tmp_path)]
     assert changelog == [(1, "insert", 4), (3, "insert", 1), (3, "delete", 1), (2, "insert", None)]  # history
     assert {r["id"]: r["qty"] for r in _plain(_uri(tmp_path))} == {1: None, 2: None}  # null in Delta
@@ -303,73 +278,75 @@ def test_drop_column_keeps_it_in_delta_and_null_from_then_on(tmp_path: Path) -> 
 
 def test_widening_modify_keeps_the_delta_type_while_values_fit(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
-    sink.write(_changes([_insert(1, TS, 0, qty=1)]), CONTEXT)
-    widened = _evolved(6, *SCHEMA.columns[:2], Column("qty", DataType("bigint", length=20)))
-    sink.apply_ddl(_ddl(DDLType.ALTER, "ALTER TABLE orders MODIFY qty bigint", TS + 1, widened), CONTEXT)
-    sink.write(_changes([_insert(2, TS + 2, 1, schema=widened, qty=2**31 - 1)], widened), CONTEXT)
+    sink.write(table_batch([insert_row(1, TS, 0, qty=1)]), CONTEXT)
+    widened = evolved_schema(6, *SCHEMA.columns[:2], Column("qty", DataType("bigint", length=20)))
+    sink.apply_ddl(ddl_event(DDLType.ALTER, "ALTER TABLE orders MODIFY qty bigint", TS + 1, widened), CONTEXT)
+    sink.write(table_batch([insert_row(2, TS + 2, 1, schema=widened, qty=2**31 - 1)], widened), CONTEXT)
     assert {k: r["qty"] for k, r in _mirror(tmp_path).items()} == {1: 1, 2: 2**31 - 1}
     with pytest.raises(SinkError, match="'qty': int64 values do not fit its Delta type int32"):
-        sink.write(_changes([_insert(3, TS + 3, 2, schema=widened, qty=2**40)], widened), CONTEXT)
+        sink.write(table_batch([insert_row(3, TS + 3, 2, schema=widened, qty=2**40)], widened), CONTEXT)
     assert len(_changelog(tmp_path)) == 2
 
 
 def test_float_to_double_fits_only_exact_values(tmp_path: Path) -> None:
-    v5 = _evolved(5, *SCHEMA.columns[:2], Column("qty", DataType("float", length=12)))
+    v5 = evolved_schema(5, *SCHEMA.columns[:2], Column("qty", DataType("float", length=12)))
     sink = DeltaSink(tmp_path, mode="changelog")
-    sink.write(_changes([_insert(1, TS, 0, schema=v5, qty=0.5)], v5), CONTEXT)
-    v6 = _evolved(6, *SCHEMA.columns[:2], Column("qty", DataType("double", length=22)))
-    sink.apply_ddl(_ddl(DDLType.ALTER, "ALTER TABLE orders MODIFY qty double", TS + 1, v6), CONTEXT)
-    sink.write(_changes([_insert(2, TS + 2, 1, schema=v6, qty=1.5)], v6), CONTEXT)
+    sink.write(table_batch([insert_row(1, TS, 0, schema=v5, qty=0.5)], v5), CONTEXT)
+    v6 = evolved_schema(6, *SCHEMA.columns[:2], Column("qty", DataType("double", length=22)))
+    sink.apply_ddl(ddl_event(DDLType.ALTER, "ALTER TABLE orders MODIFY qty double", TS + 1, v6), CONTEXT)
+    sink.write(table_batch([insert_row(2, TS + 2, 1, schema=v6, qty=1.5)], v6), CONTEXT)
     with pytest.raises(SinkError, match="do not fit"):
-        sink.write(_changes([_insert(3, TS + 3, 2, schema=v6, qty=0.1)], v6), CONTEXT)
+        sink.write(table_batch([insert_row(3, TS + 3, 2, schema=v6, qty=0.1)], v6), CONTEXT)
     assert [r["qty"] for r in _changelog(tmp_path)] == [0.5, 1.5]
 
 
 def test_modify_to_a_type_without_a_cast_fails_at_the_ddl(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
-    sink.write(_changes([_insert(1, TS, 0)]), CONTEXT)
-    vector = _evolved(6, *SCHEMA.columns[:2], Column("qty", DataType("vector", length=3)))
+    sink.write(table_batch([insert_row(1, TS, 0)]), CONTEXT)
+    vector = evolved_schema(6, *SCHEMA.columns[:2], Column("qty", DataType("vector", length=3)))
     with pytest.raises(SinkError, match="cannot be stored"):
         sink.apply_ddl(
-            _ddl(DDLType.ALTER, "ALTER TABLE orders MODIFY qty vector(3)", TS + 1, vector), CONTEXT
+            ddl_event(DDLType.ALTER, "ALTER TABLE orders MODIFY qty vector(3)", TS + 1, vector), CONTEXT
         )
 
 
 def test_truncate_empties_the_mirror_and_keeps_the_changelog(tmp_path: Path) -> None:
     sink, behind = DeltaSink(tmp_path), DeltaSink(tmp_path)
-    sink.write(_changes([_insert(1, TS, 0), _insert(2, TS, 1)]), CONTEXT)
-    truncate = _ddl(
+    sink.write(table_batch([insert_row(1, TS, 0), insert_row(2, TS, 1)]), CONTEXT)
+    truncate = ddl_event(
         DDLType.TRUNCATE, "TRUNCATE TABLE orders", TS + 1, msgspec.structs.replace(SCHEMA, table_id=2)
     )
     sink.apply_ddl(truncate, CONTEXT)
-    sink.write(_changes([_insert(1, TS + 2, 2)]), CONTEXT)
+    sink.write(table_batch([insert_row(1, TS + 2, 2)]), CONTEXT)
     sink.apply_ddl(truncate, CONTEXT)  # a replay keeps the newer row
-    behind.write(_changes([_insert(3, TS, 0, partition=1)]), CONTEXT)  # a lagging member's older row
+    behind.write(table_batch([insert_row(3, TS, 0, partition=1)]), CONTEXT)  # a lagging member's older row
     assert list(_mirror(tmp_path)) == [1] and len(_changelog(tmp_path)) == 4
     assert Catalog(LakeRoot.of(tmp_path)).current(("shop", "orders")).truncated_ts == TS + 1  # type: ignore[union-attr]
 
 
 def test_truncate_of_a_table_never_written_keeps_older_rows_out(tmp_path: Path) -> None:
-    DeltaSink(tmp_path).apply_ddl(_ddl(DDLType.TRUNCATE, "TRUNCATE TABLE orders", TS + 5), CONTEXT)
-    DeltaSink(tmp_path).write(_changes([_insert(1, TS, 0), _insert(2, TS + 6, 1)]), CONTEXT)
+    DeltaSink(tmp_path).apply_ddl(ddl_event(DDLType.TRUNCATE, "TRUNCATE TABLE orders", TS + 5), CONTEXT)
+    DeltaSink(tmp_path).write(table_batch([insert_row(1, TS, 0), insert_row(2, TS + 6, 1)]), CONTEXT)
     assert list(_mirror(tmp_path)) == [2]
 
 
 def test_drop_table_empties_it_then_create_starts_a_new_table(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
-    sink.write(_changes([_insert(1, TS, 0)]), CONTEXT)
-    sink.apply_ddl(_ddl(DDLType.ERASE, "DROP TABLE orders", TS + 1), CONTEXT)
+    sink.write(table_batch([insert_row(1, TS, 0)]), CONTEXT)
+    sink.apply_ddl(ddl_event(DDLType.ERASE, "DROP TABLE orders", TS + 1), CONTEXT)
     assert table_uri(tmp_path, "shop", "orders") is None  # no live table of that name
     assert (
         _plain(tmp_path / "shop/orders/mirror") == [] and len(_plain(tmp_path / "shop/orders/changelog")) == 1
     )
-    DeltaSink(tmp_path).write(_changes([_insert(2, TS, 1, partition=1)]), CONTEXT)  # a lagging member's row
+    DeltaSink(tmp_path).write(
+        table_batch([insert_row(2, TS, 1, partition=1)]), CONTEXT
+    )  # a lagging member's row
     assert _plain(tmp_path / "shop/orders/mirror") == []  # the dropped table stays empty
 
     recreated = msgspec.structs.replace(SCHEMA, table_id=9, version=7)
-    create = _ddl(DDLType.CREATE, "CREATE TABLE orders (id bigint primary key)", TS + 2, recreated)
+    create = ddl_event(DDLType.CREATE, "CREATE TABLE orders (id bigint primary key)", TS + 2, recreated)
     sink.apply_ddl(create, CONTEXT)
-    sink.write(_changes([_insert(5, TS + 3, 1, schema=recreated)], recreated), CONTEXT)
+    sink.write(table_batch([insert_row(5, TS + 3, 1, schema=recreated)], recreated), CONTEXT)
     sink.apply_ddl(create, CONTEXT)  # a replay
     assert _uri(tmp_path) == str(tmp_path / "shop/orders@2/mirror") and list(_mirror(tmp_path)) == [5]
     entries = {e.location: (e.created_ts, e.dropped_ts) for e in tables(tmp_path)}
@@ -378,17 +355,22 @@ def test_drop_table_empties_it_then_create_starts_a_new_table(tmp_path: Path) ->
 
 def test_rename_gives_the_table_its_new_name_and_nothing_moves(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
-    sink.write(_changes([_insert(1, TS, 0)]), CONTEXT)
-    renamed = _evolved(5, *SCHEMA.columns, table="orders v2")
-    rename = _ddl(DDLType.RENAME, "RENAME TABLE `shop`.`orders` TO `shop`.`orders v2`", TS + 1, renamed)
+    sink.write(table_batch([insert_row(1, TS, 0)]), CONTEXT)
+    renamed = evolved_schema(5, *SCHEMA.columns, table="orders v2")
+    rename = ddl_event(DDLType.RENAME, "RENAME TABLE `shop`.`orders` TO `shop`.`orders v2`", TS + 1, renamed)
     sink.apply_ddl(rename, CONTEXT)
     sink.apply_ddl(rename, CONTEXT)  # a replay is a no-op
     assert table_uri(tmp_path, "shop", "orders") is None
     assert _uri(tmp_path, "orders v2") == str(tmp_path / "shop/orders/mirror")  # the same table
     sink.write(
-        _changes([_insert(1, TS, 0, schema=renamed), _insert(2, TS + 2, 1, schema=renamed)], renamed), CONTEXT
+        table_batch(
+            [insert_row(1, TS, 0, schema=renamed), insert_row(2, TS + 2, 1, schema=renamed)], renamed
+        ),
+        CONTEXT,
     )
-    DeltaSink(tmp_path).write(_changes([_insert(3, TS, 0, partition=1)]), CONTEXT)  # old name, older: follows
+    DeltaSink(tmp_path).write(
+        table_batch([insert_row(3, TS, 0, partition=1)]), CONTEXT
+    )  # old name, older: follows
     assert sorted(_mirror(tmp_path, "orders v2")) == [1, 2, 3]
     assert [(r["_partition"], r["_offset"]) for r in _changelog(tmp_path, "orders v2")] == [
         (0, 0),
@@ -409,16 +391,18 @@ def test_rename_gives_the_table_its_new_name_and_nothing_moves(tmp_path: Path) -
 )
 def test_rename_reads_bare_quoted_and_qualified_names(tmp_path: Path, sql: str) -> None:
     sink = DeltaSink(tmp_path)
-    sink.write(_changes([_insert(1, TS, 0)]), CONTEXT)
-    sink.apply_ddl(_ddl(DDLType.RENAME, sql, TS + 1, _evolved(5, *SCHEMA.columns, table="orders2")), CONTEXT)
+    sink.write(table_batch([insert_row(1, TS, 0)]), CONTEXT)
+    sink.apply_ddl(
+        ddl_event(DDLType.RENAME, sql, TS + 1, evolved_schema(5, *SCHEMA.columns, table="orders2")), CONTEXT
+    )
     assert sorted(_mirror(tmp_path, "orders2")) == [1]
 
 
 def test_two_members_applying_one_rename_at_once_both_succeed(tmp_path: Path) -> None:
     first, second = DeltaSink(tmp_path), DeltaSink(tmp_path)
-    first.write(_changes([_insert(1, TS, 0)]), CONTEXT)
-    renamed = _evolved(5, *SCHEMA.columns, table="orders2")
-    rename = _ddl(DDLType.RENAME, "RENAME TABLE `orders` TO `orders2`", TS + 1, renamed)
+    first.write(table_batch([insert_row(1, TS, 0)]), CONTEXT)
+    renamed = evolved_schema(5, *SCHEMA.columns, table="orders2")
+    rename = ddl_event(DDLType.RENAME, "RENAME TABLE `orders` TO `orders2`", TS + 1, renamed)
     start = threading.Barrier(2)
     errors: list[BaseException] = []
 
@@ -442,14 +426,16 @@ def test_two_members_applying_one_rename_at_once_both_succeed(tmp_path: Path) ->
 
 def test_a_member_behind_a_rename_applies_older_ddls_to_the_renamed_table(tmp_path: Path) -> None:
     ahead, behind = DeltaSink(tmp_path), DeltaSink(tmp_path)
-    ahead.write(_changes([_insert(1, TS, 0), _insert(2, TS, 1)]), CONTEXT)
-    renamed = _evolved(5, *SCHEMA.columns, table="orders2")
-    ahead.apply_ddl(_ddl(DDLType.RENAME, "RENAME TABLE `orders` TO `orders2`", TS + 3, renamed), CONTEXT)
-    v6 = _evolved(6, *SCHEMA.columns, Column("note", DataType("varchar", "utf8mb4", "utf8mb4_bin", length=8)))
-    behind.apply_ddl(
-        _ddl(DDLType.ALTER, "ALTER TABLE orders ADD COLUMN note varchar(8)", TS + 1, v6), CONTEXT
+    ahead.write(table_batch([insert_row(1, TS, 0), insert_row(2, TS, 1)]), CONTEXT)
+    renamed = evolved_schema(5, *SCHEMA.columns, table="orders2")
+    ahead.apply_ddl(ddl_event(DDLType.RENAME, "RENAME TABLE `orders` TO `orders2`", TS + 3, renamed), CONTEXT)
+    v6 = evolved_schema(
+        6, *SCHEMA.columns, Column("note", DataType("varchar", "utf8mb4", "utf8mb4_bin", length=8))
     )
-    behind.apply_ddl(_ddl(DDLType.TRUNCATE, "TRUNCATE TABLE orders", TS + 2), CONTEXT)
+    behind.apply_ddl(
+        ddl_event(DDLType.ALTER, "ALTER TABLE orders ADD COLUMN note varchar(8)", TS + 1, v6), CONTEXT
+    )
+    behind.apply_ddl(ddl_event(DDLType.TRUNCATE, "TRUNCATE TABLE orders", TS + 2), CONTEXT)
     assert table_uri(tmp_path, "shop", "orders") is None  # nothing was created under the old name
     for kind in ("changelog", "mirror"):
         assert "note" in DeltaTable(_uri(tmp_path, "orders2", kind)).schema().to_arrow().names
@@ -458,20 +444,20 @@ def test_a_member_behind_a_rename_applies_older_ddls_to_the_renamed_table(tmp_pa
 
 def test_rename_onto_a_live_table_fails(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
-    other = _evolved(5, *SCHEMA.columns, table="other")
-    sink.write(_changes([_insert(1, TS, 0)]), CONTEXT)
-    sink.write(_changes([_insert(1, TS, 1, schema=other)], other), CONTEXT)
+    other = evolved_schema(5, *SCHEMA.columns, table="other")
+    sink.write(table_batch([insert_row(1, TS, 0)]), CONTEXT)
+    sink.write(table_batch([insert_row(1, TS, 1, schema=other)], other), CONTEXT)
     with pytest.raises(SinkError, match="already holds a live table"):
-        sink.apply_ddl(_ddl(DDLType.RENAME, "RENAME TABLE orders TO other", TS + 1, other), CONTEXT)
+        sink.apply_ddl(ddl_event(DDLType.RENAME, "RENAME TABLE orders TO other", TS + 1, other), CONTEXT)
 
 
 def test_every_ddl_is_logged_once(tmp_path: Path) -> None:
     sink = DeltaSink(tmp_path)
     events = [
-        _ddl(DDLType.CREATE, "CREATE DATABASE shop", TS, None),
-        _ddl(DDLType.CINDEX, "CREATE INDEX i ON orders (qty)", TS + 1),
-        _ddl(DDLType.DINDEX, "DROP INDEX i ON orders", TS + 2),
-        _ddl(DDLType.QUERY, "CREATE VIEW v AS SELECT 1", TS + 3),
+        ddl_event(DDLType.CREATE, "CREATE DATABASE shop", TS, None),
+        ddl_event(DDLType.CINDEX, "CREATE INDEX i ON orders (qty)", TS + 1),
+        ddl_event(DDLType.DINDEX, "DROP INDEX i ON orders", TS + 2),
+        ddl_event(DDLType.QUERY, "CREATE VIEW v AS SELECT 1", TS + 3),
     ]
     for event in [*events, *events]:
         sink.apply_ddl(event, CONTEXT)
@@ -506,7 +492,9 @@ def test_recorded_progress_round_trips_and_gives_the_consistent_point(tmp_path: 
 
 
 def test_schema_snapshots_of_every_member_are_merged(tmp_path: Path) -> None:
-    first, second = (msgspec.msgpack.encode([schema]) for schema in (SCHEMA, _evolved(6, *SCHEMA.columns)))
+    first, second = (
+        msgspec.msgpack.encode([schema]) for schema in (SCHEMA, evolved_schema(6, *SCHEMA.columns))
+    )
     DeltaSink(tmp_path).record_progress(CommitContext("g", {("t", 0): 1}, TS, first))
     DeltaSink(tmp_path).record_progress(CommitContext("g", {("t", 1): 1}, TS, second))
     merged = msgspec.msgpack.decode(
@@ -543,7 +531,9 @@ def _member(root: str, partition: int, rounds: Any, conflicts: Any, batches: Any
     while batch < MIN_BATCHES or (conflicts.value == 0 and batch < MAX_BATCHES):
         rounds.wait()
         offsets = range(batch * ROWS, (batch + 1) * ROWS)
-        sink.write(_changes([_insert(partition * 1000 + o, TS + o, o, partition) for o in offsets]), context)
+        sink.write(
+            table_batch([insert_row(partition * 1000 + o, TS + o, o, partition) for o in offsets]), context
+        )
         with conflicts.get_lock():
             conflicts.value += counter.count - reported
         reported = counter.count
@@ -584,16 +574,16 @@ def test_user_columns_named_like_metadata_land_in_changelog_and_mirror(tmp_path:
         indexes=(Index("primary", True, True, False, ("_offset",)),),
     )
     row = {"_offset": 7, "_deleted": "no", "_commit_ts": 3, "a b`c": 4}
-    insert = _raw(DMLType.INSERT, TS, row, schema=odd)
-    delete = _raw(DMLType.DELETE, TS + 1, old={**row, "_offset": 8}, schema=odd)
+    insert = raw_change(DMLType.INSERT, TS, row, schema=odd)
+    delete = raw_change(DMLType.DELETE, TS + 1, old={**row, "_offset": 8}, schema=odd)
     sink = DeltaSink(tmp_path)
     sink.write(
-        _changes(
-            [(insert, 0, 10), (_raw(DMLType.INSERT, TS, {**row, "_offset": 8}, schema=odd), 0, 11)], odd
+        table_batch(
+            [(insert, 0, 10), (raw_change(DMLType.INSERT, TS, {**row, "_offset": 8}, schema=odd), 0, 11)], odd
         ),
         CONTEXT,
     )
-    sink.write(_changes([(delete, 0, 12)], odd), CONTEXT)
+    sink.write(table_batch([(delete, 0, 12)], odd), CONTEXT)
 
     changelog = read_changelog(tmp_path, "shop", "odd `t` é")
     assert changelog is not None
