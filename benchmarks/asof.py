@@ -29,34 +29,20 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import DeltaTable, write_deltalake
+from orders import BASE_TS, SCHEMA, base_columns, base_marks, change_batch, mirror_schema, random_changes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from consumer.batches.changes import TableChanges, changelog_schema, stored_schema
+from consumer.batches.changes import TableChanges
 from consumer.lakehouse.catalog import Catalog
 from consumer.lakehouse.ddl import DDLLog
 from consumer.lakehouse.storage import LakeRoot
-from consumer.lakehouse.tables import COMPLETE_TS, KEY_PROPERTY, NEWEST_TS, read_delta, read_mirror
-from consumer.protocol.model import DDL, TSO_PHYSICAL_SHIFT, Column, DataType, DDLType, Index, TableSchema
-from consumer.protocol.table import TableCodec
+from consumer.lakehouse.tables import KEY_PROPERTY, read_delta, read_mirror
+from consumer.protocol.model import DDL, DDLType
 from consumer.sinks.base import CommitContext
 from consumer.sinks.delta import DeltaSink
 
-SCHEMA = TableSchema(
-    database="shop",
-    table="orders",
-    table_id=1,
-    version=1,
-    columns=(
-        Column("id", DataType("bigint", length=20), nullable=False),
-        Column("name", DataType("varchar", "utf8mb4", "utf8mb4_bin", length=32)),
-        Column("qty", DataType("bigint", length=20)),
-        Column("price", DataType("double", length=22)),
-    ),
-    indexes=(Index("primary", True, True, False, ("id",)),),
-)
-BASE_TS = 1_700_000_000_000 << TSO_PHYSICAL_SHIFT
 TOPIC, GROUP = "bench", "bench"
 
 
@@ -83,32 +69,20 @@ class Lake:
         self._build(int(file_mb * 1024 * 1024))
 
     def _build(self, file_bytes: int) -> None:
-        user = stored_schema(TableCodec(SCHEMA))
-        fields = [f.with_nullable(True) if f.name != "id" else f for f in user]
-        meta = [pa.field("_commit_ts", pa.int64(), False), pa.field("_schema_version", pa.int64(), False)]
-        schema = pa.schema([*fields, *meta])
-        marks = CommitProperties(custom_metadata={COMPLETE_TS: str(BASE_TS), NEWEST_TS: str(BASE_TS)})
         step = 1_000_000
         for start in range(0, self.rows, step):
             keys = np.arange(start, min(self.rows, start + step))
-            columns = [*self._values(keys), np.full(len(keys), BASE_TS), np.full(len(keys), 1)]
             write_deltalake(
                 self.uri,
-                pa.Table.from_arrays([pa.array(c) for c in columns], schema=schema),
+                pa.Table.from_arrays(
+                    [pa.array(c) for c in base_columns(self.rng, keys)], schema=mirror_schema()
+                ),
                 mode="append",
                 configuration={"delta.targetFileSize": str(file_bytes)},
                 target_file_size=file_bytes,
-                commit_properties=marks,
+                commit_properties=base_marks(),
             )
         DeltaTable(self.uri).alter.set_table_properties({KEY_PROPERTY: "id"}, raise_if_not_exists=False)
-
-    def _values(self, keys: np.ndarray) -> list[pa.Array]:
-        return [
-            pa.array(keys, pa.int64()),
-            pa.array([f"order-{k}" for k in keys.tolist()], pa.string()),
-            pa.array(self.rng.integers(0, 1000, len(keys)), pa.int64()),
-            pa.array(self.rng.random(len(keys)), pa.float64()),
-        ]
 
     def grow_tail(self, changes: int) -> None:
         """`changes` more changes in the changelog, in batches of 100k; progress recorded at the last."""
@@ -120,33 +94,14 @@ class Lake:
         self.sink.record_progress(CommitContext(GROUP, {(TOPIC, 0): self.offset}, self.ts, b"", applied))
 
     def _batch(self, changes: int) -> TableChanges:
-        inserts = changes // 20
-        existing = self.rng.integers(0, self.top, changes - inserts)
-        new = np.arange(self.top, self.top + inserts)
-        self.top += inserts
-        keys = np.concatenate([existing, new])
-        kinds = np.array(["update_postimage"] * len(existing) + ["insert"] * inserts, dtype=object)
-        kinds[: len(existing)][self.rng.random(len(existing)) < 0.05 / 0.95] = "delete"
-        order = self.rng.permutation(len(keys))
-        keys, kinds = keys[order], kinds[order]
+        keys, kinds, self.top = random_changes(self.rng, 0, self.top, changes)
         for key, kind in zip(keys.tolist(), kinds.tolist(), strict=True):
             (self.live.discard if kind == "delete" else self.live.add)(key)
-        count = len(keys)
-        offsets = np.arange(self.offset, self.offset + count)
+        offsets = np.arange(self.offset, self.offset + len(keys))
         commit_ts = self.ts + 1 + offsets - self.offset
-        self.offset += count
+        self.offset += len(keys)
         self.ts = int(commit_ts[-1])
-        meta = [
-            pa.array(kinds.tolist(), pa.string()),
-            pa.array(commit_ts, pa.int64()),
-            pa.array((commit_ts >> TSO_PHYSICAL_SHIFT) * 1000, pa.timestamp("us", tz="UTC")),
-            pa.array(np.full(count, 1), pa.int64()),
-            pa.array([TOPIC] * count, pa.string()),
-            pa.array(np.zeros(count), pa.int32()),
-            pa.array(offsets, pa.int64()),
-        ]
-        schema = changelog_schema(TableCodec(SCHEMA))
-        return TableChanges(SCHEMA, pa.Table.from_arrays([*self._values(keys), *meta], schema=schema))
+        return change_batch(self.rng, keys, kinds, TOPIC, offsets, commit_ts)
 
 
 def best(repeats: int, read: Callable[[], pa.Table]) -> tuple[float, pa.Table]:

@@ -40,40 +40,18 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import DeltaTable, write_deltalake
+from orders import BASE_TS, SCHEMA, base_columns, base_marks, change_batch, mirror_schema, random_changes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from consumer.batches.changes import TableChanges, changelog_schema, stored_schema
+from consumer.batches.changes import TableChanges
 from consumer.lakehouse.catalog import Catalog
 from consumer.lakehouse.storage import LakeRoot
-from consumer.lakehouse.tables import (
-    BUCKET,
-    COMPLETE_TS,
-    NEWEST_TS,
-    bucket_of,
-    read_delta,
-    read_mirror,
-)
-from consumer.protocol.model import TSO_PHYSICAL_SHIFT, Column, DataType, Index, TableSchema
-from consumer.protocol.table import TableCodec
+from consumer.lakehouse.tables import BUCKET, bucket_of, read_delta, read_mirror
 from consumer.sinks.base import CommitContext
 from consumer.sinks.delta import DeltaSink
 
-SCHEMA = TableSchema(
-    database="shop",
-    table="orders",
-    table_id=1,
-    version=1,
-    columns=(
-        Column("id", DataType("bigint", length=20), nullable=False),
-        Column("name", DataType("varchar", "utf8mb4", "utf8mb4_bin", length=32)),
-        Column("qty", DataType("bigint", length=20)),
-        Column("price", DataType("double", length=22)),
-    ),
-    indexes=(Index("primary", True, True, False, ("id",)),),
-)
-BASE_TS = 1_700_000_000_000 << TSO_PHYSICAL_SHIFT
 MODES = {"recent 1%": 0.01, "recent 10%": 0.10, "uniform": 1.0}
 
 
@@ -130,17 +108,14 @@ class Bench:
     def _build(self, rows: int, file_bytes: int) -> None:
         """The mirror as the sink stores it (created by the sink: bucketed when asked), written in key
         order in bounded files."""
-        user = stored_schema(TableCodec(SCHEMA))
-        fields = [f.with_nullable(True) if f.name != "id" else f for f in user]
-        meta = [pa.field("_commit_ts", pa.int64(), False), pa.field("_schema_version", pa.int64(), False)]
-        schema = pa.schema([*fields, *meta])
+        schema = mirror_schema()
         self.sink._mirror(self.uri, schema, ("id",), 0)
         if self.buckets:
             schema = schema.append(pa.field(BUCKET, pa.int64(), False))
         step = 2_000_000
         for start in range(0, rows, step):
             keys = np.arange(start, min(rows, start + step))
-            columns = [*self._values(keys), np.full(len(keys), BASE_TS), np.full(len(keys), 1)]
+            columns = base_columns(self.rng, keys)
             if self.buckets:
                 columns.append(bucket_of(pa.array(keys), self.buckets))
             write_deltalake(
@@ -149,49 +124,19 @@ class Bench:
                 mode="append",
                 partition_by=[BUCKET] if self.buckets else None,
                 target_file_size=file_bytes,
-                # as a mirror commit says which changes it holds (the as-of and fresh reads use it)
-                commit_properties=CommitProperties(
-                    custom_metadata={COMPLETE_TS: str(BASE_TS), NEWEST_TS: str(BASE_TS)}
-                ),
+                commit_properties=base_marks(),
             )
-
-    def _values(self, keys: np.ndarray) -> list[pa.Array]:
-        return [
-            pa.array(keys, pa.int64()),
-            pa.array([f"order-{k}" for k in keys.tolist()], pa.string()),
-            pa.array(self.rng.integers(0, 1000, len(keys)), pa.int64()),
-            pa.array(self.rng.random(len(keys)), pa.float64()),
-        ]
 
     def batch(self, share: float, changes: int) -> TableChanges:
         """`changes` changes: 90% updates and 5% deletes of keys in the newest `share` of the key space,
         5% inserts of new keys; one commit ts per change, in offset order on partition 0."""
-        inserts = changes // 20
         low = int(self.top * (1 - share))
-        existing = self.rng.integers(low, self.top, changes - inserts)
-        new = np.arange(self.top, self.top + inserts)
-        self.top += inserts
-        keys = np.concatenate([existing, new])
-        kinds = np.array(["update_postimage"] * len(existing) + ["insert"] * inserts, dtype=object)
-        kinds[: len(existing)][self.rng.random(len(existing)) < 0.05 / 0.95] = "delete"
-        order = self.rng.permutation(len(keys))
-        keys, kinds = keys[order], kinds[order]
-        count = len(keys)
-        offsets = np.arange(self.offset, self.offset + count)
+        keys, kinds, self.top = random_changes(self.rng, low, self.top, changes)
+        offsets = np.arange(self.offset, self.offset + len(keys))
         commit_ts = self.ts + offsets - self.offset
-        self.offset += count
-        self.ts += count
-        meta = [
-            pa.array(kinds.tolist(), pa.string()),
-            pa.array(commit_ts, pa.int64()),
-            pa.array((commit_ts >> TSO_PHYSICAL_SHIFT) * 1000, pa.timestamp("us", tz="UTC")),
-            pa.array(np.full(count, 1), pa.int64()),
-            pa.array(["bench"] * count, pa.string()),
-            pa.array(np.zeros(count), pa.int32()),
-            pa.array(offsets, pa.int64()),
-        ]
-        schema = changelog_schema(TableCodec(SCHEMA))
-        return TableChanges(SCHEMA, pa.Table.from_arrays([*self._values(keys), *meta], schema=schema))
+        self.offset += len(keys)
+        self.ts += len(keys)
+        return change_batch(self.rng, keys, kinds, "bench", offsets, commit_ts)
 
     def cycle(self, changes: TableChanges) -> Merge | None:
         """One cycle through the lazy sink: the batch to the changelog, progress recorded up to it (the
