@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from consumer.batches.changes import TableChanges
 from consumer.lakehouse.catalog import Catalog
+from consumer.lakehouse.settings import MirrorCadence, record_mirror_cadence
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import BUCKET, bucket_of, read_delta, read_mirror
 from consumer.sinks.base import CommitContext
@@ -96,7 +97,8 @@ class Bench:
 
     def new_sink(self, interval_rows: int = 0) -> DeltaSink:
         """The sink writing the mirror: each batch MERGEd (mirror only), or lazily every `interval_rows`
-        changelog rows (changelog and mirror)."""
+        changelog rows (changelog and mirror). The lake records the cadence: one writer at a time here."""
+        record_mirror_cadence(LakeRoot.of(self.root), MirrorCadence(0, interval_rows), replace=True)
         return DeltaSink(
             self.root,
             mode="both" if interval_rows else "mirror",

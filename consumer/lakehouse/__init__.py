@@ -7,6 +7,7 @@ Layout under a root:
     _ddl            Delta: every DDL applied, once
     _progress       Delta: per consumer group and partition, resume offset and applied commit ts
     _schemas        Delta: the schema-cache snapshots group members recorded
+    _settings       Delta, no rows: what every writer must share, as table properties (the mirror cadence)
     <location>/     a table's `changelog`, `mirror`, `history`, `deletes` (Delta), or Parquet changelog files
 """
 

@@ -21,7 +21,8 @@ rewrites only the files holding those keys; files are bounded (`target_file_size
 Lazy mirrors (`mirror_interval_s`, `mirror_interval_rows`): the changelog is still appended every batch, the
 mirror MERGEd when due (checked as progress is recorded) from the changelog rows its app transactions say
 it lacks, per partition up to the consistent point, so its commit is exact at the TSO it records; a restart
-finds them the same way (nothing is kept in memory that the lake does not also say).
+finds them the same way (nothing is kept in memory that the lake does not also say). Every writer of a lake
+MERGEs on the cadence the lake records (`consumer.lakehouse.settings`), or refuses to start.
 
 Type mapping: MySQL TIME (an Arrow duration, which Delta lacks) is stored as int64 microseconds, marked in
 the field's metadata so the readers give it back as a duration. User columns are nullable in Delta, so a
@@ -61,6 +62,7 @@ from consumer.lakehouse.history import (
 )
 from consumer.lakehouse.offsets import delta_applied, next_offsets, transactions, unapplied
 from consumer.lakehouse.progress import consistent_ts
+from consumer.lakehouse.settings import MirrorCadence, require_mirror_cadence
 from consumer.lakehouse.storage import retry_commits
 from consumer.lakehouse.tables import (
     BUCKET,
@@ -148,6 +150,8 @@ class DeltaSink(LakehouseSink):
                 "a mirror MERGEd on its own cadence (mirror_interval_s, mirror_interval_rows) is MERGEd "
                 "from the changelog: the sink mode must keep the changelog too"
             )
+        if "mirror" in self.outputs:  # one cadence per lake, recorded by its first writer
+            require_mirror_cadence(self.root, MirrorCadence(mirror_interval_s, mirror_interval_rows))
         self._lagging: dict[str, _Lagging] = {}  # lazy mirrors by location: what awaits their next MERGE
         self._merged_ts: dict[str, int] = {}  # lazy mirrors by location: a TSO they hold every change up to
         self._caught_up = False  # lazy mirrors: MERGEd what a run before this sink left in the changelog
