@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from consumer.pipeline.writer import SinkWriter
-from consumer.sinks.base import CommitContext, ProgressRecorder, Sink
+from consumer.sinks.base import CommitContext, MergesWhenDue, ProgressRecorder, Sink
 from consumer.sources.record import TopicPartition
 from consumer.state.machine import ConsumerState
 from consumer.state.schema_cache import snapshot_schemas
@@ -100,6 +100,7 @@ class RecordedProgress:
         self.sinks = sinks
         self.writer = writer
         self._recorders = [sink for sink in sinks if isinstance(sink, ProgressRecorder)]
+        self._merging = [sink for sink in self._recorders if isinstance(sink, MergesWhenDue)]
         # Every change of every owned partition up to `applied_ts` is applied (None until a cycle applied
         # all it resolved since the last assignment).
         self.applied_ts: int | None = None
@@ -165,7 +166,8 @@ class RecordedProgress:
         commit ts its changes are applied (`CommitContext.applied_ts`): a partition whose every record seen
         is applied is complete up to its own watermark, the others up to the last watermark whose units all
         applied. Nothing is claimed while rows wait for their schema. Without `force`, only every
-        PROGRESS_SECONDS or when schemas changed, on the writer's thread, one record at a time; with it
+        PROGRESS_SECONDS, when schemas changed or when a sink has a MERGE due (`MergesWhenDue`: checked
+        every cycle, idle ones included), on the writer's thread, one record at a time; with it
         (the run ends, partitions go), once every unit is applied, before this returns, with what each
         partition leaves unapplied."""
         if not self._recorders or self.writer.failed:
@@ -173,7 +175,8 @@ class RecordedProgress:
         self._collect()
         learned = self.state.schemas.learned
         fresh = learned != self._recorded_schemas
-        if not (force or fresh or time.monotonic() - self._recorded_at >= PROGRESS_SECONDS):
+        due = any(sink.merge_due() for sink in self._merging)  # e.g. a lazy mirror's, on an idle stream
+        if not (force or fresh or due or time.monotonic() - self._recorded_at >= PROGRESS_SECONDS):
             return
         if force:
             self._settle()

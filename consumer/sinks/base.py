@@ -76,6 +76,16 @@ class ProgressRecorder(Protocol):
 
 
 @runtime_checkable
+class MergesWhenDue(Protocol):
+    """A progress recorder with work on a cadence of its own that it does as it records progress (the Delta
+    sink's lazy mirror MERGEs): the pipeline records progress as soon as `merge_due()` says some is due,
+    on an idle stream too, not only every few seconds. Called from the pipeline's thread while the sink may
+    be writing on another: it only reads."""
+
+    def merge_due(self) -> bool: ...
+
+
+@runtime_checkable
 class ReportsMetrics(Protocol):
     """A sink with operation counters (e.g. delta-rs MERGE metrics) for the metrics endpoint and summary."""
 

@@ -19,10 +19,11 @@ must not bring the row back. The MERGE names the key ranges the batch touches, s
 rewrites only the files holding those keys; files are bounded (`target_file_size`).
 
 Lazy mirrors (`mirror_interval_s`, `mirror_interval_rows`): the changelog is still appended every batch, the
-mirror MERGEd when due (checked as progress is recorded) from the changelog rows its app transactions say
-it lacks, per partition up to the consistent point, so its commit is exact at the TSO it records; a restart
-finds them the same way (nothing is kept in memory that the lake does not also say). Every writer of a lake
-MERGEs on the cadence the lake records (`consumer.lakehouse.settings`), or refuses to start.
+mirror MERGEd when due (as progress is recorded, which the pipeline does as soon as one is due: `merge_due`,
+on an idle stream too) from the changelog rows its app transactions say it lacks, per partition up to the
+consistent point, so its commit is exact at the TSO it records; a restart finds them the same way (nothing
+is kept in memory that the lake does not also say). Every writer of a lake MERGEs on the cadence the lake
+records (`consumer.lakehouse.settings`), or refuses to start.
 
 Type mapping: MySQL TIME (an Arrow duration, which Delta lacks) is stored as int64 microseconds, marked in
 the field's metadata so the readers give it back as a duration. User columns are nullable in Delta, so a
@@ -109,11 +110,13 @@ MERGE_METRICS = (  # delta-rs MERGE metrics summed in `operation_metrics`
 @dataclass
 class _Lagging:
     """A lazy mirror's pending MERGE: its table, how many changelog rows it lacks (-1: unknown, left by a
-    run before this sink) and when it was last MERGEd (`time.monotonic`)."""
+    run before this sink), when it was last MERGEd (`time.monotonic`) and how many rows that MERGE left
+    for later (past the consistent point)."""
 
     entry: CatalogEntry
     rows: int = 0
     merged_at: float = dataclasses.field(default_factory=time.monotonic)
+    left: int = 0
 
 
 class DeltaSink(LakehouseSink):
@@ -214,16 +217,25 @@ class DeltaSink(LakehouseSink):
                 self._merge_lagging(lagging, context)
 
     # -- lazy mirrors ----------------------------------------------------------------------------------
+    def merge_due(self) -> bool:
+        """Whether a lazy mirror's MERGE is due (`MergesWhenDue`): the pipeline then records progress at
+        once, which MERGEs it, on an idle stream too. Only reads (another thread may be writing)."""
+        return self.lazy_mirrors and any(
+            self._due(lagging) and (lagging.rows != lagging.left or self._interval_passed(lagging))
+            for lagging in list(self._lagging.values())  # left rows alone: again once new ones come
+        )
+
     def _due(self, lagging: _Lagging) -> bool:
         """Whether a lazy mirror's next MERGE is due: rows of unknown count await it (a run before this
         sink's), `mirror_interval_rows` do, or `mirror_interval_s` passed since its last MERGE."""
         if lagging.rows < 0:
             return True
-        rows, seconds = self.mirror_interval_rows, self.mirror_interval_s
-        return lagging.rows > 0 and (
-            (rows > 0 and lagging.rows >= rows)
-            or (seconds > 0 and time.monotonic() - lagging.merged_at >= seconds)
-        )
+        rows = self.mirror_interval_rows
+        return lagging.rows > 0 and ((rows > 0 and lagging.rows >= rows) or self._interval_passed(lagging))
+
+    def _interval_passed(self, lagging: _Lagging) -> bool:
+        seconds = self.mirror_interval_s
+        return seconds > 0 and time.monotonic() - lagging.merged_at >= seconds
 
     def _lazy_mirror(self, entry: CatalogEntry, changes: TableChanges) -> None:
         """A lazy mirror exists, its key recorded, before its first changelog rows."""
@@ -265,7 +277,7 @@ class DeltaSink(LakehouseSink):
         if merged.num_rows:
             self._merge_changes(entry, merged, tuple(keys.split(",")), context, complete)
         self._merged_ts[entry.location] = max(since, complete)
-        lagging.rows, lagging.merged_at = left, time.monotonic()
+        lagging.rows, lagging.merged_at, lagging.left = left, time.monotonic(), left
 
     def _apply_to_table(self, ddl: DDL, name: Name, context: CommitContext) -> CatalogEntry | None:
         """The catalog's part (`LakehouseSink`), and the tables':

@@ -1,5 +1,5 @@
 """What mirror commits claim and when lazy MERGEs run: every writer of a lake MERGEs on the cadence the lake
-records (or refuses to start)."""
+records (or refuses to start), and a due MERGE runs on an idle stream."""
 
 from __future__ import annotations
 
@@ -8,13 +8,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from captures import one_row_per_table
 from deltalake import DeltaTable
 
+from consumer.app import build_pipeline, build_source
 from consumer.config import ConfigError, load_config
 from consumer.configured import build_sinks
 from consumer.lakehouse.settings import CADENCE_PROPERTY, SETTINGS
-from consumer.lakehouse.tables import table_uri
+from consumer.lakehouse.tables import read_mirror, table_uri
+from consumer.pipeline import resume
 from consumer.sinks.delta import DeltaSink
+from consumer.stopping import StopRequest
 
 
 def _mirror_commits(root: Path, table: str) -> list[dict[str, object]]:
@@ -64,3 +68,42 @@ def test_members_starting_at_once_agree_on_the_first_recorded_cadence(tmp_path: 
     recorded = DeltaTable(str(tmp_path / SETTINGS)).metadata().configuration[CADENCE_PROPERTY]
     winner = 0 if outcomes[0] is None else 50
     assert recorded == f"interval_s=0;interval_rows={winner}"
+
+
+# -- a due MERGE on an idle stream -----------------------------------------------------------------------
+def test_a_due_merge_runs_while_the_stream_is_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`mirror_interval_s` passes while nothing arrives: the pipeline records progress because a MERGE is
+    due, and the mirrors are MERGEd while the run goes on (seen from its cycles, which then stop it), not
+    only when it stops. Regular progress records are made rare here so they cannot do it instead."""
+    monkeypatch.setattr(resume, "PROGRESS_SECONDS", 3600.0)
+    capture = one_row_per_table(tmp_path / "capture.jsonl", "ab")  # rows, then a WATERMARK, then nothing
+    root = tmp_path / "lake"
+    overrides = {
+        "source": {"url": f"file:{capture}"},
+        "sink": {"url": f"delta:{root}", "mirror_interval_s": 0.3},
+        "parallelism": {"decode_workers": 0},
+    }
+    config = load_config(overrides=overrides, environ={})
+    pipeline = build_pipeline(config)
+    source = build_source(config, pipeline)
+    stop = StopRequest()
+    seen: list[int] = []
+
+    def cycle(running: object) -> None:
+        uris = [table_uri(root, "shop", table) for table in "ab"]
+        if all(u is not None for u in uris):
+            merged = [c for u in uris for c in DeltaTable(str(u)).history() if c["operation"] == "MERGE"]
+            if len(merged) == 2:  # both mirrors MERGEd while running: the observable event
+                seen.append(pipeline.stats.records)
+                stop.request("the due MERGEs ran")
+
+    try:
+        stats = pipeline.run(source, until_idle=20.0, on_cycle=cycle, stop=stop)
+    finally:
+        source.close()
+        pipeline.close()
+    assert stats.stopped_on_request, "the MERGEs came only as the run stopped"
+    assert seen == [5]  # every record (2 BOOTSTRAPs, 2 rows, the WATERMARK) was read before: idle
+    for n, table in enumerate("ab", start=1):
+        rows = read_mirror(root, "shop", table)
+        assert rows is not None and rows["id"].to_pylist() == [n]
