@@ -13,15 +13,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from consumer.errors import SinkError
 from consumer.lakehouse.catalog import CATALOG, CatalogEntry
 from consumer.lakehouse.ddl import DDL_LOG
-from consumer.lakehouse.progress import PROGRESS, SCHEMAS, consistent_ts
+from consumer.lakehouse.offsets import app_id
+from consumer.lakehouse.progress import PROGRESS, SCHEMAS, ProgressLog, consistent_ts
 from consumer.lakehouse.storage import LakeRoot, retry_commits
 from consumer.lakehouse.tables import (
+    BASES_PROPERTY,
     KEY_PROPERTY,
     KINDS,
     KNOWN_PROPERTY,
@@ -30,6 +33,7 @@ from consumer.lakehouse.tables import (
     RootLike,
     entry_uri,
     mirror_versions,
+    recorded_bases,
     retained_range,
     tables,
 )
@@ -41,6 +45,7 @@ DEFAULT_RETENTION_HOURS = 168  # Delta's default: readers and writers of older s
 DEFAULT_AS_OF_RETENTION_HOURS = 168.0  # as-of reads answer at least this far back (7 days)
 VACUUM_MARGIN_HOURS = 1  # beyond the as-of retention, for a TSO's clock against the store's commit times
 DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024  # compaction target where the table sets none
+KEEP_BASES = 16  # mirror versions whose holdings maintain found, recorded on the mirror (the newest)
 
 
 @dataclass
@@ -88,7 +93,10 @@ def maintain(
     - as-of retention (`as_of_retention_hours`, None: keep everything): as-of reads stay exact for every
       TSO from `now` minus the retention on (or from the consistent point, when older: nothing is
       removed without watermarks). Per table with a mirror and a changelog, the newest mirror
-      version holding no change after that horizon (and readable) becomes the base of the oldest reads:
+      version holding no change after that horizon (and readable) becomes the base of the oldest reads
+      (what it holds: what its commits claim, or where they claim less, e.g. a short run whose commits all
+      came before its first progress record, what its app transactions say it applied of the changelog,
+      recorded on the mirror as `ticdc.mirror.bases`, `_holds_up_to`):
       the changelog's changes it holds (commit ts <= its `complete_ts`) are deleted, the changelog records
       so (`ticdc.changelog.retained_after`) and the oldest TSO the table answers as of (the version's
       `newest_ts`, `ticdc.asof.readable_from`). VACUUM keeps a mirror's files removed within the retention
@@ -149,6 +157,19 @@ def _retain(lake: LakeRoot, entry: CatalogEntry, horizon: int) -> int:
                     {KNOWN_PROPERTY: known}, raise_if_not_exists=False
                 ),
             )
+    older = [v for v in versions if v.newest_ts is not None and v.newest_ts <= horizon]
+    if older and older[-1].complete_ts < horizon:  # what the version holds may be more than it claimed
+        found = _holds_up_to(lake, mirror, older[-1].version, changelog, horizon)
+        if found > older[-1].complete_ts:
+            bases_found = {**recorded_bases(mirror), older[-1].version: found}
+            newest_found = ",".join(f"{v}:{c}" for v, c in sorted(bases_found.items())[-KEEP_BASES:])
+            retry_commits(
+                f"recording {mirror.table_uri}",
+                lambda: lake.existing(mirror.table_uri).alter.set_table_properties(
+                    {BASES_PROPERTY: newest_found}, raise_if_not_exists=False
+                ),
+            )
+            versions = mirror_versions(lake.existing(mirror.table_uri))
     bases = [v for v in versions if v.newest_ts is not None and v.newest_ts <= horizon and v.complete_ts > 0]
     retained = int(changelog.metadata().configuration.get(RETAINED_AFTER, -1))
     if not bases or bases[-1].complete_ts <= retained:
@@ -172,6 +193,32 @@ def _retain(lake: LakeRoot, entry: CatalogEntry, horizon: int) -> int:
         return int(table.delete(f"_commit_ts <= {base.complete_ts}").get("num_deleted_rows") or 0)
 
     return retry_commits(f"as-of retention {changelog_uri}", delete)
+
+
+def _holds_up_to(lake: LakeRoot, mirror: DeltaTable, version: int, changelog: DeltaTable, point: int) -> int:
+    """A TSO, at most `point` (which every change up to is in the changelog by), that mirror `version`
+    holds every change up to: per partition, the version's app transactions say which offsets it applied,
+    so it holds every change before the oldest changelog row it lacks. 0 when that row's commit ts is
+    unknown, or the version's log entry is gone."""
+    columns = ["_topic", "_partition", "_offset", "_commit_ts"]  # rows after `point` cannot lower it
+    rows = lake.scan(changelog).to_table(columns=columns, filter=pc.field("_commit_ts") <= point)
+    try:
+        then = DeltaTable(mirror.table_uri, version=version, storage_options=lake.options())
+    except (DeltaError, OSError):  # its log entry cleaned up: nothing to say
+        return 0
+    groups = ProgressLog(lake).groups()
+    complete = point
+    starts = rows.group_by(["_topic", "_partition"], use_threads=False).aggregate([])
+    for topic, partition in zip(starts["_topic"].to_pylist(), starts["_partition"].to_pylist(), strict=True):
+        held = max((then.transaction_version(app_id(g, topic, partition)) or 0 for g in groups), default=0)
+        mine = pc.and_(pc.equal(rows["_topic"], topic), pc.equal(rows["_partition"], partition))
+        lacking = rows["_commit_ts"].filter(pc.and_(mine, pc.greater_equal(rows["_offset"], held)))
+        if len(lacking):
+            oldest = pc.min(lacking).as_py()
+            if oldest <= 0:
+                return 0
+            complete = min(complete, oldest - 1)
+    return complete
 
 
 def _maintain(

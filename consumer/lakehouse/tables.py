@@ -49,6 +49,7 @@ NEWEST_TS = "ticdc.mirror.newest_ts"  # mirror commit metadata: the newest chang
 RETAINED_AFTER = "ticdc.changelog.retained_after"  # on a changelog: it holds every change after this TSO
 READABLE_FROM = "ticdc.asof.readable_from"  # on a changelog: the oldest TSO the table answers as of
 KNOWN_PROPERTY = "ticdc.mirror.known"  # on a mirror: "version:complete_ts:newest_ts" maintain last computed
+BASES_PROPERTY = "ticdc.mirror.bases"  # on a mirror: "version:complete_ts,..." maintain found from the log
 ROW_OPERATIONS = frozenset({"WRITE", "MERGE", "DELETE", "UPDATE"})  # commits that may change a mirror's rows
 MIRROR_META = ("_commit_ts", "_schema_version")  # a mirror's columns beside the user's
 BUCKET = "_bucket"  # a bucketed mirror's partition column: hash of its first key column mod its buckets
@@ -163,17 +164,27 @@ def mirror_versions(table: DeltaTable) -> list[MirrorVersion]:
     commits = sorted(table.history(), key=lambda commit: commit["version"])
     complete, newest = 0, 0 if commits and commits[0]["version"] == 0 else None
     known = _known(table)
+    found = recorded_bases(table)
     if known is not None and commits and known.version == commits[0]["version"] - 1 and newest is None:
         complete, newest = known.complete_ts, known.newest_ts
     versions = []
     for commit in commits:
-        complete = max(complete, int(commit.get(COMPLETE_TS, 0)))
+        complete = max(complete, int(commit.get(COMPLETE_TS, 0)), found.get(commit["version"], 0))
         newest = _newest(newest, commit)
         if known is not None and commit["version"] == known.version and known.newest_ts is not None:
             complete = max(complete, known.complete_ts)
             newest = known.newest_ts if newest is None else max(newest, known.newest_ts)
         versions.append(MirrorVersion(commit["version"], complete, newest))
     return versions
+
+
+def recorded_bases(table: DeltaTable) -> dict[int, int]:
+    """Per mirror version, a TSO `maintain` found it holds every change up to, from the version's app
+    transactions and the changelog (`BASES_PROPERTY`): what its commits could not claim when made (a
+    short run's commits come before any progress record)."""
+    recorded = table.metadata().configuration.get(BASES_PROPERTY)
+    pairs = (item.split(":") for item in recorded.split(",")) if recorded else ()
+    return {int(version): int(complete) for version, complete in pairs}
 
 
 def _known(table: DeltaTable) -> MirrorVersion | None:

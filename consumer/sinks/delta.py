@@ -83,6 +83,7 @@ from consumer.protocol.model import DDL, DDLType, TableSchema
 from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext
 from consumer.sinks.lakehouse import LakehouseSink, commit_metadata
+from consumer.sources.record import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,7 @@ class DeltaSink(LakehouseSink):
         self._deletes_read: dict[str, dict[str, pa.Table]] = {}  # per side table: rows by file read
         self._warned_keyless: set[tuple[str, str]] = set()
         self._complete_ts = 0  # a consistent point of the root this sink read: every mirror holds it
+        self._point_read = False  # whether it was read yet (at an assignment, else the first mirror commit)
 
     # -- Sink ------------------------------------------------------------------------------------------
     def write(self, changes: TableChanges, context: CommitContext) -> None:
@@ -199,12 +201,18 @@ class DeltaSink(LakehouseSink):
             "%s.%s has no primary key or NOT NULL unique index: no mirror or history, changelog only", *name
         )
 
+    def recorded_watermarks(self, group: str) -> dict[TopicPartition, int]:
+        """Also reads the root's consistent point (partitions were assigned: before this member writes), so
+        its first mirror commits already claim what the lake holds (`_learn_point`)."""
+        self._learn_point(group)
+        return super().recorded_watermarks(group)
+
     def record_progress(self, context: CommitContext) -> None:
         """Also re-reads the root's consistent point, which later mirror commits claim to hold; then MERGEs
         the lazy mirrors that are due (all of them as the run stops or partitions go, and, first, every
         mirror a run before this sink left behind its changelog)."""
         super().record_progress(context)
-        self._complete_ts = max(self._complete_ts, consistent_ts(self.root, context.group) or 0)
+        self._learn_point(context.group)
         if not self.lazy_mirrors:
             return
         if not self._caught_up:
@@ -656,11 +664,21 @@ class DeltaSink(LakehouseSink):
         """A mirror commit's properties, saying which changes the mirror holds after it: every change up
         to `complete_ts` (default: the consistent point last read), and none newer than `newest_ts` besides
         earlier commits'."""
+        if complete_ts is None and not self._point_read:  # a sink used without assignments (no pipeline)
+            self._learn_point(context.group)
         complete = self._complete_ts if complete_ts is None else complete_ts
         marks = {COMPLETE_TS: str(complete), NEWEST_TS: str(newest_ts)}
         return CommitProperties(
             custom_metadata=commit_metadata(context) | marks, app_transactions=offsets or None
         )
+
+    def _learn_point(self, group: str) -> None:
+        """The root's consistent point, which every later mirror commit may claim to hold: every member
+        applied every change up to it (to the mirrors themselves, or to the changelogs lazy MERGEs take
+        them from: one cadence per lake). Read as partitions are assigned, or at the first mirror commit,
+        so that a short run's commits are truthful too, not only those after a progress record."""
+        self._point_read = True
+        self._complete_ts = max(self._complete_ts, consistent_ts(self.root, group) or 0)
 
     def _commit(self, what: str, attempt: Callable[[], None]) -> None:
         """Run `attempt` (which reloads its table and re-checks what is applied) until it commits."""

@@ -1,5 +1,6 @@
-"""What mirror commits claim and when lazy MERGEs run: every writer of a lake MERGEs on the cadence the lake
-records (or refuses to start), and a due MERGE runs on an idle stream."""
+"""What mirror commits claim and when lazy MERGEs run: a sink knows the lake's consistent point from its
+first commit (not only after its first progress record), every writer of a lake MERGEs on the cadence the
+lake records (or refuses to start), and a due MERGE runs on an idle stream."""
 
 from __future__ import annotations
 
@@ -10,13 +11,18 @@ from pathlib import Path
 import pytest
 from captures import one_row_per_table
 from deltalake import DeltaTable
+from test_lakehouse_asof import GROUP, _commit_points, _differences, _Driver
 
 from consumer.app import build_pipeline, build_source
 from consumer.config import ConfigError, load_config
 from consumer.configured import build_sinks
+from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.settings import CADENCE_PROPERTY, SETTINGS
-from consumer.lakehouse.tables import read_mirror, table_uri
+from consumer.lakehouse.tables import COMPLETE_TS, read_mirror, table_uri
 from consumer.pipeline import resume
+from consumer.protocol.model import Watermark
+from consumer.simulate.truth import sent
+from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.delta import DeltaSink
 from consumer.stopping import StopRequest
 
@@ -25,6 +31,38 @@ def _mirror_commits(root: Path, table: str) -> list[dict[str, object]]:
     uri = table_uri(root, "shop", table)
     assert uri is not None
     return sorted(DeltaTable(uri).history(), key=lambda commit: int(str(commit["version"])))
+
+
+# -- the consistent point from the first commit ----------------------------------------------------------
+def test_a_restarted_sinks_first_mirror_commits_claim_the_lakes_consistent_point(tmp_path: Path) -> None:
+    """A run records progress up to a watermark; a restarted sink's MERGEs before its own first progress
+    record already claim that point (they used to claim 0), and every claim is true: as of every commit ts
+    the mirror plus the changelog after what it claims equals the replay."""
+    config = WorkloadConfig(rows=160, tables=2, partitions=2, ddl=False, seed=5, watermark_every_txns=4)
+    records = sent(Workload(config))
+    last = config.partitions - 1
+    cut = 1 + next(
+        i
+        for i in range(len(records) // 2, len(records))
+        if isinstance(records[i].message, Watermark) and records[i].partition == last
+    )
+    first = _Driver(DeltaSink(tmp_path), config.partitions, 1)
+    first.feed(records[:cut])
+    point = consistent_ts(tmp_path, GROUP)
+    assert point is not None and point == first.last_watermark > 0
+    before = {table: len(_mirror_commits(tmp_path, table)) for table in ("t0", "t1")}
+
+    restarted = _Driver(DeltaSink(tmp_path), config.partitions, progress_every=10**6)  # records at the end
+    restarted.offsets = dict(first.offsets)
+    restarted.feed(records[cut:])
+    claims = [
+        int(str(commit[COMPLETE_TS]))
+        for table in ("t0", "t1")
+        for commit in _mirror_commits(tmp_path, table)[before[table] :]
+        if commit["operation"] == "MERGE"
+    ]
+    assert claims and min(claims) >= point
+    assert [d for tso in _commit_points(records)[::5] for d in _differences(tmp_path, records, tso)] == []
 
 
 # -- one cadence per lake --------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from consumer.cli import main, retention_span_hours
 from consumer.lakehouse import maintain
 from consumer.lakehouse.status import read_status
 from consumer.lakehouse.tables import (
+    BASES_PROPERTY,
     COMPLETE_TS,
     KNOWN_PROPERTY,
     NEWEST_TS,
@@ -101,6 +102,38 @@ def test_retention_keeps_every_as_of_read_within_it_exact_and_refuses_older_ones
     again = maintain(tmp_path, as_of_retention_hours=2, now=_now_for(horizon, 2), vacuum=False)
     assert again.as_of_from == oldest and sum(done.changes_removed for done in again.tables) == 0
     assert [d for tso in kept[-3:] for d in _differences(tmp_path, records, tso)] == []
+
+
+def test_a_short_runs_versions_become_bases_by_what_their_offsets_say_they_hold(tmp_path: Path) -> None:
+    """A run whose every mirror commit came before its first progress record claims no consistent point
+    in them (nothing was known yet, and nothing is claimed that was not); `maintain` finds what a version
+    holds from its app transactions and the changelog, records it on the mirror (`ticdc.mirror.bases`),
+    and removes the changes it holds: every read from the oldest kept TSO on stays exact."""
+    config = WorkloadConfig(rows=120, tables=2, partitions=2, seed=8, watermark_every_txns=4)
+    records = sent(Workload(config))
+    _Driver(DeltaSink(tmp_path), config.partitions, progress_every=10**6).feed(records)  # one record, last
+    for entry in tables(tmp_path):
+        mirror = DeltaTable(str(tmp_path / entry.location / "mirror"))
+        assert {v.complete_ts for v in mirror_versions(mirror)} == {0}
+    points = _commit_points(records)
+    earliest, point = retained_range(tmp_path)
+    assert earliest is not None and point is not None
+    horizon = points[len(points) // 2]
+
+    report = maintain(tmp_path, as_of_retention_hours=2, now=_now_for(horizon, 2), vacuum=False)
+    assert all(done.error is None for done in report.tables)
+    assert sum(done.changes_removed for done in report.tables) > 0
+    oldest = report.as_of_from
+    assert oldest is not None and earliest < oldest <= horizon
+    found = [
+        DeltaTable(str(tmp_path / e.location / "mirror")).metadata().configuration.get(BASES_PROPERTY)
+        for e in tables(tmp_path)
+    ]
+    assert any(found)
+    kept = [tso for tso in sorted({*points, *_ddl_points(records)}) if oldest <= tso <= point]
+    assert kept and [d for tso in kept for d in _differences(tmp_path, records, tso)] == []
+    with pytest.raises(AsOfRetentionError):
+        read_mirror(tmp_path, "shop", "t1", as_of_tso=oldest - 1)
 
 
 def test_a_lost_base_version_is_an_error_never_a_wrong_answer(tmp_path: Path) -> None:
