@@ -9,10 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from captures import one_row_per_table
+from captures import TS, keyed_table, one_row_per_table
 from deltalake import DeltaTable
 from test_lakehouse_asof import GROUP, _commit_points, _differences, _Driver
 
+from consumer import app
 from consumer.app import build_pipeline, build_source
 from consumer.config import ConfigError, load_config
 from consumer.configured import build_sinks
@@ -20,10 +21,13 @@ from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.settings import CADENCE_PROPERTY, SETTINGS
 from consumer.lakehouse.tables import COMPLETE_TS, read_mirror, table_uri
 from consumer.pipeline import resume
-from consumer.protocol.model import Watermark
+from consumer.protocol.model import DML, Bootstrap, DMLType, Watermark
+from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.truth import sent
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.delta import DeltaSink
+from consumer.sources.capture import write_capture
+from consumer.sources.record import SourceRecord
 from consumer.stopping import StopRequest
 
 
@@ -63,6 +67,47 @@ def test_a_restarted_sinks_first_mirror_commits_claim_the_lakes_consistent_point
     ]
     assert claims and min(claims) >= point
     assert [d for tso in _commit_points(records)[::5] for d in _differences(tmp_path, records, tso)] == []
+
+
+def _orders_capture(path: Path, rows: int) -> Path:
+    """Partition ("t", 0): a BOOTSTRAP of `shop.a`, then per row n (1..rows) an INSERT of id n at TS + 10n
+    and a WATERMARK past it: a longer capture starts with a shorter one's records."""
+    encoder = MessageEncoder()
+    schema = keyed_table("a", 1)
+    values = [encoder.encode(Bootstrap(table_schema=schema, build_ts=0))]
+    for n in range(1, rows + 1):
+        row = DML(
+            type=DMLType.INSERT,
+            database="shop",
+            table="a",
+            table_id=1,
+            commit_ts=TS + 10 * n,
+            build_ts=0,
+            schema_version=1,
+            data={"id": n},
+        )
+        watermark = Watermark(commit_ts=TS + 10 * n + 5, build_ts=0)
+        values += [encoder.encode(row, schema), encoder.encode(watermark)]
+    with path.open("wb") as fp:
+        write_capture((SourceRecord("t", 0, offset, value=v) for offset, v in enumerate(values)), fp)
+    return path
+
+
+def test_a_resumed_runs_first_merge_claims_the_point_read_as_partitions_were_assigned(tmp_path: Path) -> None:
+    """`run` twice over a growing capture: the second run's first MERGE, made before its first progress
+    record, claims the consistent point the first run left (read as its partition was assigned)."""
+    root = tmp_path / "lake"
+    for rows in (1, 2):
+        capture = _orders_capture(tmp_path / f"capture-{rows}.jsonl", rows)
+        overrides = {"source": {"url": f"file:{capture}"}, "sink": {"url": f"delta:{root}"}}
+        overrides["parallelism"] = {"decode_workers": 0}
+        app.run(load_config(overrides=overrides, environ={}), until_idle=0.3)
+        if rows == 1:
+            point = consistent_ts(root)
+            assert point == TS + 15
+    merges = [c for c in _mirror_commits(root, "a") if c["operation"] == "MERGE"]
+    assert [int(str(c[COMPLETE_TS])) for c in merges] == [0, TS + 15]  # the first run knew nothing yet
+    assert read_mirror(root, "shop", "a", as_of_tso=TS + 15)["id"].to_pylist() == [1]  # type: ignore[index]
 
 
 # -- one cadence per lake --------------------------------------------------------------------------------
