@@ -92,15 +92,22 @@ def test_a_table_stream_delivers_each_change_once_typed_through_ddls_and_restart
     while not batches and not ended(first, 1) and time.monotonic() < deadline:
         pass
     first.stop()
+    failed = first.exception()  # a schema change may end the query just as it is stopped: still told
+    if failed is not None and not changes:
+        assert "TableSchemaChanged" in str(failed), str(failed)[:2000]
+        changes.append(str(failed))
     assert batches, "the first query delivered nothing"
     for _ in range(4):
         stopped = len(changes)
         ended(start({"availableNow": True}))
         if len(changes) == stopped:  # ended without a change of the table: everything is delivered
             break
-    assert len(changes) == 2
-    assert "column added_note added" in changes[0] and "ADD COLUMN `added_note`" in changes[0]
-    assert "column added_note dropped" in changes[1]
+    if len(changes) == 1:  # the first query met the ADD just as it was stopped: its restart has the column
+        assert "added_note" in schemas[1]
+    else:
+        assert len(changes) == 2
+        assert "column added_note added" in changes[0] and "ADD COLUMN `added_note`" in changes[0]
+    assert "column added_note dropped" in changes[-1]
     assert "added_note" not in schemas[0] and schemas[-2]["added_note"] == "string"
     assert "added_note" not in schemas[-1]
     assert (schemas[0]["c_decimal"], schemas[0]["c_time"]) == ("decimal(12,2)", "interval day to second")
