@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from consumer.errors import ConsumerError, DependencyError, MalformedMessageError, UnsupportedTypeError
+from consumer.errors import ConsumerError, MalformedMessageError, UnsupportedTypeError
 from consumer.protocol.base import (
     DecoderSettings,
     Protocol,
@@ -30,7 +30,7 @@ from consumer.protocol.base import (
 )
 from consumer.protocol.checks import MessageChecks
 from consumer.protocol.compression import LZ4_MAGIC, CompressionSetting, decompress
-from consumer.protocol.containment import KeyedValue, raise_contained
+from consumer.protocol.containment import KeyedValue, decoded_each, raise_contained
 from consumer.protocol.debezium.rows import DebeziumRows
 from consumer.protocol.debezium.wire import BINARY, ENCODING, INTS, INVALID, NULL, TEXTS, UNTYPED_JSON
 from consumer.protocol.model import (
@@ -139,7 +139,6 @@ class _Images(msgspec.Struct, gc=False):
 _ENVELOPE = msgspec.json.Decoder(_Envelope)
 _PAYLOAD = msgspec.json.Decoder(_Payload)
 _KEY = msgspec.json.Decoder(_KeyEnvelope)
-_KEY_PAYLOAD = msgspec.json.Decoder(dict[str, msgspec.Raw])  # `_KeyEnvelope.payload`
 _IMAGES = msgspec.json.Decoder(_Images)
 _VALUE_SCHEMA = msgspec.json.Decoder(_ValueSchema)
 _CONNECT_FIELDS = msgspec.json.Decoder(list[_ConnectField])
@@ -158,7 +157,6 @@ class _Described:
     schema: TableSchema
     dml: RawDML  # its DMLs' fields but type, commit ts and payload (which `_known_dml` replaces)
     key_raw: msgspec.Raw | None = None  # the key's schema when it has one, to compare with a parsed key's
-    key_suffix: bytes = b"\0"  # `,"schema":K}` for that key schema K: how a key laid out as TiCDC's ends
 
 
 class DebeziumDecoder:
@@ -182,20 +180,8 @@ class DebeziumDecoder:
         return self._by_version.get(key)
 
     def decode_records(self, records: Sequence[KeyedValue]) -> list[DecodedMessage | ConsumerError]:
-        """`decoded_each(self.decode_record, records)`, its loop and `decode_record`'s in one: a record's
-        routing is a few microseconds, a Python call a tenth of one."""
-        decoded: list[DecodedMessage | ConsumerError] = []
-        append = decoded.append
-        known, general = self._known_dml, self._decode_record
         with collector_paused():  # a record's short-lived objects (its key's dict) form no cycles
-            for record in records:
-                key, value = record.key, record.value
-                try:
-                    message = known(key, value) if self._suffixes else None
-                    append(general(key, value) if message is None else message)
-                except BaseException as exc:
-                    append(_contained(exc))
-        return decoded
+            return decoded_each(self.decode_record, records)
 
     def decode_record(self, key: bytes | None, value: bytes | None) -> DecodedMessage:
         try:
@@ -236,12 +222,8 @@ class DebeziumDecoder:
         found = self._latest.get((source.db, source.table))
         if found is None or found.key_raw is None or found.value_schema != schema_bytes:
             return None
-        key_suffix = found.key_suffix
         try:
-            if key.endswith(key_suffix) and key.startswith(_PAYLOAD_KEY):  # as TiCDC lays it out:
-                # the key schema compared as bytes, the payload decoded as `_KEY` decodes it (one object)
-                _KEY_PAYLOAD.decode(key[_PAYLOAD_START : len(key) - len(key_suffix)])
-            elif _KEY.decode(key).schema != found.key_raw:
+            if _KEY.decode(key).schema != found.key_raw:
                 return None
         except INVALID:
             return None
@@ -370,7 +352,6 @@ class DebeziumDecoder:
         table = derive(source.db, source.table, schema_bytes, keys)
         validate_schema(table, self.policy.unknown_types)
         key_raw = msgspec.Raw(key_identity) if isinstance(key_identity, bytes) else None
-        key_suffix = b',"schema":' + key_identity + b"}" if isinstance(key_identity, bytes) else b"\0"
         dml = RawDML(
             type=DMLType.INSERT,
             database=source.db,
@@ -382,7 +363,7 @@ class DebeziumDecoder:
             payload=b"",
             encoding=ENCODING,
         )
-        self._latest[name] = _Described(schema_bytes, key_identity, table, dml, key_raw, key_suffix)
+        self._latest[name] = _Described(schema_bytes, key_identity, table, dml, key_raw)
         self._by_version[table.key] = table
         return table
 
@@ -407,17 +388,6 @@ class DebeziumDecoder:
         ):
             hint = " (not JSON: a changefeed compressing with snappy needs compression = snappy)"
         return MalformedMessageError(f"invalid Debezium {what}: {exc}{hint}")
-
-
-def _contained(exc: BaseException) -> ConsumerError:
-    """What `decoded_each` keeps of what `decode_record` raises for `exc`: the `ConsumerError` that sends
-    the record to the error policy (a dependency's error and interrupts are raised)."""
-    try:
-        raise_contained(exc, "decoding a Debezium record")
-    except DependencyError:
-        raise
-    except ConsumerError as error:
-        return error
 
 
 def _key_of(parsed: _KeyEnvelope | None) -> tuple[Any, tuple[str, ...]]:
