@@ -34,7 +34,16 @@ from consumer.sources.record import SourceRecord
 from consumer.spark.carry import KEEP_BATCHES, Carry, CarryStore
 from consumer.spark.engine import _ExecutorRows
 from consumer.spark.segments import Segment, encode_range, merged
-from consumer.spark.source import TicdcOptions, _limited, _ranges, _resolve
+from consumer.spark.source import (
+    SMALL_TASK_RECORDS,
+    OffsetRange,
+    OffsetRanges,
+    TicdcOptions,
+    _limited,
+    _ranges,
+    _resolve,
+    _tasks,
+)
 from consumer.state.schema_cache import SchemaCache
 from consumer.state.units import RowOrigins
 
@@ -330,6 +339,25 @@ def test_ranges_split_for_more_tasks_still_cover_each_range_once(
         assert covered == list(range(start[tp], end[tp]))
     splittable = sum(end[tp] - start[tp] for tp in partitions)
     assert len(ranges) >= min(least, splittable) or all(r.end - r.start < 2 for r in ranges)
+
+
+def test_small_ranges_share_tasks_and_large_ones_keep_their_own() -> None:
+    """A small micro-batch runs as one wave of tasks (a task costs tens of ms whatever it reads); every
+    range is read once, in the same ranges; `minPartitions` keeps a task per range."""
+    small = SMALL_TASK_RECORDS // 4
+    parts = [OffsetRange("t", partition, 100, 100 + small) for partition in range(6)]
+    parts.append(OffsetRange("t", 6, 0, SMALL_TASK_RECORDS))
+    options = TicdcOptions(bootstrap_servers="b:9092", topics=("t",))
+    tasks = _tasks(parts, options)
+    assert [len(task.ranges) if isinstance(task, OffsetRanges) else 1 for task in tasks] == [4, 1, 2]
+    read = [r for task in tasks for r in (task.ranges if isinstance(task, OffsetRanges) else [task])]
+    assert sorted(r.value for r in read) == sorted(r.value for r in parts)
+    assert all(
+        sum(r.end - r.start for r in task.ranges) <= SMALL_TASK_RECORDS
+        for task in tasks
+        if isinstance(task, OffsetRanges)
+    )
+    assert _tasks(parts, msgspec.structs.replace(options, min_partitions=2)) == parts
 
 
 def test_consumer_errors_of_tasks_name_the_record_and_keep_its_value_and_key() -> None:
