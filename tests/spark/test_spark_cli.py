@@ -87,7 +87,8 @@ def _finish(process: subprocess.Popen[bytes], log: Path) -> str:
 
 
 def _delta_commits(root: Path) -> int:
-    return sum(1 for _ in root.glob("**/_delta_log/*.json"))
+    """Commits of the lake's change tables (not `_settings`, which a mirror writer records at its start)."""
+    return sum(1 for path in root.glob("**/_delta_log/*.json") if "_settings" not in path.parts)
 
 
 def _batches(checkpoint: Path) -> set[str]:
