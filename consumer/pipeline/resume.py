@@ -93,8 +93,10 @@ class RecordedProgress:
         sinks: Sequence[Sink],
         writer: SinkWriter,
         watchdog: Watchdog,
+        every: float = PROGRESS_SECONDS,
     ) -> None:
         self.group = group
+        self.every = every  # seconds between records (0: every cycle)
         self.watchdog = watchdog
         self.state = state
         self.sinks = sinks
@@ -173,7 +175,7 @@ class RecordedProgress:
         self._collect()
         learned = self.state.schemas.learned
         fresh = learned != self._recorded_schemas
-        if not (force or fresh or time.monotonic() - self._recorded_at >= PROGRESS_SECONDS):
+        if not (force or fresh or time.monotonic() - self._recorded_at >= self.every):
             return
         if force:
             self._settle()
