@@ -89,6 +89,7 @@ class ProcessCpu:
 
     def __init__(self) -> None:
         self._driver = time.process_time()
+        self._own = 0.0  # this sampler's CPU, which is not the driver's work
         self._base = self._sample()  # the processes running before: only their growth counts
         self._last: dict[int, tuple[str, float]] = dict(self._base)
         self._done = threading.Event()
@@ -97,9 +98,9 @@ class ProcessCpu:
 
     def stop(self) -> dict[str, float]:
         """CPU seconds by kind since the start."""
-        driver = time.process_time() - self._driver
         self._done.set()
         self._thread.join()
+        driver = time.process_time() - self._driver - self._own
         self._last.update(self._sample())
         totals = dict.fromkeys(CPU_KINDS, 0.0)
         totals["driver"] = driver
@@ -109,7 +110,9 @@ class ProcessCpu:
 
     def _run(self) -> None:
         while not self._done.wait(self.SAMPLE_S):
+            begun = time.thread_time()
             self._last.update(self._sample())
+            self._own += time.thread_time() - begun
 
     @staticmethod
     def _sample() -> dict[int, tuple[str, float]]:
@@ -144,12 +147,14 @@ def spark_pass(servers: str, mode: str, cores: int, batch: int, records: int, ro
     config = _config(servers, root, mode, batch, f"spark-{uuid.uuid4().hex[:8]}")
     applied: list[tuple[float, int]] = []  # when each batch was applied, and the records fed so far
     applying: list[float] = []
+    applying_cpu: list[float] = []  # the applying thread's CPU: the pipeline's work in the driver
 
     def timed(apply: Any) -> Any:  # the applying thread's time per batch: the driver's share
         def run(self: ChangeBatches, batch_id: int, segments: Any) -> None:
-            begun = time.perf_counter()
+            begun, cpu = time.perf_counter(), time.thread_time()
             apply(self, batch_id, segments)
             applying.append(time.perf_counter() - begun)
+            applying_cpu.append(time.thread_time() - cpu)
             applied.append((time.perf_counter(), self.stats.records))
 
         return run
@@ -164,7 +169,9 @@ def spark_pass(servers: str, mode: str, cores: int, batch: int, records: int, ro
     query = stream.writeStream.foreachBatch(handler).option("checkpointLocation", str(checkpoint))
     query.trigger(availableNow=True).start().awaitTermination()
     handler.drain()  # the last batch is applied after the query's end
+    closing = time.thread_time()
     handler.close()  # the last progress record (and the MERGEs it finds due)
+    applying_cpu.append(time.thread_time() - closing)
     seconds = time.perf_counter() - started
     used = cpu.stop()
     stats = handler.stats
@@ -178,6 +185,7 @@ def spark_pass(servers: str, mode: str, cores: int, batch: int, records: int, ro
         "steady_s": applied[-1][0] - applied[0][0],
         "steady_records": applied[-1][1] - applied[0][1],
         "driver_s": sum(applying),
+        "applying_cpu_s": sum(applying_cpu),
         "task_cpu_s": handler.executor_cpu_seconds,  # the tasks' own count (process time of a task)
         "cpu_s": used,
         "written": lakehouse.written_rows(lakehouse.Pass(mode, _kind(mode), root, batch, 0)),
@@ -446,6 +454,7 @@ def _print(
             f"then {steady:,.0f} records/s ({steady / (records / loops[base].seconds):.2f}x loop); "
             f"tasks' own count {1e6 * result['task_cpu_s'] / records:.1f} us/record"
         )
+        print(f"{'':40} the applying thread's CPU: {1e6 * result['applying_cpu_s'] / records:.1f} us/record")
         if "merges" in result:
             print(f"{'':40} {result['merges']} mirror MERGEs, {result['merges_in_driver']} in the driver")
     most = max(cores for _, cores in sparks)
