@@ -25,6 +25,11 @@ Run: `python benchmarks/spark_engine.py [--rows N] [--batch N] [--cores 1,2] [--
    trivial Python data source (one partition, no rows, a foreachBatch that collects the batch), the same
    session.
    Every pass must apply every changelog image (the mirrors as many live rows as the simulator's tables).
+   The Spark engine's mirror passes keep the changelog too (sink mode changelog,mirror): it MERGEs its
+   mirrors from the changelog, in Spark tasks on the executors. `--merges` runs only the passes that show
+   where MERGEs run, at the most cores: the changelog (the reference: a driver with no mirror to keep), and
+   the mirror with its MERGEs on the executors ("mirror") and, for comparison, in the driver from each batch
+   as before ("mirror-driver"); it counts the MERGE commits each made in the driver.
    Loop and Spark passes alternate; with `--repeats` each runs that often and the fastest counts.
 
 Figures are rows/s of DML events (an UPDATE makes two changelog images), and ratios against the loop
@@ -84,6 +89,7 @@ class ProcessCpu:
 
     def __init__(self) -> None:
         self._driver = time.process_time()
+        self._own = 0.0  # this sampler's CPU, which is not the driver's work
         self._base = self._sample()  # the processes running before: only their growth counts
         self._last: dict[int, tuple[str, float]] = dict(self._base)
         self._done = threading.Event()
@@ -92,9 +98,9 @@ class ProcessCpu:
 
     def stop(self) -> dict[str, float]:
         """CPU seconds by kind since the start."""
-        driver = time.process_time() - self._driver
         self._done.set()
         self._thread.join()
+        driver = time.process_time() - self._driver - self._own
         self._last.update(self._sample())
         totals = dict.fromkeys(CPU_KINDS, 0.0)
         totals["driver"] = driver
@@ -104,7 +110,9 @@ class ProcessCpu:
 
     def _run(self) -> None:
         while not self._done.wait(self.SAMPLE_S):
+            begun = time.thread_time()
             self._last.update(self._sample())
+            self._own += time.thread_time() - begun
 
     @staticmethod
     def _sample() -> dict[int, tuple[str, float]]:
@@ -139,18 +147,20 @@ def spark_pass(servers: str, mode: str, cores: int, batch: int, records: int, ro
     config = _config(servers, root, mode, batch, f"spark-{uuid.uuid4().hex[:8]}")
     applied: list[tuple[float, int]] = []  # when each batch was applied, and the records fed so far
     applying: list[float] = []
+    applying_cpu: list[float] = []  # the applying thread's CPU: the pipeline's work in the driver
 
     def timed(apply: Any) -> Any:  # the applying thread's time per batch: the driver's share
         def run(self: ChangeBatches, batch_id: int, segments: Any) -> None:
-            begun = time.perf_counter()
+            begun, cpu = time.perf_counter(), time.thread_time()
             apply(self, batch_id, segments)
             applying.append(time.perf_counter() - begun)
+            applying_cpu.append(time.thread_time() - cpu)
             applied.append((time.perf_counter(), self.stats.records))
 
         return run
 
     ChangeBatches._apply = timed(ChangeBatches._apply)  # type: ignore[method-assign]
-    handler = ChangeBatches(config)
+    handler = ChangeBatches(config, executor_merges=mode != "mirror-driver")
     options = handler.options
     checkpoint = checkpoint_location(config)
     stream = spark.readStream.format("ticdc").options(**options.to_spark()).load()
@@ -159,9 +169,11 @@ def spark_pass(servers: str, mode: str, cores: int, batch: int, records: int, ro
     query = stream.writeStream.foreachBatch(handler).option("checkpointLocation", str(checkpoint))
     query.trigger(availableNow=True).start().awaitTermination()
     handler.drain()  # the last batch is applied after the query's end
+    closing = time.thread_time()
+    handler.close()  # the last progress record (and the MERGEs it finds due)
+    applying_cpu.append(time.thread_time() - closing)
     seconds = time.perf_counter() - started
     used = cpu.stop()
-    handler.close()
     stats = handler.stats
     assert stats.records == records and stats.dead_letters == 0, (stats.records, records, stats.dead_letters)
     result = {
@@ -173,16 +185,42 @@ def spark_pass(servers: str, mode: str, cores: int, batch: int, records: int, ro
         "steady_s": applied[-1][0] - applied[0][0],
         "steady_records": applied[-1][1] - applied[0][1],
         "driver_s": sum(applying),
+        "applying_cpu_s": sum(applying_cpu),
         "task_cpu_s": handler.executor_cpu_seconds,  # the tasks' own count (process time of a task)
         "cpu_s": used,
-        "written": lakehouse.written_rows(lakehouse.Pass(mode, mode, root, batch, 0)),
+        "written": lakehouse.written_rows(lakehouse.Pass(mode, _kind(mode), root, batch, 0)),
     }
+    if mode != "changelog":  # where the mirrors' MERGEs ran: this driver, or executors' Python workers
+        from consumer.sinks.delta import process_name
+
+        merged_in = _merge_processes(root)
+        result["merges"] = len(merged_in)
+        result["merges_in_driver"] = merged_in.count(process_name())
     if mode == "changelog":
         result["executors_alone_s"] = _executors_alone(spark, options)
         result["fixed_cost_s"] = _fixed_cost(spark, servers, root / "calibration")
         result["floor_s"] = _floor(spark, root / "floor")
     spark.stop()
     return result
+
+
+def _kind(mode: str) -> str:
+    """The table kind a pass is checked by: "mirror-driver" is a mirror pass too."""
+    return mode.split("-")[0]
+
+
+def _merge_processes(root: Path) -> list[str]:
+    """The process that made each mirror MERGE commit (commit metadata `ticdc.process`)."""
+    from consumer.lakehouse.storage import LakeRoot
+    from consumer.lakehouse.tables import entry_uri, tables
+
+    lake = LakeRoot.of(root)
+    found = []
+    for entry in tables(lake):
+        mirror = lake.open(entry_uri(lake, entry, "mirror"))
+        if mirror is not None:
+            found += [c.get("ticdc.process", "") for c in mirror.history() if c["operation"] == "MERGE"]
+    return found
 
 
 def _executors_alone(spark: Any, options: Any) -> float:
@@ -268,9 +306,12 @@ def _floor(spark: Any, checkpoint: Path) -> float:
 
 
 def _config(servers: str, root: Path, mode: str, batch: int, group: str) -> RunConfig:
+    """A Spark pass's configuration: its mirror passes keep the changelog too, which the Spark engine
+    MERGEs its mirrors from (on the executors; "mirror-driver": in the driver from each batch, as before)."""
+    sink_mode = "changelog" if mode == "changelog" else "changelog,mirror"
     return RunConfig(
         source=SourceConfig(url=f"kafka://{servers}/{lakehouse.TOPIC}", group=group),
-        sink=SinkConfig(url=f"delta:{root}", mode=mode),  # type: ignore[arg-type]
+        sink=SinkConfig(url=f"delta:{root}", mode=sink_mode),
         budget=BudgetConfig(max_batch_records=batch),
         engine=EngineConfig(kind="spark", checkpoint=str(root / "_checkpoint")),
     )
@@ -301,6 +342,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100_000, help="records per cycle / micro-batch")
     parser.add_argument("--cores", default="1,2", help="executor cores of the Spark passes (local[N])")
     parser.add_argument("--repeats", type=int, default=1, help="runs of every pass; the fastest counts")
+    parser.add_argument(
+        "--merges",
+        action="store_true",
+        help="only changelog and mirror at the most cores, the Spark engine's mirror with its MERGEs on the "
+        "executors and, for comparison, in the driver (mirror-driver)",
+    )
     parser.add_argument("--spark-pass", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.spark_pass:
@@ -321,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             loop_cpu: dict[str, float] = {}
             sparks: dict[tuple[str, int], dict[str, Any]] = {}
             for repeat in range(args.repeats):  # loop and Spark alternate: a change of load hits both
-                for name, workers, spark_cores in _plan(cores):
+                for name, workers, spark_cores in _plan(cores, merges=args.merges):
                     mode = name.split(",")[0]
                     if workers >= 0:
                         root = work / f"loop-{len(loops)}-{repeat}"
@@ -351,16 +398,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _plan(cores: list[int]) -> list[tuple[str, int, int]]:
+def _plan(cores: list[int], *, merges: bool = False) -> list[tuple[str, int, int]]:
     """(pass, the loop's decode workers or -1 for no loop pass, the Spark pass's cores or 0 for none)."""
     most = max(cores)
+    if merges:
+        return [("changelog", 0, most), ("mirror", 0, most), ("mirror-driver", -1, most)]
     plan = [("changelog", 0, most), ("mirror", 0, most), ("changelog, 2 decode workers", 2, 0)]
     others = [count for count in cores if count != most]
     return plan + [(mode, -1, count) for count in others for mode in ("changelog", "mirror")]
 
 
 def _verify(loops: dict[str, Any], sparks: dict[tuple[str, int], dict[str, Any]], live: int) -> None:
-    images = loops["changelog"].images
+    images = next(iter(loops.values())).images
     for run in loops.values():
         assert run.images == images and run.dead_letters == 0, (run.name, run.images, images)
     for (mode, cores), result in sparks.items():
@@ -390,25 +439,29 @@ def _print(
         cpu = f"process {loop_us[name]:.1f}" if name in ("changelog", "mirror") else "(+ decode workers)"
         print(f"{'loop engine, 1 process: ' + name:40} {rate:>8,.0f} {'':>8}  {cpu}")
     for (mode, cores), result in sorted(sparks.items(), key=lambda item: (item[0][0], -item[0][1])):
+        base = _kind(mode)  # the loop pass it compares with
         rate = rows / result["seconds"]
         us = {kind: 1e6 * seconds / records for kind, seconds in result["cpu_s"].items()}
         print(
-            f"{f'spark engine, local[{cores}]: {mode}':40} {rate:>8,.0f} {rate / loop_rate[mode]:>7.2f}x  "
-            f"driver {us['driver']:.1f} ({us['driver'] / loop_us[mode]:.2f}x loop), "
-            f"executors {us['executors']:.1f} ({us['executors'] / loop_us[mode]:.2f}x), "
+            f"{f'spark engine, local[{cores}]: {mode}':40} {rate:>8,.0f} {rate / loop_rate[base]:>7.2f}x  "
+            f"driver {us['driver']:.1f} ({us['driver'] / loop_us[base]:.2f}x loop), "
+            f"executors {us['executors']:.1f} ({us['executors'] / loop_us[base]:.2f}x), "
             f"planner {us['planner']:.1f}, JVM {us['jvm']:.1f}"
         )
         steady = result["steady_records"] / result["steady_s"] if result["steady_s"] else float("nan")
         print(
             f"{'':40} {result['batches']} batches, the first applied after {result['first_batch_s']:.1f} s, "
-            f"then {steady:,.0f} records/s ({steady / (records / loops[mode].seconds):.2f}x loop); "
+            f"then {steady:,.0f} records/s ({steady / (records / loops[base].seconds):.2f}x loop); "
             f"tasks' own count {1e6 * result['task_cpu_s'] / records:.1f} us/record"
         )
+        print(f"{'':40} the applying thread's CPU: {1e6 * result['applying_cpu_s'] / records:.1f} us/record")
+        if "merges" in result:
+            print(f"{'':40} {result['merges']} mirror MERGEs, {result['merges_in_driver']} in the driver")
     most = max(cores for _, cores in sparks)
-    for mode in ("changelog", "mirror"):
+    for mode in ("changelog", "mirror", "mirror-driver"):
         if (mode, most) not in sparks:
             continue
-        ratio = rows / sparks[(mode, most)]["seconds"] / loop_rate[mode]
+        ratio = rows / sparks[(mode, most)]["seconds"] / loop_rate[_kind(mode)]
         driver = 1e6 * sparks[(mode, most)]["cpu_s"]["driver"] / records
         print(
             f"target {mode}: local[{most}] >= {TARGET_RATIO}x loop: {ratio:.2f}x "

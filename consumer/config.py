@@ -486,7 +486,13 @@ def _check_spark(config: RunConfig) -> None:
         )
     if source.join_grace_s != defaults.join_grace_s:
         raise ConfigError("engine.kind = spark joins no consumer group: source.join_grace_s is the loop's")
-    root = config.sink.url.partition(":")[2]
+    kind, _, root = config.sink.url.partition(":")
+    outputs = sink_outputs(config.sink.mode)
+    if kind == "delta" and "mirror" in outputs and "changelog" not in outputs:
+        raise ConfigError(
+            "engine.kind = spark MERGEs mirrors on its executors from the changelog: "
+            f"sink.mode {config.sink.mode!r} must keep the changelog too (e.g. changelog,mirror)"
+        )
     if not config.engine.checkpoint and "://" in root and not root.startswith("file://"):
         raise ConfigError(f"sink {config.sink.url!r} is not a local directory: set engine.checkpoint")
 

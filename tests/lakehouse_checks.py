@@ -100,13 +100,18 @@ def versions(root: str | Path, storage_options: Mapping[str, str] | None = None)
 
 def lake_contents(root: str | Path, storage_options: Mapping[str, str] | None = None) -> dict[str, object]:
     """Everything a run leaves in a Delta lakehouse that two engines must agree on: per table incarnation
-    (its name history, drop and truncate points) its changelog and mirror rows, in a canonical order."""
+    (its name history, drop and truncate points) its changelog, mirror and history rows, in a canonical
+    order. Not the `deletes` side table: bookkeeping whose rows depend on the MERGE cadence (a key deleted
+    and inserted again between two MERGEs of a lazy mirror, as the Spark engine's are, is never recorded)
+    and on when it was last purged."""
     lake = LakeRoot.of(root, storage_options)
     contents: dict[str, object] = {}
     for entry in tables(lake):
         names = [(p.since_ts, p.database, p.table) for p in entry.names]
         name = repr((names, entry.dropped_ts, entry.truncated_ts))
-        contents[name] = {kind: _rows(lake, entry_uri(lake, entry, kind)) for kind in KINDS}
+        contents[name] = {
+            kind: _rows(lake, entry_uri(lake, entry, kind)) for kind in KINDS if kind != "deletes"
+        }
     return contents
 
 
@@ -122,6 +127,18 @@ def _rows(lake: LakeRoot, uri: str) -> list[tuple[object, ...]]:
             for row in zip(*(rows[n].to_pylist() for n in names), strict=True)
         ),
     )
+
+
+def merge_processes(root: str | Path, storage_options: Mapping[str, str] | None = None) -> list[str]:
+    """The process (`host:pid`, commit metadata `ticdc.process`) that made each MERGE commit of every
+    mirror of the lake."""
+    lake = LakeRoot.of(root, storage_options)
+    found = []
+    for entry in tables(lake):
+        mirror = lake.open(entry_uri(lake, entry, "mirror"))
+        if mirror is not None:
+            found += [c.get("ticdc.process", "") for c in mirror.history() if c["operation"] == "MERGE"]
+    return found
 
 
 def valid_at(versions: pa.Table, tso: int) -> pa.Table:

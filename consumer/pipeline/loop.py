@@ -17,7 +17,7 @@ from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.pipeline.bad_rows import BadRowRetry, RowDecoder
 from consumer.pipeline.intake import DecodedRecord, RecordIntake
-from consumer.pipeline.resume import RecordedProgress, later_starts, resumed_watermarks
+from consumer.pipeline.resume import PROGRESS_SECONDS, RecordedProgress, later_starts, resumed_watermarks
 from consumer.pipeline.stats import PipelineStats, UnitTally
 from consumer.pipeline.writer import SinkWriter
 from consumer.protocol.base import RecordDecoder
@@ -67,6 +67,9 @@ class Pipeline(RebalanceListener):
 
     `watchdog`: what tells of a sink, the dead-letter destination or the claim-check storage hanging.
 
+    `progress_seconds`: how often sinks keeping progress record it (also when schemas change, and at the
+    end); 0: every cycle (the Spark engine's micro-batches, when its mirrors are MERGEd as progress is).
+
     `pause_gc`: while `run` runs, turn the garbage collector's automatic passes off for the whole process
     and collect every GC_EVERY_SECONDS instead (buffered rows are many short-lived objects the automatic
     passes re-scan over and over). Process-wide state, so off by default; the `run` command turns it on.
@@ -91,6 +94,7 @@ class Pipeline(RebalanceListener):
         apply_seconds: float = APPLY_SECONDS,
         join_grace: float = JOIN_GRACE_SECONDS,
         watchdog: Watchdog | None = None,
+        progress_seconds: float = PROGRESS_SECONDS,
     ) -> None:
         self.group = group
         self.join_grace = join_grace
@@ -127,7 +131,12 @@ class Pipeline(RebalanceListener):
             watchdog=self.watchdog,
         )
         self._progress = RecordedProgress(
-            group=group, state=state, sinks=self.sinks, writer=self._writer, watchdog=self.watchdog
+            group=group,
+            state=state,
+            sinks=self.sinks,
+            writer=self._writer,
+            watchdog=self.watchdog,
+            every=progress_seconds,
         )
         self._opened = False
         self._source: Source | None = None

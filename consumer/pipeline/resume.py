@@ -93,8 +93,10 @@ class RecordedProgress:
         sinks: Sequence[Sink],
         writer: SinkWriter,
         watchdog: Watchdog,
+        every: float = PROGRESS_SECONDS,
     ) -> None:
         self.group = group
+        self.every = every  # seconds between records (0: every cycle)
         self.watchdog = watchdog
         self.state = state
         self.sinks = sinks
@@ -176,7 +178,7 @@ class RecordedProgress:
         learned = self.state.schemas.learned
         fresh = learned != self._recorded_schemas
         due = any(sink.merge_due() for sink in self._merging)  # e.g. a lazy mirror's, on an idle stream
-        if not (force or fresh or due or time.monotonic() - self._recorded_at >= PROGRESS_SECONDS):
+        if not (force or fresh or due or time.monotonic() - self._recorded_at >= self.every):
             return
         if force:
             self._settle()

@@ -23,7 +23,18 @@ mirror MERGEd when due (as progress is recorded, which the pipeline does as soon
 on an idle stream too) from the changelog rows its app transactions say it lacks, per partition up to the
 consistent point, so its commit is exact at the TSO it records; a restart finds them the same way (nothing
 is kept in memory that the lake does not also say). Every writer of a lake MERGEs on the cadence the lake
-records (`consumer.lakehouse.settings`), or refuses to start.
+records (`consumer.lakehouse.settings`), or refuses to start; without one, every cycle (the loop engine from
+the batch, the Spark engine from the changelog on its executors). So that either engine may take over from
+the other, every mirror writer first MERGEs what the changelogs hold and their mirrors lack (a run that
+stopped between its changelog commit and its MERGE).
+
+Where MERGEs run: a lazy MERGE is a `MergeJob` (a table's location and catalog entry, the group, the TSOs it
+may claim: no rows) that `MirrorMerges.merge_pending` runs in any process with the lake's storage options,
+with the same app transactions and commit metadata wherever it runs; each mirror commit names the process
+that made it (`ticdc.process`, `host:pid`). By default the sink runs jobs itself; `run_merges_with(runner)`
+hands them to a runner instead (the Spark engine: one task per due table on the executors,
+`consumer.spark.merges`), which makes every mirror lazy (MERGEd at each progress record without a cadence).
+A job run twice, or twice at once, commits once: its rows are then in the mirror's app transactions.
 
 Type mapping: MySQL TIME (an Arrow duration, which Delta lacks) is stored as int64 microseconds, marked in
 the field's metadata so the readers give it back as a duration. User columns are nullable in Delta, so a
@@ -35,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -64,7 +76,7 @@ from consumer.lakehouse.history import (
 from consumer.lakehouse.offsets import delta_applied, next_offsets, transactions, unapplied
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.settings import MirrorCadence, require_mirror_cadence
-from consumer.lakehouse.storage import retry_commits
+from consumer.lakehouse.storage import LakeRoot, retry_commits
 from consumer.lakehouse.tables import (
     BUCKET,
     BUCKETS_PROPERTY,
@@ -94,6 +106,8 @@ DEFAULT_TARGET_FILE_SIZE = 1024 * 1024  # mirror files: a MERGE rewrites the few
 NEWER = "s._commit_ts >= t._commit_ts OR s._commit_ts = 0"
 MAX_KEY_RANGES = 16  # key ranges a MERGE names (more would make its predicate the bottleneck)
 PURGE_DELETES_EVERY = 32  # commits to a deletes side table between purges below the consistent point
+UNBOUNDED_TS = 2**63 - 1  # a lazy MERGE's limit when the lake has no consistent point (no watermarks)
+PROCESS_META = "ticdc.process"  # a mirror commit's metadata: the process that made it (`process_name`)
 MERGE_METRICS = (  # delta-rs MERGE metrics summed in `operation_metrics`
     "num_target_files_scanned",
     "num_target_files_skipped_during_scan",
@@ -120,234 +134,124 @@ class _Lagging:
     left: int = 0
 
 
-class DeltaSink(LakehouseSink):
-    """Writes each resolved batch to its table's changelog and/or mirror; safe for several writers.
+@dataclass(frozen=True)
+class MergeJob:
+    """One lazy mirror's MERGE, all a process needs to run it: the lake (root URI and storage options), the
+    table's catalog entry, the group whose app transactions say what the mirror holds, the commit metadata
+    (`resolved_ts`), the consistent point `point` the MERGE may claim (`upto`: how far a DDL barrier lets
+    it MERGE), `since` (a TSO the mirror holds every change up to; None: read from its commits) and how
+    mirrors are laid out and commits retried. Small and picklable: a Spark task's input."""
 
-    Writers of the same tables (group members in other processes or on other machines) use optimistic
-    concurrency: on a commit conflict the table is reloaded, rows another writer already committed are
-    dropped again, and the commit is retried with jittered exponential backoff, up to `max_commit_retries`.
-    """
+    root: str
+    storage_options: dict[str, str]
+    entry: CatalogEntry
+    group: str
+    resolved_ts: int
+    point: int
+    upto: int | None
+    since: int | None
+    max_commit_retries: int = 20
+    retry_backoff: float = 0.05
+    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
+    mirror_buckets: int = 0
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What a `MergeJob` gives back: `gone` (the table has no lazy mirror any more: emptied by a TRUNCATE
+    or DROP), the TSO the mirror now holds every change up to, how many changelog rows still await it,
+    the MERGE's delta-rs metrics and the process that ran it (`process_name`)."""
+
+    location: str
+    gone: bool = False
+    merged_ts: int = 0
+    left: int = 0
+    metrics: dict[str, int] = dataclasses.field(default_factory=dict)
+    process: str = ""
+
+
+MergeRunner = Callable[[Sequence[MergeJob]], Sequence[MergeResult]]
+"""Runs lazy mirrors' MERGEs (`DeltaSink.run_merges_with`): each job as `run_merge_job` runs it, the results
+in any order, every job's or an exception."""
+
+_MERGERS: dict[tuple[Any, ...], MirrorMerges] = {}  # per process: reused handles, side tables read
+
+
+def run_merge_job(job: MergeJob) -> MergeResult:
+    """Run `job` in this process (a Spark executor's Python worker): the same MERGE, app transactions and
+    commit metadata as a sink MERGEing in its own process."""
+    settings = (job.max_commit_retries, job.retry_backoff, job.target_file_size, job.mirror_buckets)
+    key = (job.root, tuple(sorted(job.storage_options.items())), settings)
+    merger = _MERGERS.get(key)
+    if merger is None:
+        merger = _MERGERS[key] = MirrorMerges(
+            LakeRoot.of(job.root, job.storage_options),
+            max_commit_retries=job.max_commit_retries,
+            retry_backoff=job.retry_backoff,
+            target_file_size=job.target_file_size,
+            mirror_buckets=job.mirror_buckets,
+        )
+    return merger.merge_pending(job)
+
+
+def process_name() -> str:
+    """This process, as mirror commits name the one that made them (`PROCESS_META`): `host:pid`."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class MirrorMerges:
+    """What MERGEs a mirror, apart from the sink that decides when: a lake root, how mirrors are laid out and
+    how commits are retried. `DeltaSink` is one; `run_merge_job` builds one where a `MergeJob` runs (an
+    executor), from the job alone."""
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: LakeRoot,
         *,
-        mode: str = "both",
-        storage_options: Mapping[str, str] | None = None,
         max_commit_retries: int = 20,
         retry_backoff: float = 0.05,
         target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
-        allow_unsafe_commits: bool = False,
-        mirror_interval_s: float = 0.0,
-        mirror_interval_rows: int = 0,
         mirror_buckets: int = 0,
     ) -> None:
-        super().__init__(root, storage_options, allow_unsafe_commits=allow_unsafe_commits)
-        self.outputs = sink_outputs(mode)  # raises ValueError for an unknown table kind
-        if mirror_interval_s < 0 or mirror_interval_rows < 0 or mirror_buckets < 0:
-            raise ValueError("mirror_interval_s, mirror_interval_rows and mirror_buckets must be >= 0")
-        self.mirror_buckets = mirror_buckets  # for mirrors created from now on (a mirror records its own)
-        self.mirror_interval_s, self.mirror_interval_rows = mirror_interval_s, mirror_interval_rows
-        self.lazy_mirrors = "mirror" in self.outputs and bool(mirror_interval_s or mirror_interval_rows)
-        if self.lazy_mirrors and "changelog" not in self.outputs:
-            raise ValueError(
-                "a mirror MERGEd on its own cadence (mirror_interval_s, mirror_interval_rows) is MERGEd "
-                "from the changelog: the sink mode must keep the changelog too"
-            )
-        if "mirror" in self.outputs:  # one cadence per lake, recorded by its first writer
-            require_mirror_cadence(self.root, MirrorCadence(mirror_interval_s, mirror_interval_rows))
-        self._lagging: dict[str, _Lagging] = {}  # lazy mirrors by location: what awaits their next MERGE
-        self._merged_ts: dict[str, int] = {}  # lazy mirrors by location: a TSO they hold every change up to
-        self._caught_up = False  # lazy mirrors: MERGEd what a run before this sink left in the changelog
+        self.root = root
         self.max_commit_retries = max_commit_retries
         self.retry_backoff = retry_backoff
         self.target_file_size = target_file_size
+        self.mirror_buckets = mirror_buckets  # for mirrors created from now on (a mirror records its own)
         self._metrics = dict.fromkeys(("merges", *MERGE_METRICS), 0)
         self._deletes_read: dict[str, dict[str, pa.Table]] = {}  # per side table: rows by file read
-        self._warned_keyless: set[tuple[str, str]] = set()
         self._complete_ts = 0  # a consistent point of the root this sink read: every mirror holds it
         self._point_read = False  # whether it was read yet (at an assignment, else the first mirror commit)
 
-    # -- Sink ------------------------------------------------------------------------------------------
-    def write(self, changes: TableChanges, context: CommitContext) -> None:
-        """Rows go to the table holding their name at their commit ts (the catalog knows RENAMEs and
-        DROPs another member applied already)."""
-        if changes.changelog.num_rows == 0:
-            return
-        newest = pc.max(changes.changelog["_commit_ts"]).as_py()
-        entry = self.catalog.locate((changes.database, changes.table), newest)
-        lazy = self.lazy_mirrors and bool(changes.key_columns)
-        if lazy:  # before the changelog: a restart finds the key of the rows it must still MERGE
-            self._lazy_mirror(entry, changes)
-        if "changelog" in self.outputs:
-            self._append_changelog(self.root.join(entry.location, "changelog"), changes.changelog, context)
-        if not changes.key_columns:
-            self._warn_keyless(changes)
-        if lazy:
-            lagging = self._lagging[entry.location]  # MERGEd when due, after progress is recorded
-            lagging.entry, lagging.rows = entry, lagging.rows + changes.changelog.num_rows
-        elif "mirror" in self.outputs and changes.key_columns:
-            self._merge_mirror(entry, changes, context)
-        if "history" in self.outputs and changes.key_columns:
-            self._merge_history(entry, changes, context)
-        self._wrote(entry)
-
-    def _warn_keyless(self, changes: TableChanges) -> None:
-        name = (changes.database, changes.table)
-        if self.outputs <= {"changelog"} or name in self._warned_keyless:
-            return
-        self._warned_keyless.add(name)
-        log.warning(
-            "%s.%s has no primary key or NOT NULL unique index: no mirror or history, changelog only", *name
-        )
-
-    def recorded_watermarks(self, group: str) -> dict[TopicPartition, int]:
-        """Also reads the root's consistent point (partitions were assigned: before this member writes), so
-        its first mirror commits already claim what the lake holds (`_learn_point`)."""
-        self._learn_point(group)
-        return super().recorded_watermarks(group)
-
-    def record_progress(self, context: CommitContext) -> None:
-        """Also re-reads the root's consistent point, which later mirror commits claim to hold; then MERGEs
-        the lazy mirrors that are due (all of them as the run stops or partitions go, and, first, every
-        mirror a run before this sink left behind its changelog)."""
-        super().record_progress(context)
-        self._learn_point(context.group)
-        if not self.lazy_mirrors:
-            return
-        if not self._caught_up:
-            self._caught_up = True
-            for entry in self.catalog.refresh():
-                if entry.floor == 0 and entry.location not in self._lagging:
-                    self._lagging[entry.location] = _Lagging(entry, rows=-1)
-        for lagging in list(self._lagging.values()):
-            if (context.stopped is not None and lagging.rows != 0) or self._due(lagging):
-                self._merge_lagging(lagging, context)
-
-    # -- lazy mirrors ----------------------------------------------------------------------------------
-    def merge_due(self) -> bool:
-        """Whether a lazy mirror's MERGE is due (`MergesWhenDue`): the pipeline then records progress at
-        once, which MERGEs it, on an idle stream too. Only reads (another thread may be writing)."""
-        return self.lazy_mirrors and any(
-            self._due(lagging) and (lagging.rows != lagging.left or self._interval_passed(lagging))
-            for lagging in list(self._lagging.values())  # left rows alone: again once new ones come
-        )
-
-    def _due(self, lagging: _Lagging) -> bool:
-        """Whether a lazy mirror's next MERGE is due: rows of unknown count await it (a run before this
-        sink's), `mirror_interval_rows` do, or `mirror_interval_s` passed since its last MERGE."""
-        if lagging.rows < 0:
-            return True
-        rows = self.mirror_interval_rows
-        return lagging.rows > 0 and ((rows > 0 and lagging.rows >= rows) or self._interval_passed(lagging))
-
-    def _interval_passed(self, lagging: _Lagging) -> bool:
-        seconds = self.mirror_interval_s
-        return seconds > 0 and time.monotonic() - lagging.merged_at >= seconds
-
-    def _lazy_mirror(self, entry: CatalogEntry, changes: TableChanges) -> None:
-        """A lazy mirror exists, its key recorded, before its first changelog rows."""
-        if entry.location in self._lagging:
-            return
-        uri = self.root.join(entry.location, "mirror")
-        columns = [*(n for n in changes.changelog.column_names if n not in META_COLUMNS), *MIRROR_META]
-        schema = changes.changelog.select(columns).schema
-
-        def create() -> None:
-            self._mirror(uri, schema, changes.key_columns, entry.floor)
-
-        self._commit(f"mirror {uri}", create)
-        self._lagging[entry.location] = _Lagging(entry)
-
-    def _merge_lagging(self, lagging: _Lagging, context: CommitContext, upto: int | None = None) -> None:
-        """MERGE into a lazy mirror the changes its changelog holds and it lacks (by its app transactions)
-        up to the consistent point read before (`upto`, later for a DDL barrier), each key's net change.
-        Per partition only a prefix of offsets is MERGEd (app transactions record one offset), so the
-        commit claims to be complete up to that point, or to just before the oldest change left out: a
-        plain Delta reader then sees the table exactly as of the TSO the commit records. A table that a
-        TRUNCATE or DROP emptied leaves the lazy mirrors."""
-        entry = lagging.entry
-        point = self._complete_ts  # read before the changelog is: every change up to it is there
+    def merge_pending(self, job: MergeJob) -> MergeResult:
+        """MERGE into a lazy mirror the changes its changelog holds and it lacks (by its app transactions),
+        each key's net change. Per partition only a prefix of offsets is MERGEd (app transactions record one
+        offset), so the commit claims to be complete up to the job's point, or to just before the oldest
+        change left out: a plain Delta reader then sees the table exactly as of the TSO the commit records.
+        Runs the same wherever it runs: a job run twice (a task Spark retried) finds its rows applied and
+        commits nothing."""
+        entry = job.entry
         changelog = self.root.open(self.root.join(entry.location, "changelog"))
         mirror = self.root.open(self.root.join(entry.location, "mirror"))
         keys = (mirror.metadata().configuration.get(KEY_PROPERTY) or "") if mirror is not None else ""
-        if changelog is None or mirror is None or not keys or _floor(mirror) or entry.floor:
-            self._lagging.pop(entry.location, None)
-            return
-        since = self._merged_ts.get(entry.location)
+        if changelog is None or mirror is None or not keys or entry.dropped_ts is not None:
+            return MergeResult(entry.location, gone=True)  # a TRUNCATEd mirror goes on, from its floor
+        since = job.since
         if since is None:
             versions = mirror_versions(mirror)
             since = versions[-1].complete_ts if versions else 0
-        rows = _changes_after(self, changelog, since)
+        context = CommitContext(group=job.group, resolved_ts=job.resolved_ts)
+        rows = _changes_after(self.root, changelog, since)
         if rows.num_rows:
             rows = unapplied(rows, delta_applied(mirror, context.group, next_offsets(rows)))
-        merged, complete, left = _prefix_up_to(rows, max(point, upto or 0), point)
+        merged, complete, left = _prefix_up_to(rows, max(job.point, job.upto or 0), job.point)
+        before = dict(self._metrics)
         if merged.num_rows:
             self._merge_changes(entry, merged, tuple(keys.split(",")), context, complete)
-        self._merged_ts[entry.location] = max(since, complete)
-        lagging.rows, lagging.merged_at, lagging.left = left, time.monotonic(), left
+        metrics = {name: value - before.get(name, 0) for name, value in self._metrics.items()}
+        return MergeResult(entry.location, False, max(since, complete), left, metrics, process_name())
 
-    def _apply_to_table(self, ddl: DDL, name: Name, context: CommitContext) -> CatalogEntry | None:
-        """The catalog's part (`LakehouseSink`), and the tables':
-
-        - ALTER: columns new in the DDL's schema are added (earlier rows null); columns it no longer has stay
-          in Delta (the changelog keeps their history) and are set null in the mirror; a changed type
-          (MODIFY COLUMN) keeps the Delta type, since delta-rs cannot widen a column: later values are cast
-          to it and a value that does not fit exactly raises SinkError. A type with no cast at all raises now.
-        - TRUNCATE, ERASE (DROP TABLE): the mirror loses every row older than the DDL, and its floor
-          (`ticdc.truncated_at`) keeps a lagging member's older changes out; the changelog keeps the history,
-          and the history's open versions end at the DDL (`ticdc.history.closed_at` ends later ones too).
-        - CREATE, RENAME: the catalog only. CINDEX, DINDEX, QUERY: only logged. An ALTER whose schema has no
-          columns (TiCDC Avro's DDL record names its table only) alters nothing: its rows bring their columns.
-        Every step is idempotent, so members applying one DDL at once both succeed.
-        """
-        if self.lazy_mirrors and ddl.type is DDLType.ALTER:  # the DDL is a barrier for a lazy mirror too
-            before = self.catalog.find(name, ddl.commit_ts - 1)
-            if before is not None:
-                lagging = self._lagging.get(before.location) or _Lagging(before)
-                self._merge_lagging(lagging, context, upto=ddl.commit_ts - 1)
-        emptied = super()._apply_to_table(ddl, name, context)
-        if emptied is not None:
-            self._lagging.pop(emptied.location, None)  # nothing older than the DDL belongs in it any more
-            self._empty_mirror(emptied, ddl, context)
-            self._close_history(emptied, ddl.commit_ts, context)
-        elif ddl.type is DDLType.ALTER and ddl.table_schema is not None and ddl.table_schema.columns:
-            entry = self.catalog.find(name, ddl.commit_ts - 1)
-            if entry is None:
-                self.catalog.refresh()
-                entry = self.catalog.find(name, ddl.commit_ts - 1)
-            if entry is not None:
-                self._alter(entry, stored_schema(TableCodec(ddl.table_schema)), context, ddl.commit_ts)
-        return emptied
-
-    def operation_metrics(self) -> dict[str, int]:
-        """The mirror MERGEs' delta-rs metrics, summed since this sink was made."""
-        return dict(self._metrics)
-
-    # -- rows ------------------------------------------------------------------------------------------
-    def _append_changelog(self, uri: str, changelog: pa.Table, context: CommitContext) -> None:
-        def attempt() -> None:
-            table = self.root.open(uri)
-            fresh = unapplied(changelog, delta_applied(table, context.group, next_offsets(changelog)))
-            if fresh.num_rows == 0:
-                return
-            write_deltalake(
-                table if table is not None else uri,
-                _conform(fresh, _arrow_schema(table)),
-                mode="append",
-                schema_mode="merge",
-                storage_options=self.root.options(),
-                commit_properties=_properties(context, transactions(fresh, context.group)),
-            )
-
-        self._commit(f"changelog {uri}", attempt)
-
-    def _merge_mirror(self, entry: CatalogEntry, changes: TableChanges, context: CommitContext) -> None:
-        """Stale changes (older than the mirror's row, or than a later delete of the key) never win; an
-        upsert of a key the mirror lacks inserts it (a consumer that joined mid-stream never saw its INSERT);
-        a MERGE that changes nothing commits nothing (delta-rs)."""
-        self._merge_changes(entry, changes.changelog, changes.key_columns, context)
-
+    # -- MERGE -----------------------------------------------------------------------------------------
     def _merge_changes(
         self,
         entry: CatalogEntry,
@@ -502,6 +406,327 @@ class DeltaSink(LakehouseSink):
         schema = pa.schema([_schema(table).field(c) for c in columns])
         return pa.concat_tables(files.values()) if files else schema.empty_table()
 
+    # -- plumbing --------------------------------------------------------------------------------------
+    def _properties(
+        self,
+        context: CommitContext,
+        newest_ts: int,
+        offsets: list[Transaction] | None = None,
+        complete_ts: int | None = None,
+    ) -> CommitProperties:
+        """A mirror commit's properties, saying which changes the mirror holds after it: every change up
+        to `complete_ts` (default: the consistent point last read), and none newer than `newest_ts` besides
+        earlier commits'."""
+        if complete_ts is None and not self._point_read:  # a sink used without assignments (no pipeline)
+            self._learn_point(context.group)
+        complete = self._complete_ts if complete_ts is None else complete_ts
+        marks = {COMPLETE_TS: str(complete), NEWEST_TS: str(newest_ts), PROCESS_META: process_name()}
+        return CommitProperties(
+            custom_metadata=commit_metadata(context) | marks, app_transactions=offsets or None
+        )
+
+    def _learn_point(self, group: str) -> int | None:
+        """The root's consistent point, which every later mirror commit may claim to hold: every member
+        applied every change up to it (to the mirrors themselves, or to the changelogs lazy MERGEs take
+        them from: one cadence per lake). Read as partitions are assigned, or at the first mirror commit,
+        so that a short run's commits are truthful too, not only those after a progress record."""
+        self._point_read = True
+        point = consistent_ts(self.root, group)
+        self._complete_ts = max(self._complete_ts, point or 0)
+        return point
+
+    def _commit(self, what: str, attempt: Callable[[], None]) -> None:
+        """Run `attempt` (which reloads its table and re-checks what is applied) until it commits."""
+        try:
+            retry_commits(what, attempt, retries=self.max_commit_retries, backoff=self.retry_backoff)
+        except (DeltaError, OSError, pa.ArrowException) as exc:
+            raise SinkError(f"{what}: {exc}") from exc
+
+
+class DeltaSink(LakehouseSink, MirrorMerges):
+    """Writes each resolved batch to its table's changelog and/or mirror; safe for several writers.
+
+    Writers of the same tables (group members in other processes or on other machines) use optimistic
+    concurrency: on a commit conflict the table is reloaded, rows another writer already committed are
+    dropped again, and the commit is retried with jittered exponential backoff, up to `max_commit_retries`.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        mode: str = "both",
+        storage_options: Mapping[str, str] | None = None,
+        max_commit_retries: int = 20,
+        retry_backoff: float = 0.05,
+        target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
+        allow_unsafe_commits: bool = False,
+        mirror_interval_s: float = 0.0,
+        mirror_interval_rows: int = 0,
+        mirror_buckets: int = 0,
+    ) -> None:
+        super().__init__(root, storage_options, allow_unsafe_commits=allow_unsafe_commits)
+        MirrorMerges.__init__(
+            self,
+            self.root,
+            max_commit_retries=max_commit_retries,
+            retry_backoff=retry_backoff,
+            target_file_size=target_file_size,
+            mirror_buckets=mirror_buckets,
+        )
+        self.outputs = sink_outputs(mode)  # raises ValueError for an unknown table kind
+        if mirror_interval_s < 0 or mirror_interval_rows < 0 or mirror_buckets < 0:
+            raise ValueError("mirror_interval_s, mirror_interval_rows and mirror_buckets must be >= 0")
+        self.mirror_interval_s, self.mirror_interval_rows = mirror_interval_s, mirror_interval_rows
+        self.merge_runner: MergeRunner | None = None  # None: MERGEs run in this process
+        self.lazy_mirrors = False
+        self._lazy(bool(mirror_interval_s or mirror_interval_rows))
+        if "mirror" in self.outputs:  # one cadence per lake, recorded by its first writer
+            require_mirror_cadence(self.root, MirrorCadence(mirror_interval_s, mirror_interval_rows))
+        self._lagging: dict[str, _Lagging] = {}  # lazy mirrors by location: what awaits their next MERGE
+        self._merged_ts: dict[str, int] = {}  # lazy mirrors by location: a TSO they hold every change up to
+        self._caught_up = False  # lazy mirrors: MERGEd what a run before this sink left in the changelog
+        self._unordered = False  # the last progress recorded had no watermark: no consistent point
+        self._warned_keyless: set[tuple[str, str]] = set()
+
+    def run_merges_with(self, runner: MergeRunner) -> None:
+        """Run the mirrors' MERGEs through `runner` (e.g. one Spark task per table: `consumer.spark`), each
+        from the changelog rows the mirror lacks: the mirrors become lazy, MERGEd when due or, without a
+        cadence (`mirror_interval_s`, `mirror_interval_rows`), whenever progress is recorded. No mirror row
+        passes through this process then. Call before the first write."""
+        self._lazy(True)
+        self.merge_runner = runner
+
+    def _lazy(self, lazy: bool) -> None:
+        self.lazy_mirrors = "mirror" in self.outputs and lazy
+        if self.lazy_mirrors and "changelog" not in self.outputs:
+            raise ValueError(
+                "a mirror MERGEd on its own cadence (mirror_interval_s, mirror_interval_rows) or elsewhere "
+                "(Spark's executors) is MERGEd from the changelog: the sink mode must keep the changelog too"
+            )
+
+    # -- Sink ------------------------------------------------------------------------------------------
+    def write(self, changes: TableChanges, context: CommitContext) -> None:
+        """Rows go to the table holding their name at their commit ts (the catalog knows RENAMEs and
+        DROPs another member applied already)."""
+        if changes.changelog.num_rows == 0:
+            return
+        newest = pc.max(changes.changelog["_commit_ts"]).as_py()
+        entry = self.catalog.locate((changes.database, changes.table), newest)
+        lazy = self.lazy_mirrors and bool(changes.key_columns)
+        if lazy:  # before the changelog: a restart finds the key of the rows it must still MERGE
+            self._lazy_mirror(entry, changes)
+        if "changelog" in self.outputs:
+            self._append_changelog(self.root.join(entry.location, "changelog"), changes.changelog, context)
+        if not changes.key_columns:
+            self._warn_keyless(changes)
+        if lazy:
+            lagging = self._lagging[entry.location]  # MERGEd when due, after progress is recorded
+            lagging.entry, lagging.rows = entry, lagging.rows + changes.changelog.num_rows
+        elif "mirror" in self.outputs and changes.key_columns:
+            self._catch_up(context)
+            self._merge_mirror(entry, changes, context)
+        if "history" in self.outputs and changes.key_columns:
+            self._merge_history(entry, changes, context)
+        self._wrote(entry)
+
+    def _warn_keyless(self, changes: TableChanges) -> None:
+        name = (changes.database, changes.table)
+        if self.outputs <= {"changelog"} or name in self._warned_keyless:
+            return
+        self._warned_keyless.add(name)
+        log.warning(
+            "%s.%s has no primary key or NOT NULL unique index: no mirror or history, changelog only", *name
+        )
+
+    def recorded_watermarks(self, group: str) -> dict[TopicPartition, int]:
+        """Also reads the root's consistent point (partitions were assigned: before this member writes), so
+        its first mirror commits already claim what the lake holds (`_learn_point`)."""
+        self._learn_point(group)
+        return super().recorded_watermarks(group)
+
+    def record_progress(self, context: CommitContext) -> None:
+        """Also re-reads the root's consistent point, which later mirror commits claim to hold; then MERGEs
+        the lazy mirrors that are due (all of them as the run stops or partitions go, and, first, every
+        mirror a run before this sink left behind its changelog)."""
+        super().record_progress(context)
+        point = self._learn_point(context.group)
+        # without watermarks (`ordering = "arrival"`) the lake has no consistent point: a lazy MERGE takes
+        # every change the changelog holds, as a MERGE of each batch would, and claims no TSO
+        self._unordered = point is None and context.resolved_ts == 0
+        self._catch_up(context)
+        if not self.lazy_mirrors:
+            return
+        due = [
+            lagging
+            for lagging in self._lagging.values()
+            if (context.stopped is not None and lagging.rows != 0) or self._due(lagging)
+        ]
+        if due:
+            self._merge_lagging(due, context)
+
+    # -- lazy mirrors ----------------------------------------------------------------------------------
+    def _catch_up(self, context: CommitContext) -> None:
+        """Once, before this sink's first mirror MERGE: MERGE what the changelogs hold and the mirrors lack,
+        left by a run before this sink (either engine's) that stopped between its changelog commit and its
+        MERGE. A lazy sink MERGEs it with its first due MERGEs; an eager one (the loop engine without a
+        cadence), which otherwise MERGEs only its own batches, MERGEs all of it now."""
+        if self._caught_up or "mirror" not in self.outputs:
+            return
+        self._caught_up = True
+        if not self._point_read:
+            self._learn_point(context.group)
+        behind = [
+            _Lagging(entry, rows=-1)
+            for entry in self.catalog.refresh()
+            if entry.dropped_ts is None and entry.location not in self._lagging
+        ]
+        if self.lazy_mirrors:
+            self._lagging.update((lagging.entry.location, lagging) for lagging in behind)
+        elif behind:
+            self._merge_lagging(behind, context, upto=UNBOUNDED_TS)
+
+    def merge_due(self) -> bool:
+        """Whether a lazy mirror's MERGE is due (`MergesWhenDue`): the pipeline then records progress at
+        once, which MERGEs it, on an idle stream too. Only reads (another thread may be writing)."""
+        return self.lazy_mirrors and any(
+            self._due(lagging) and (lagging.rows != lagging.left or self._interval_passed(lagging))
+            for lagging in list(self._lagging.values())  # left rows alone: again once new ones come
+        )
+
+    def _due(self, lagging: _Lagging) -> bool:
+        """Whether a lazy mirror's next MERGE is due: rows of unknown count await it (a run before this
+        sink's), `mirror_interval_rows` do, or `mirror_interval_s` passed since its last MERGE."""
+        if lagging.rows < 0:
+            return True
+        rows = self.mirror_interval_rows
+        if not (rows or self.mirror_interval_s):  # MERGEd elsewhere without a cadence: whenever rows await it
+            return lagging.rows > 0
+        return lagging.rows > 0 and ((rows > 0 and lagging.rows >= rows) or self._interval_passed(lagging))
+
+    def _interval_passed(self, lagging: _Lagging) -> bool:
+        seconds = self.mirror_interval_s
+        return seconds > 0 and time.monotonic() - lagging.merged_at >= seconds
+
+    def _lazy_mirror(self, entry: CatalogEntry, changes: TableChanges) -> None:
+        """A lazy mirror exists, its key recorded, before its first changelog rows."""
+        if entry.location in self._lagging:
+            return
+        uri = self.root.join(entry.location, "mirror")
+        columns = [*(n for n in changes.changelog.column_names if n not in META_COLUMNS), *MIRROR_META]
+        schema = changes.changelog.select(columns).schema
+
+        def create() -> None:
+            self._mirror(uri, schema, changes.key_columns, entry.floor)
+
+        self._commit(f"mirror {uri}", create)
+        self._lagging[entry.location] = _Lagging(entry)
+
+    def _merge_lagging(
+        self, laggings: Sequence[_Lagging], context: CommitContext, upto: int | None = None
+    ) -> None:
+        """MERGE into lazy mirrors the changes their changelogs hold and they lack, up to the consistent
+        point read before (`upto`, later for a DDL barrier): one `MergeJob` per table, run here or by the
+        merge runner (`run_merges_with`), which gets only the job (a table's location, what to MERGE) and
+        gives back only small results. A DROPped table leaves the lazy mirrors (a TRUNCATEd one goes on,
+        above its floor)."""
+        jobs = [
+            MergeJob(
+                root=self.root.uri,
+                storage_options=dict(self.root.storage_options),
+                entry=lagging.entry,
+                group=context.group,
+                resolved_ts=context.resolved_ts,
+                point=self._complete_ts,  # read before the changelog is: every change up to it is there
+                upto=UNBOUNDED_TS if upto is None and self._unordered else upto,
+                since=self._merged_ts.get(lagging.entry.location),
+                max_commit_retries=self.max_commit_retries,
+                retry_backoff=self.retry_backoff,
+                target_file_size=self.target_file_size,
+                mirror_buckets=self.mirror_buckets,
+            )
+            for lagging in laggings
+        ]
+        if self.merge_runner is None:
+            results = [self.merge_pending(job) for job in jobs]
+        else:
+            results = list(self.merge_runner(jobs))
+            for elsewhere in results:
+                for name, value in elsewhere.metrics.items():
+                    self._metrics[name] = self._metrics.get(name, 0) + value
+        by_location = {result.location: result for result in results}
+        for lagging in laggings:
+            location = lagging.entry.location
+            found = by_location.get(location)
+            if found is None:
+                raise SinkError(f"the MERGE of {location}'s mirror gave no result")
+            if found.gone:
+                self._lagging.pop(location, None)
+                continue
+            self._merged_ts[location] = found.merged_ts
+            lagging.rows, lagging.merged_at, lagging.left = found.left, time.monotonic(), found.left
+
+    def _apply_to_table(self, ddl: DDL, name: Name, context: CommitContext) -> CatalogEntry | None:
+        """The catalog's part (`LakehouseSink`), and the tables':
+
+        - ALTER: columns new in the DDL's schema are added (earlier rows null); columns it no longer has stay
+          in Delta (the changelog keeps their history) and are set null in the mirror; a changed type
+          (MODIFY COLUMN) keeps the Delta type, since delta-rs cannot widen a column: later values are cast
+          to it and a value that does not fit exactly raises SinkError. A type with no cast at all raises now.
+        - TRUNCATE, ERASE (DROP TABLE): the mirror loses every row older than the DDL, and its floor
+          (`ticdc.truncated_at`) keeps a lagging member's older changes out; the changelog keeps the history,
+          and the history's open versions end at the DDL (`ticdc.history.closed_at` ends later ones too).
+        - CREATE, RENAME: the catalog only. CINDEX, DINDEX, QUERY: only logged. An ALTER whose schema has no
+          columns (TiCDC Avro's DDL record names its table only) alters nothing: its rows bring their columns.
+        Every step is idempotent, so members applying one DDL at once both succeed.
+        """
+        if self.lazy_mirrors and ddl.type is DDLType.ALTER:  # the DDL is a barrier for a lazy mirror too
+            before = self.catalog.find(name, ddl.commit_ts - 1)
+            if before is not None:
+                lagging = self._lagging.get(before.location) or _Lagging(before)
+                self._merge_lagging([lagging], context, upto=ddl.commit_ts - 1)
+        emptied = super()._apply_to_table(ddl, name, context)
+        if emptied is not None:
+            self._lagging.pop(emptied.location, None)  # nothing older than the DDL belongs in it any more
+            self._empty_mirror(emptied, ddl, context)
+            self._close_history(emptied, ddl.commit_ts, context)
+        elif ddl.type is DDLType.ALTER and ddl.table_schema is not None and ddl.table_schema.columns:
+            entry = self.catalog.find(name, ddl.commit_ts - 1)
+            if entry is None:
+                self.catalog.refresh()
+                entry = self.catalog.find(name, ddl.commit_ts - 1)
+            if entry is not None:
+                self._alter(entry, stored_schema(TableCodec(ddl.table_schema)), context, ddl.commit_ts)
+        return emptied
+
+    def operation_metrics(self) -> dict[str, int]:
+        """The mirror MERGEs' delta-rs metrics, summed since this sink was made."""
+        return dict(self._metrics)
+
+    # -- rows ------------------------------------------------------------------------------------------
+    def _append_changelog(self, uri: str, changelog: pa.Table, context: CommitContext) -> None:
+        def attempt() -> None:
+            table = self.root.open(uri)
+            fresh = unapplied(changelog, delta_applied(table, context.group, next_offsets(changelog)))
+            if fresh.num_rows == 0:
+                return
+            write_deltalake(
+                table if table is not None else uri,
+                _conform(fresh, _arrow_schema(table)),
+                mode="append",
+                schema_mode="merge",
+                storage_options=self.root.options(),
+                commit_properties=_properties(context, transactions(fresh, context.group)),
+            )
+
+        self._commit(f"changelog {uri}", attempt)
+
+    def _merge_mirror(self, entry: CatalogEntry, changes: TableChanges, context: CommitContext) -> None:
+        """Stale changes (older than the mirror's row, or than a later delete of the key) never win; an
+        upsert of a key the mirror lacks inserts it (a consumer that joined mid-stream never saw its INSERT);
+        a MERGE that changes nothing commits nothing (delta-rs)."""
+        self._merge_changes(entry, changes.changelog, changes.key_columns, context)
+
     # -- history ---------------------------------------------------------------------------------------
     def _merge_history(self, entry: CatalogEntry, changes: TableChanges, context: CommitContext) -> None:
         """Each change opens a version; the batch's keys' stored versions are re-chained with the new ones
@@ -653,40 +878,6 @@ class DeltaSink(LakehouseSink):
 
         self._commit(f"emptying {uri}", attempt)
 
-    # -- plumbing --------------------------------------------------------------------------------------
-    def _properties(
-        self,
-        context: CommitContext,
-        newest_ts: int,
-        offsets: list[Transaction] | None = None,
-        complete_ts: int | None = None,
-    ) -> CommitProperties:
-        """A mirror commit's properties, saying which changes the mirror holds after it: every change up
-        to `complete_ts` (default: the consistent point last read), and none newer than `newest_ts` besides
-        earlier commits'."""
-        if complete_ts is None and not self._point_read:  # a sink used without assignments (no pipeline)
-            self._learn_point(context.group)
-        complete = self._complete_ts if complete_ts is None else complete_ts
-        marks = {COMPLETE_TS: str(complete), NEWEST_TS: str(newest_ts)}
-        return CommitProperties(
-            custom_metadata=commit_metadata(context) | marks, app_transactions=offsets or None
-        )
-
-    def _learn_point(self, group: str) -> None:
-        """The root's consistent point, which every later mirror commit may claim to hold: every member
-        applied every change up to it (to the mirrors themselves, or to the changelogs lazy MERGEs take
-        them from: one cadence per lake). Read as partitions are assigned, or at the first mirror commit,
-        so that a short run's commits are truthful too, not only those after a progress record."""
-        self._point_read = True
-        self._complete_ts = max(self._complete_ts, consistent_ts(self.root, group) or 0)
-
-    def _commit(self, what: str, attempt: Callable[[], None]) -> None:
-        """Run `attempt` (which reloads its table and re-checks what is applied) until it commits."""
-        try:
-            retry_commits(what, attempt, retries=self.max_commit_retries, backoff=self.retry_backoff)
-        except (DeltaError, OSError, pa.ArrowException) as exc:
-            raise SinkError(f"{what}: {exc}") from exc
-
 
 def _prefix_up_to(rows: pa.Table, upto: int, point: int) -> tuple[pa.Table, int, int]:
     """Of changelog rows a mirror lacks, what one MERGE applies: per partition the rows before its first
@@ -717,7 +908,7 @@ def _prefix_up_to(rows: pa.Table, upto: int, point: int) -> tuple[pa.Table, int,
     return rows.filter(pc.invert(left_out)), complete, left.num_rows
 
 
-def _changes_after(sink: DeltaSink, changelog: DeltaTable, since: int) -> pa.Table:
+def _changes_after(root: LakeRoot, changelog: DeltaTable, since: int) -> pa.Table:
     """The changelog's rows with a commit ts after `since` (or unknown, 0), reading only the files whose
     statistics allow such rows."""
     actions = pa.table(changelog.get_add_actions(flatten=True))
@@ -731,7 +922,7 @@ def _changes_after(sink: DeltaSink, changelog: DeltaTable, since: int) -> pa.Tab
         }
         files = [uri for uri in files if uri.rsplit("/", 1)[-1] in wanted]
     ts = pc.field("_commit_ts")
-    return sink.root.scan(changelog, files).to_table(filter=(ts > since) | (ts == 0))
+    return root.scan(changelog, files).to_table(filter=(ts > since) | (ts == 0))
 
 
 # -- MERGE predicates ----------------------------------------------------------------------------------

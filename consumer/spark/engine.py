@@ -6,7 +6,9 @@ Executors read Kafka ranges and decode (`consumer.spark.source`); the stream's f
 schema arrives, ordering by the global watermark, DDL barriers, the pending timeout and the error policy),
 and the pipeline applies the resolved units to the same `Sink` objects. A resolved batch's rows come typed
 from the executors (`_ExecutorRows`); only rows the executors could not type are decoded here. A thread
-applies batch N while the executors read batch N+1.
+applies batch N while the executors read batch N+1. Delta mirrors are not MERGEd here: the sink appends the
+changelog, and as progress is recorded (every micro-batch) the mirrors due are MERGEd from the changelog by
+Spark tasks, one per table (`consumer.spark.merges`); the driver only says which tables and up to which TSO.
 
 Exactly once across a driver killed at any point:
 
@@ -54,13 +56,16 @@ from consumer.configured import (
 from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.pipeline import DecodedRecord, Pipeline, PipelineStats
+from consumer.pipeline.resume import PROGRESS_SECONDS
 from consumer.protocol.model import RawDML, Watermark
 from consumer.protocol.table import TableCodec
 from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
+from consumer.sinks.delta import DeltaSink
 from consumer.sinks.foreach_batch import BatchFunction, ForeachBatchSink
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import Carry, CarryStore
+from consumer.spark.merges import ExecutorMerges
 from consumer.spark.segments import Segment, merged
 from consumer.spark.session import spark_session
 from consumer.spark.source import TASK_SETTINGS, OffsetRange, TicdcOptions, read_range, register
@@ -171,6 +176,10 @@ class ChangeBatches:
     (`consumer.configured`): the decoder (any protocol, with its registry), value policy, state machine,
     sinks, dead letters and the large-message resolver; `sinks`, `dead_letters` and `large_messages`
     replace the configured ones. The engine's record is kept in `<checkpoint>/ticdc` (`checkpoint_location`).
+    Delta mirrors are MERGEd from the changelog by Spark tasks, one per table due (`ExecutorMerges`), as
+    progress is recorded (every micro-batch, or at `[sink] mirror_interval_s`/`_rows`): no mirror row
+    passes through the driver (`executor_merges=False`: MERGEd here from the batch, as the loop engine
+    does).
     `on_batch(pipeline)` runs after every batch, on the applying thread (progress display). Call `close`
     when the query is over: it applies the last batch handed over.
     """
@@ -183,6 +192,7 @@ class ChangeBatches:
         dead_letters: DeadLetterQueue | None = None,
         large_messages: LargeMessageResolver | None = None,
         on_batch: Callable[[Pipeline], None] | None = None,
+        executor_merges: bool = True,
     ) -> None:
         check_engine(config, "spark")
         self.config = config
@@ -192,6 +202,10 @@ class ChangeBatches:
         self.dead_letters = dead_letters or build_dead_letters(config)
         self.large_messages = large_messages or build_large_messages(config, policy)
         self.on_batch = on_batch
+        self.merges = ExecutorMerges() if executor_merges else None
+        for sink in self.sinks:  # the mirrors are MERGEd from the changelog, on the executors
+            if self.merges is not None and isinstance(sink, DeltaSink) and "mirror" in sink.outputs:
+                sink.run_merges_with(self.merges)
         self.failure: BaseException | None = None  # what stopped the query, if this function did
         self.changed_batches = 0  # batches with a change record (anything but WATERMARKs)
         self.executor_cpu_seconds = 0.0  # the tasks' CPU time on this process's batches
@@ -313,6 +327,7 @@ class ChangeBatches:
             row_decoder=self._rows,
             large_messages=self.large_messages,
             watchdog=self._watchdog,
+            progress_seconds=0 if self._merges_elsewhere() else PROGRESS_SECONDS,
         )
         pipeline.stats = self._stats
         self._source = _SparkOffsets()
@@ -323,6 +338,11 @@ class ChangeBatches:
         self._pipeline = pipeline
         self._live = self._unfed = carry.segments if carry is not None else []
         self._watermarks = {}
+
+    def _merges_elsewhere(self) -> bool:
+        """Whether a sink MERGEs its mirrors on the executors, as progress is recorded: then progress is
+        recorded every micro-batch, so a mirror without a cadence is MERGEd every batch."""
+        return any(isinstance(sink, DeltaSink) and sink.merge_runner is not None for sink in self.sinks)
 
     def _apply(self, batch_id: int, segments: list[Segment]) -> None:
         """The applying thread's job (or the restoring call's): feed, resolve, write, record."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from lakehouse_checks import lake_contents
+from lakehouse_checks import lake_contents, merge_processes
 from pyspark.sql import SparkSession
 
 from consumer.config import load_config
@@ -26,6 +26,7 @@ from consumer.protocol.ticdc_avro.schemas import AvroOptions
 from consumer.simulate.output import AvroStream, DebeziumStream, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sinks.delta import process_name
 from consumer.spark import engine
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.registry import LocalSchemaRegistry
@@ -65,7 +66,8 @@ def _same_through_spark(
     spark: SparkSession, broker: EmbeddedBroker, topic: str, loop_root: Path, **decode: Any
 ) -> None:
     """The Spark engine, configured as the loop run was, leaves the same lakehouse: every table's changelog
-    and mirror, row for row, and no dead letter."""
+    and mirror, row for row, and no dead letter; its mirrors were MERGEd on the executors (Python workers,
+    other processes than this driver), the loop engine's in its own process."""
     root = loop_root.with_name("spark-lake")
     config = load_config(
         environ={},
@@ -81,6 +83,9 @@ def _same_through_spark(
     assert stats.dead_letters == 0
     assert stats.rows > 0
     assert lake_contents(root) == lake_contents(loop_root)
+    merged_in = merge_processes(root)
+    assert merged_in and process_name() not in merged_in
+    assert len(set(merge_processes(loop_root))) == 1  # the `run` command's one process
 
 
 def _workload(**options: Any) -> Workload:

@@ -7,8 +7,10 @@ left in the changelog, from the lake's records alone, exactly once."""
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,8 +28,9 @@ from consumer.protocol.model import Column, DataType, DMLType, Index, TableSchem
 from consumer.protocol.table import TableCodec
 from consumer.simulate.truth import arrow_table_rows, differences, load_truth, sent, truth_at
 from consumer.simulate.workload import StreamRecord, Workload, WorkloadConfig
+from consumer.sinks import delta
 from consumer.sinks.base import CommitContext
-from consumer.sinks.delta import DeltaSink, _prefix_up_to
+from consumer.sinks.delta import DeltaSink, MergeJob, MergeResult, _prefix_up_to, run_merge_job
 from consumer.testing.messages import raw_dml
 
 NEVER = 10**12  # a row threshold no test reaches: MERGEs only when the run stops or restarts
@@ -69,6 +72,48 @@ def test_as_of_every_commit_ts_equals_a_replay_with_lazy_mirrors(tmp_path: Path,
         assert 3 <= merges <= 12
     else:
         assert merges <= 3  # before the ALTERs only (a DDL is a barrier): the rest read from the changelog
+
+
+def test_merges_run_elsewhere_from_the_job_alone_and_twice_commit_once(tmp_path: Path) -> None:
+    """A merge runner (the Spark engine's executors) gets a small picklable job per due table, never rows;
+    each runs in a merger made from the job alone, as in another process, and again (a task Spark ran
+    twice): the second commits nothing. Without a cadence the mirrors are MERGEd at every progress record,
+    and as-of reads equal a replay at every commit ts (every DDL kind: ALTERs are barriers)."""
+    config = WorkloadConfig(rows=150, tables=3, partitions=2, seed=11, watermark_every_txns=4)
+    records = sent(Workload(config))
+    ran: list[MergeJob] = []
+
+    def elsewhere(jobs: Sequence[MergeJob]) -> list[MergeResult]:
+        results = []
+        for job in jobs:
+            sent_over = pickle.dumps(job)
+            assert len(sent_over) < 4096  # a location and TSOs, no rows
+            delta._MERGERS.clear()  # nothing of the sink's process: a merger made from the job
+            results.append(run_merge_job(pickle.loads(sent_over)))
+            uri = f"{tmp_path}/{job.entry.location}/mirror"
+            version = DeltaTable(uri).version()
+            again = run_merge_job(pickle.loads(sent_over))
+            assert DeltaTable(uri).version() == version  # its rows are applied: no second commit
+            assert (again.gone, again.merged_ts) == (results[-1].gone, results[-1].merged_ts)
+            ran.append(job)
+        return results
+
+    sink = DeltaSink(tmp_path)
+    sink.run_merges_with(elsewhere)
+    assert sink.lazy_mirrors
+    _feed(sink, records, config.partitions)
+    assert ran
+    points = _commit_points(records)
+    assert [d for tso in points for d in _differences(tmp_path, records, tso)] == []
+    mirrors = [p for p in tmp_path.glob("shop/*/mirror") if (p / "_delta_log").exists()]
+    merges = [c for p in mirrors for c in DeltaTable(str(p)).history() if c["operation"] == "MERGE"]
+    assert len(merges) >= 30  # about every batch
+    assert {c["ticdc.process"] for c in merges} == {delta.process_name()}
+    assert sink.operation_metrics()["merges"] >= len(
+        merges
+    )  # the results' metrics (a MERGE may commit nothing)
+    with pytest.raises(ValueError, match="must keep the changelog"):
+        DeltaSink(tmp_path / "other", mode="mirror").run_merges_with(elsewhere)
 
 
 def test_a_plain_reader_sees_the_truth_at_the_recorded_tso(tmp_path: Path) -> None:
@@ -137,6 +182,41 @@ def test_a_restart_merges_what_the_run_before_it_changelogged_exactly_once(tmp_p
     images = ("_topic", "_partition", "_offset", "_change_type")  # an UPDATE's two images share an offset
     keys = list(zip(*(changelog[c].to_pylist() for c in images), strict=True))
     assert len(keys) == len(set(keys))  # the replay added nothing twice
+
+
+def test_the_loop_engine_takes_over_a_lake_whose_last_merges_never_ran(tmp_path: Path) -> None:
+    """The Spark engine MERGEs mirrors from the changelog after it records progress; a driver killed in
+    between leaves rows in the changelogs only, past the progress a restart resumes from. The loop engine
+    taking over (no cadence: it MERGEs its own batches) MERGEs those first, so nothing is missing."""
+    config = WorkloadConfig(rows=200, tables=2, partitions=2, ddl=False, seed=21, watermark_every_txns=4)
+    records = sent(Workload(config))
+    runs = 0
+
+    def killed_later(jobs: Sequence[MergeJob]) -> list[MergeResult]:
+        nonlocal runs
+        runs += 1
+        if runs > 3:
+            raise RuntimeError("driver killed")
+        return [run_merge_job(job) for job in jobs]
+
+    spark_like = DeltaSink(tmp_path)
+    spark_like.run_merges_with(killed_later)
+    driver = _Driver(spark_like, config.partitions, 1)
+    with pytest.raises(RuntimeError, match="driver killed"):
+        driver.feed(records)
+    assert any(_merged_offsets(uri) != _changelog_offsets(uri) for uri in _mirror_uris(tmp_path))
+
+    driver.sink = DeltaSink(tmp_path)  # the loop engine, from the progress recorded
+    driver.feed(records[sum(driver.offsets.values()) :])
+    for uri in _mirror_uris(tmp_path):
+        assert _merged_offsets(uri) == _changelog_offsets(uri)
+    final = truth_at(records, max(_commit_points(records)))
+    for name in ("t0", "t1"):
+        uri = table_uri(tmp_path, "shop", name)
+        assert uri is not None
+        expected = final[f"shop.{name}"]
+        assert arrow_table_rows(DeltaTable(uri).to_pyarrow_table(), expected.schema) == expected.rows
+    assert [d for tso in _commit_points(records)[::3] for d in _differences(tmp_path, records, tso)] == []
 
 
 def _mirror_uris(root: Path) -> list[str]:

@@ -58,7 +58,7 @@ NON_DEFAULT: dict[Field, Any] = {
     ("decode", "max_value_bytes"): 4321,
     ("decode", "max_commit_ts_ahead_s"): 99.0,
     ("sink", "url"): "delta:{tmp}/other-lake",
-    ("sink", "mode"): "history,mirror",
+    ("sink", "mode"): "changelog,history,mirror",
     ("sink", "storage_options"): {"timeout": "5s"},
     ("sink", "target_file_size"): 4096,
     ("sink", "allow_unsafe_commits"): True,
@@ -335,6 +335,21 @@ def test_a_refused_setting_stops_the_start(tmp_path: Path) -> None:
     environ = {"TICDC_CONSUMER_ENGINE_CHECKPOINT": str(tmp_path / "cp")}
     with pytest.raises(ConfigError, match=r"engine\.checkpoint is a setting of the Spark engine"):
         load_config(environ=environ, overrides=overrides)
+
+
+def test_spark_refuses_a_mirror_it_cannot_merge_from_the_changelog(tmp_path: Path) -> None:
+    """The Spark engine MERGEs mirrors on its executors from the changelog: a mirror without one is refused
+    at start, not MERGEd on the driver."""
+    for mode in ("mirror", "history,mirror"):
+        overrides = {
+            "source": {"url": "kafka://127.0.0.1:9/t"},
+            "sink": {"url": f"delta:{tmp_path}", "mode": mode},
+            "engine": {"kind": "spark"},
+        }
+        with pytest.raises(ConfigError, match="must keep the changelog too"):
+            load_config(environ={}, overrides=overrides)
+    overrides["sink"]["mode"] = "changelog,mirror"
+    assert load_config(environ={}, overrides=overrides).sink.mode == "changelog,mirror"
 
 
 def test_tasks_get_the_registry_from_no_option(tmp_path: Path) -> None:

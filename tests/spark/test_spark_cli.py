@@ -91,6 +91,23 @@ def _delta_commits(root: Path) -> int:
     return sum(1 for path in root.glob("**/_delta_log/*.json") if "_settings" not in path.parts)
 
 
+class _MirrorMerges:
+    """Counts the MERGE commits of the lake's mirrors (each commit file read once)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.seen: dict[Path, bool] = {}
+
+    def count(self) -> int:
+        for path in self.root.glob("*/*/mirror/_delta_log/*.json"):
+            if path not in self.seen:
+                try:
+                    self.seen[path] = '"operation":"MERGE"' in path.read_text()
+                except OSError:
+                    continue
+        return sum(self.seen.values())
+
+
 def _batches(checkpoint: Path) -> set[str]:
     return {path.name for path in (checkpoint / "ticdc").glob("batch-*.arrow")}
 
@@ -147,6 +164,12 @@ def test_sigkill_around_a_batch_then_restart_is_exact_and_a_new_checkpoint_adds_
     # between: Spark logged a batch's commit while the driver was still applying it
     process, log = _start(kafka_broker, topic, root, checkpoint)
     _kill_when(process, log, lambda: _committed_not_applied(checkpoint))
+
+    # a MERGE: a task on the executors committed a mirror MERGE (the batch's record may not be written)
+    process, log = _start(kafka_broker, topic, root, checkpoint)
+    merges = _MirrorMerges(root)
+    before = merges.count()
+    _kill_when(process, log, lambda: merges.count() > before)
 
     with caplog.at_level(logging.INFO, logger="consumer.spark.engine"):
         engine.run(_config(kafka_broker, topic, root, checkpoint), until_idle=1.0, spark=spark)

@@ -5,6 +5,8 @@ with the same ground truth (mirror), completeness and duplicate checks."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,33 +15,55 @@ from typing import Any
 import msgspec
 import pytest
 from deltalake import DeltaTable
-from lakehouse_checks import changelog_duplicates, changelog_rows, ddl_types
+from lakehouse_checks import (
+    changelog_duplicates,
+    changelog_rows,
+    ddl_types,
+    lake_contents,
+    merge_processes,
+    run_to_end,
+)
 from pyspark.sql import DataFrame, SparkSession
 
+from consumer.batches.changes import table_changes
 from consumer.config import RunConfig, load_config
+from consumer.errors import RecordLocation
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.tables import table_uri
 from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import LargeMessageEncoder
 from consumer.pipeline import Pipeline
-from consumer.protocol.model import DML, DMLType, RawDML, Watermark
+from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema, Watermark
 from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.protocol.table import TableCodec
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sinks.base import CommitContext
+from consumer.sinks.delta import DeltaSink, MergeJob, process_name
 from consumer.sinks.foreach_batch import BatchInfo, TableName
 from consumer.sources.capture import read_capture
 from consumer.sources.errors import SourceError
 from consumer.sources.kafka import capture_topic
 from consumer.spark import engine, start_lakehouse
 from consumer.spark.engine import ChangeBatches
+from consumer.spark.merges import ExecutorMerges
 from consumer.spark.readers import read_changelog
 from consumer.spark.source import OffsetRange, TicdcOptions, read_range, register
 from consumer.testing.broker import EmbeddedBroker
+from consumer.testing.messages import raw_dml
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 Offsets = set[tuple[str, int, int]]
+KV = TableSchema(
+    database="shop",
+    table="kv",
+    table_id=7,
+    version=1,
+    columns=(Column("id", DataType("bigint"), nullable=False), Column("v", DataType("varchar", length=8))),
+    indexes=(Index("primary", True, True, False, ("id",)),),
+)
 
 
 def _produce(
@@ -106,6 +130,71 @@ def test_lazy_bucketed_mirrors_through_the_spark_engine(
             c["operation"] == "WRITE" for c in DeltaTable(uri.removesuffix("mirror") + "changelog").history()
         )
         assert 1 <= merges < appends
+
+
+def test_mirrors_are_merged_on_the_executors_and_the_lake_equals_the_loop_engines(
+    spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """Mirror mode (changelog and mirror, no cadence): the driver appends the changelog, and every mirror
+    MERGE runs in a Spark task, in an executor's Python worker (not this driver's process), from the
+    changelog, at every micro-batch; every DDL kind (ALTERs are barriers). The lake equals the ground
+    truth and, row for row, the loop engine's (which MERGEs in its own process)."""
+    topic = kafka_topic(3)
+    workload = _produce(kafka_broker, topic, rows=1500)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    root = tmp_path / "lake"
+    stats = engine.run(_config(kafka_broker, topic, root, max_batch_records=400), until_idle=1.0, spark=spark)
+    assert differences(delta_mirror_state(root, (t.schema for t in workload.tables)), truth) == []
+    assert changelog_duplicates(root) == 0
+    assert changelog_rows(root) == stats.rows == changelog_images(workload.config)
+    merged_in = merge_processes(root)
+    assert len(merged_in) >= 4  # MERGEs at many batches, not once at the end
+    assert process_name() not in merged_in
+    assert all(name.rpartition(":")[0] == socket.gethostname() for name in merged_in)
+
+    code, log = run_to_end(
+        kafka_broker, topic, f"{topic}.loop", f"delta:{tmp_path / 'loop'}", tmp_path / "loop"
+    )
+    assert code == 0, log.read_text()[-3000:]
+    assert lake_contents(root) == lake_contents(tmp_path / "loop")
+    assert len(set(merge_processes(tmp_path / "loop"))) == 1
+
+
+def test_a_merge_task_run_twice_at_once_commits_once(spark: SparkSession, tmp_path: Path) -> None:
+    """The same MERGE job as two Spark tasks at once (a retried or speculative task): one commits, the other
+    conflicts, re-reads the mirror's app transactions and commits nothing; both report the same result."""
+    sink = DeltaSink(tmp_path, mirror_interval_rows=10**12)  # changelog only until a MERGE is run
+    codec = TableCodec(KV)
+    located = [
+        (
+            raw_dml(KV, DMLType.INSERT, {"id": key, "v": f"v{key}"}, None, commit_ts=(10 + key) << 18),
+            RecordLocation("t", 0, key),
+        )
+        for key in range(20)
+    ]
+    context = CommitContext("g", {("t", 0): 20}, 40 << 18, b"", {("t", 0): 40 << 18})
+    sink.write(table_changes(codec, located), context)
+    sink.record_progress(context)  # reads the consistent point; nothing due yet
+    entry = next(iter(sink._lagging.values())).entry
+    job = MergeJob(
+        root=sink.root.uri,
+        storage_options={},
+        entry=entry,
+        group="g",
+        resolved_ts=40 << 18,
+        point=40 << 18,
+        upto=None,
+        since=None,
+    )
+    results = ExecutorMerges(spark.sparkContext)([job, job])
+    uri = table_uri(tmp_path, "shop", "kv")
+    assert uri is not None
+    mirror = DeltaTable(uri)
+    merges = [c for c in mirror.history() if c["operation"] == "MERGE"]
+    assert len(merges) == 1 and mirror.to_pyarrow_table().num_rows == 20
+    assert [(r.gone, r.merged_ts, r.left) for r in results] == [(False, 40 << 18, 0)] * 2
+    assert os.getpid() not in {int(r.process.rpartition(":")[2]) for r in results}
+    assert sum(r.metrics.get("merges", 0) for r in results) == 1
 
 
 @pytest.mark.slow

@@ -1,0 +1,55 @@
+"""Mirror MERGEs on Spark's executors: the Delta sink's merge runner in the Spark engine.
+
+The driver decides which lazy mirrors are due and up to which TSO (metadata: locations, offsets, TSOs); each
+due table's MERGE runs as one Spark task (`run_merge_job`, the same code, app transactions and commit
+metadata as a MERGE in the sink's own process), all due tables in parallel, and only small results come
+back (`MergeResult`: TSOs, a row count, delta-rs metrics, the process that ran it). No mirror row passes
+through the driver.
+
+Exactly once: a MERGE commits the changelog offsets it applies as the mirror's app transactions, and reads
+them before it MERGEs, so a task Spark runs again (a retry, a speculative copy, a restarted driver's catch-up)
+finds its rows applied and commits nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
+from pyspark import SparkContext
+from pyspark.errors import PySparkException
+
+from consumer.errors import SinkError
+from consumer.sinks.delta import MergeJob, MergeResult, run_merge_job
+
+JOB_DESCRIPTION = "ticdc: mirror MERGEs"
+
+
+class ExecutorMerges:
+    """Runs `MergeJob`s as Spark tasks, one per table (`DeltaSink.run_merges_with(ExecutorMerges())`), on
+    the active Spark context; a job that fails as often as Spark allows raises `SinkError`."""
+
+    def __init__(self, context: SparkContext | None = None) -> None:
+        self._context = context
+
+    def __call__(self, jobs: Sequence[MergeJob]) -> list[MergeResult]:
+        if not jobs:
+            return []
+        context = self._context or SparkContext.getOrCreate()
+        context.setJobDescription(JOB_DESCRIPTION)
+        try:
+            return context.parallelize(list(jobs), len(jobs)).map(run_merge_job).collect()
+        except (Py4JJavaError, PySparkException) as exc:
+            raise SinkError(f"mirror MERGEs on the executors failed: {_reason(str(exc))}") from exc
+        finally:
+            context.setJobDescription(None)  # type: ignore[arg-type]
+
+
+def _reason(text: str) -> str:
+    """The task's own error (the last Python exception line of its traceback), else the first line."""
+    errors = re.findall(r"^(consumer\.\w+(?:\.\w+)*\.\w+Error: .*)$", text, re.MULTILINE)
+    if errors:
+        return errors[-1][:1000]
+    lines = text.strip().splitlines()
+    return (lines[0] if lines else "unknown")[:1000]
