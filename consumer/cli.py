@@ -633,10 +633,20 @@ def _show_status(report: LakeStatus) -> None:
     console.print(f"[bold]{report.root}[/bold]: consistent at TSO {report.consistent_ts} ({age})")
     if report.as_of_from is not None:
         console.print(f"as-of reads answer from TSO {report.as_of_from} to {report.consistent_ts}")
-    tables = Table("table", "location", "mirror rows", "changelog rows", "last change ts", "committed s ago")
+    tables = Table(
+        "table",
+        "location",
+        "mirror rows",
+        "changelog rows",
+        "last change ts",
+        "committed s ago",
+        "mirror holds to ts",
+        "exact",
+    )
     for t in report.tables:
-        sizes = (t.mirror_rows, t.changelog_rows, t.last_change_ts, t.freshness_s)
-        tables.add_row(f"{t.database}.{t.table}", t.location, *map(_cell, sizes))
+        sizes = (t.mirror_rows, t.changelog_rows, t.last_change_ts, t.freshness_s, t.mirror_ts)
+        exact = "-" if t.mirror_exact is None else ("yes" if t.mirror_exact else "no")
+        tables.add_row(f"{t.database}.{t.table}", t.location, *map(_cell, sizes), exact)
     partitions = Table(
         "group", "partition", "lake offset", "committed", "end", "lag", "lag s", "waiting", "held"
     )

@@ -14,6 +14,12 @@ and created again gets a new row):
     ready          its Delta tables hold a first commit; false between the catalog commit and that commit (a
                    run stopped there leaves a location with no table yet: read it as empty); null: written
                    before the flag existed
+    mirror_version   a version of its mirror, with what that version's commits claim it holds:
+    mirror_ts        every change up to this TSO (so does every later version: a lower bound)
+    mirror_newest_ts no change after this one (null: unknown); when <= mirror_ts, the mirror at
+                     mirror_version is the table exactly as of mirror_ts (a lazy mirror's MERGE is)
+The three are null until a member records them: once per progress record, for the mirrors it committed to
+since (not once per MERGE), so they may lag the mirror's commits, never claim more than they do.
 
 The Delta tables of a row live at `<root>/<location>/changelog` and `<root>/<location>/mirror`. Any Delta
 reader finds a live table's location with `SELECT location, ready FROM <root>/_catalog WHERE database = 'shop'
@@ -22,16 +28,17 @@ AND "table" = 'orders' AND dropped_ts IS NULL` (`ready` false: no rows yet, its 
 Every change is an optimistic Delta commit that rewrites the (small) table and carries the app transaction
 `ticdc-catalog` with the next version: two writers changing the catalog at once conflict, and the loser
 re-reads the catalog and applies its change again (each change is idempotent), so members on different
-machines agree without any lock. Rows of a table are found by their name *and* commit ts, so a member behind
-a RENAME or a DROP still writes its older rows to the table they belong to.
+machines agree without any lock. Rows of a table are found by their name *and* commit ts, so a member
+behind a RENAME or a DROP still writes its older rows to the table they belong to. A row's mirror record
+only moves to a later mirror version, so members recording what their mirrors hold never undo each other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
@@ -43,6 +50,7 @@ from consumer.lakehouse.storage import LakeRoot, retry_commits
 CATALOG = "_catalog"
 CATALOG_APP = "ticdc-catalog"  # app transaction every catalog commit sets: concurrent changes conflict
 Name = tuple[str, str]  # (database, table)
+Result = TypeVar("Result")
 
 _NAME = pa.struct(
     [
@@ -62,8 +70,26 @@ CATALOG_SCHEMA = pa.schema(
         pa.field("names", pa.list_(pa.field("element", _NAME, nullable=False)), nullable=False),
         pa.field("updated_at", pa.timestamp("us", tz="UTC"), nullable=False),
         pa.field("ready", pa.bool_()),
+        pa.field("mirror_version", pa.int64()),  # added later: a catalog gains them on its next commit
+        pa.field("mirror_ts", pa.int64()),
+        pa.field("mirror_newest_ts", pa.int64()),
     ]
 )
+
+
+@dataclass(frozen=True)
+class MirrorVersion:
+    """Which changes a mirror version holds: every one up to `complete_ts` and none after `newest_ts`
+    (None: unknown, a commit without the metadata changed rows); it is exact at any TSO between them."""
+
+    version: int
+    complete_ts: int
+    newest_ts: int | None
+
+    @property
+    def exact(self) -> bool:
+        """Whether the version is the table exactly as of `complete_ts`."""
+        return self.newest_ts is not None and self.newest_ts <= self.complete_ts
 
 
 @dataclass(frozen=True)
@@ -87,6 +113,7 @@ class CatalogEntry:
     truncated_ts: int | None = None
     updated_at: datetime | None = None  # None: changed now, not committed yet
     ready: bool = True  # False until a sink's first commit to its Delta tables (see the module doc)
+    mirror: MirrorVersion | None = None  # what a version of its mirror holds, as last recorded
 
     @property
     def name(self) -> Name:
@@ -192,6 +219,26 @@ class Catalog:
 
         return self._change(f"catalog: {entry.location} ready", change)
 
+    def record_mirrors(self, versions: Mapping[str, MirrorVersion]) -> None:
+        """Record what each mirror (by location) holds at a version, in one commit; a row already at that
+        version or a later one (another member's record) keeps its own."""
+
+        def change(entries: list[CatalogEntry]) -> tuple[list[CatalogEntry] | None, None]:
+            newer = {
+                e.location
+                for e in entries
+                if e.location in versions
+                and (e.mirror is None or e.mirror.version < versions[e.location].version)
+            }
+            if not newer:
+                return None, None
+            return [
+                replace(e, mirror=versions[e.location], updated_at=None) if e.location in newer else e
+                for e in entries
+            ], None
+
+        self._change(f"catalog: what {len(versions)} mirrors hold", change)
+
     def truncate(self, name: Name, commit_ts: int) -> CatalogEntry:
         return self._mark(name, commit_ts, "truncated_ts")
 
@@ -226,9 +273,9 @@ class Catalog:
     def _change(
         self,
         what: str,
-        change: Callable[[list[CatalogEntry]], tuple[list[CatalogEntry] | None, CatalogEntry]],
-    ) -> CatalogEntry:
-        def attempt() -> CatalogEntry:
+        change: Callable[[list[CatalogEntry]], tuple[list[CatalogEntry] | None, Result]],
+    ) -> Result:
+        def attempt() -> Result:
             table = self.root.open(self.uri) or self.root.create(self.uri, CATALOG_SCHEMA)
             entries = _read(self.root, table)
             changed, result = change(entries)
@@ -238,7 +285,7 @@ class Catalog:
                     table,
                     _arrow(changed),
                     mode="overwrite",
-                    schema_mode="merge",  # a catalog written before the `ready` column gains it
+                    schema_mode="merge",  # a catalog written before a column (`ready`, ...) gains it
                     commit_properties=CommitProperties(app_transactions=[Transaction(CATALOG_APP, version)]),
                 )
             self._entries = changed if changed is not None else entries
@@ -285,9 +332,17 @@ def _read(root: LakeRoot, table: DeltaTable) -> list[CatalogEntry]:
             row["truncated_ts"],
             row["updated_at"],
             row.get("ready") is not False,
+            _mirror(row),
         )
         for row in sorted(rows, key=lambda r: r["location"])
     ]
+
+
+def _mirror(row: Mapping[str, Any]) -> MirrorVersion | None:
+    """The row's mirror record (None in a catalog written before it, or before any was recorded)."""
+    if row.get("mirror_version") is None:
+        return None
+    return MirrorVersion(row["mirror_version"], row["mirror_ts"], row["mirror_newest_ts"])
 
 
 def _arrow(entries: list[CatalogEntry]) -> pa.Table:
@@ -303,6 +358,9 @@ def _arrow(entries: list[CatalogEntry]) -> pa.Table:
             "names": [{"since_ts": p.since_ts, "database": p.database, "table": p.table} for p in e.names],
             "updated_at": e.updated_at or now,
             "ready": e.ready,
+            "mirror_version": None if e.mirror is None else e.mirror.version,
+            "mirror_ts": None if e.mirror is None else e.mirror.complete_ts,
+            "mirror_newest_ts": None if e.mirror is None else e.mirror.newest_ts,
         }
         for e in entries
     ]

@@ -1,6 +1,7 @@
 """What an operator asks of a lakehouse: how far is it, and is anything stuck? (`ticdc-consumer status`)
 
-Everything here is read from the lake alone, and cheaply: the catalog (the live tables), each table's Delta
+Everything here is read from the lake alone, and cheaply: the catalog (the live tables, and the TSO each
+mirror holds every change up to, as members recorded it: `mirror_ts`), each table's Delta
 log (row counts from its add actions, the newest change's commit ts from their statistics, the last
 commit's time), `_progress` (per group and partition: the resume offset, the applied ts, what the last stop
 left unapplied) and `consistent_ts`. Kafka's side of a partition (committed and end offsets: the lag) is
@@ -46,6 +47,10 @@ class TableStatus(msgspec.Struct, kw_only=True):
     last_change_ts: int | None  # the newest `_commit_ts` the table holds (mirror, else changelog)
     last_commit_at: datetime | None  # the newest Delta commit of its mirror or changelog
     freshness_s: float | None  # seconds since that commit
+    mirror_ts: int | None = None  # the catalog's: every change up to it is in the mirror (None: unrecorded)
+    mirror_exact: bool | None = None  # the mirror at `mirror_version` is the table exactly as of `mirror_ts`
+    mirror_version: int | None = None
+    mirror_age_s: float | None = None  # the age of `mirror_ts`
 
 
 class PartitionStatus(msgspec.Struct, kw_only=True):
@@ -192,6 +197,7 @@ def _table(lake: LakeRoot, entry: CatalogEntry, now: float) -> TableStatus:
     changelog = _delta_log(lake, entry_uri(lake, entry, "changelog"))
     newest = mirror or changelog
     committed = None if newest is None else newest.last_commit_at
+    recorded = entry.mirror
     return TableStatus(
         database=entry.name[0],
         table=entry.name[1],
@@ -201,6 +207,10 @@ def _table(lake: LakeRoot, entry: CatalogEntry, now: float) -> TableStatus:
         last_change_ts=None if newest is None else newest.last_change_ts,
         last_commit_at=committed,
         freshness_s=None if committed is None else max(0.0, now - committed.timestamp()),
+        mirror_ts=None if recorded is None else recorded.complete_ts,
+        mirror_exact=None if recorded is None else recorded.exact,
+        mirror_version=None if recorded is None else recorded.version,
+        mirror_age_s=None if recorded is None else _age(recorded.complete_ts, now),
     )
 
 

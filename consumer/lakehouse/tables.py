@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -33,7 +32,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from consumer.lakehouse.catalog import Catalog, CatalogEntry
+from consumer.lakehouse.catalog import Catalog, CatalogEntry, MirrorVersion
 from consumer.lakehouse.ddl import DDLLog, table_schema
 from consumer.lakehouse.history import HISTORY_META
 from consumer.lakehouse.progress import consistent_ts
@@ -114,16 +113,6 @@ class AsOfRetentionError(TsoOutOfRangeError):
         return str(self.args[0])
 
 
-@dataclass(frozen=True)
-class MirrorVersion:
-    """Which changes a mirror version holds: every one up to `complete_ts` and none after `newest_ts`
-    (None: unknown, a commit without the metadata changed rows); it is exact at any TSO between them."""
-
-    version: int
-    complete_ts: int
-    newest_ts: int | None
-
-
 def read_mirror(
     root: RootLike,
     database: str,
@@ -176,6 +165,27 @@ def mirror_versions(table: DeltaTable) -> list[MirrorVersion]:
             newest = known.newest_ts if newest is None else max(newest, known.newest_ts)
         versions.append(MirrorVersion(commit["version"], complete, newest))
     return versions
+
+
+def latest_mirror_version(table: DeltaTable, known: MirrorVersion | None) -> MirrorVersion | None:
+    """What the mirror's loaded version holds, by its commits: `known` (an earlier version's, e.g. the
+    catalog's record) with the claims of the commits after it, read alone; the whole log without it (or
+    when the commits after it are no longer in the log). None for a mirror with no commit in its log."""
+    version = table.version()
+    if known is None or known.version > version:
+        versions = mirror_versions(table)
+        return versions[-1] if versions else None
+    if known.version == version:
+        return known
+    commits = sorted(table.history(version - known.version), key=lambda commit: commit["version"])
+    if not commits or commits[0]["version"] != known.version + 1:
+        return latest_mirror_version(table, None)
+    found = recorded_bases(table)
+    complete, newest = known.complete_ts, known.newest_ts
+    for commit in commits:
+        complete = max(complete, int(commit.get(COMPLETE_TS, 0)), found.get(commit["version"], 0))
+        newest = _newest(newest, commit)
+    return MirrorVersion(version, complete, newest)
 
 
 def recorded_bases(table: DeltaTable) -> dict[int, int]:

@@ -88,6 +88,7 @@ from consumer.lakehouse.tables import (
     STORED_AS,
     STORED_DURATION,
     bucket_of,
+    latest_mirror_version,
     latest_per_key,
     mirror_versions,
 )
@@ -486,6 +487,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         self._lagging: dict[str, _Lagging] = {}  # lazy mirrors by location: what awaits their next MERGE
         self._merged_ts: dict[str, int] = {}  # lazy mirrors by location: a TSO they hold every change up to
         self._caught_up = False  # lazy mirrors: MERGEd what a run before this sink left in the changelog
+        self._committed_mirrors: set[str] = set()  # locations: mirrors it committed to since its last record
         self._unordered = False  # the last progress recorded had no watermark: no consistent point
         self._warned_keyless: set[tuple[str, str]] = set()
 
@@ -548,15 +550,19 @@ class DeltaSink(LakehouseSink, MirrorMerges):
     def record_progress(self, context: CommitContext) -> None:
         """Also re-reads the root's consistent point, which later mirror commits claim to hold; then MERGEs
         the lazy mirrors that are due (all of them as the run stops or partitions go, and, first, every
-        mirror a run before this sink left behind its changelog)."""
+        mirror a run before this sink left behind its changelog), and records in the catalog what the
+        mirrors it committed to hold."""
         super().record_progress(context)
         point = self._learn_point(context.group)
         # without watermarks (`ordering = "arrival"`) the lake has no consistent point: a lazy MERGE takes
         # every change the changelog holds, as a MERGE of each batch would, and claims no TSO
         self._unordered = point is None and context.resolved_ts == 0
         self._catch_up(context)
-        if not self.lazy_mirrors:
-            return
+        if self.lazy_mirrors:
+            self._merge_due(context)
+        self._record_mirrors()
+
+    def _merge_due(self, context: CommitContext) -> None:
         due = [
             lagging
             for lagging in self._lagging.values()
@@ -564,6 +570,22 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         ]
         if due:
             self._merge_lagging(due, context)
+
+    def _record_mirrors(self) -> None:
+        """Record in the catalog what the mirrors this sink committed to since its last progress record hold
+        now, by their commits' claims: one catalog commit at most per progress record, not one per MERGE
+        (and none when no mirror moved to a later version)."""
+        recorded = {entry.location: entry.mirror for entry in self.catalog.entries()}
+        versions = {}
+        for location in sorted(self._committed_mirrors):
+            mirror = self.root.open(self.root.join(location, "mirror"))
+            known = recorded.get(location)
+            latest = None if mirror is None else latest_mirror_version(mirror, known)
+            if latest is not None and (known is None or latest.version > known.version):
+                versions[location] = latest
+        self._committed_mirrors.clear()
+        if versions:
+            self.catalog.record_mirrors(versions)
 
     # -- lazy mirrors ----------------------------------------------------------------------------------
     def _catch_up(self, context: CommitContext) -> None:
@@ -663,6 +685,8 @@ class DeltaSink(LakehouseSink, MirrorMerges):
             if found.gone:
                 self._lagging.pop(location, None)
                 continue
+            if found.metrics.get("merges"):
+                self._committed_mirrors.add(location)
             self._merged_ts[location] = found.merged_ts
             lagging.rows, lagging.merged_at, lagging.left = found.left, time.monotonic(), found.left
 
@@ -726,6 +750,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         upsert of a key the mirror lacks inserts it (a consumer that joined mid-stream never saw its INSERT);
         a MERGE that changes nothing commits nothing (delta-rs)."""
         self._merge_changes(entry, changes.changelog, changes.key_columns, context)
+        self._committed_mirrors.add(entry.location)
 
     # -- history ---------------------------------------------------------------------------------------
     def _merge_history(self, entry: CatalogEntry, changes: TableChanges, context: CommitContext) -> None:
@@ -877,6 +902,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
             )
 
         self._commit(f"emptying {uri}", attempt)
+        self._committed_mirrors.add(entry.location)
 
 
 def _prefix_up_to(rows: pa.Table, upto: int, point: int) -> tuple[pa.Table, int, int]:

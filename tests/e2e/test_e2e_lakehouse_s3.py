@@ -1,7 +1,8 @@
 """Several group members on an object store: simulator -> Kafka -> `run` processes -> Delta on `s3://` (the
 moto server), checked with a plain Delta reader that finds each table through the catalog as the README
 says, against the simulator's ground truth; the changelog is complete and duplicate-free; a replay commits
-nothing; members killed with SIGKILL at random points still end exact."""
+nothing; members killed with SIGKILL at random points still end exact; as-of reads at every watermark equal
+the truth then, and the catalog's record of each mirror is what its commits claim."""
 
 from __future__ import annotations
 
@@ -30,12 +31,15 @@ from pyarrow.fs import FileSelector
 
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.tables import mirror_versions, read_mirror, tables
+from consumer.protocol.model import Watermark
 from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import SimulationReport, produce_to_kafka, write_ground_truth
-from consumer.simulate.truth import arrow_table_rows, differences
+from consumer.simulate.truth import arrow_table_rows, differences, sent, truth_at
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource
 from consumer.testing.broker import EmbeddedBroker
+from consumer.testing.s3 import LocalS3Server
 
 EVERY_DDL = {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
 
@@ -212,3 +216,58 @@ def test_three_members_on_s3_killed_at_random_points_end_exact(
     _run_to_the_end(kafka_broker, topic, s3_lake, tmp_path, report)
     _check(s3_lake, workload, report, truth)
     assert consistent_ts(LakeRoot.of(s3_lake)) == workload.last_watermark
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [(), ("--mirror-interval-rows", "150")], ids=["every-batch", "lazy"])
+def test_two_members_on_s3_as_of_every_watermark_equal_the_truth_then(
+    kafka_broker: EmbeddedBroker,
+    kafka_topic: Any,
+    s3_server: LocalS3Server,
+    s3_lake: str,
+    tmp_path: Path,
+    options: tuple[str, ...],
+) -> None:
+    """Two members write the lake on S3, MERGEing their mirrors every batch or lazily; as of every watermark
+    of the stream every table (all of them at one TSO) equals the truth then, read with explicit storage
+    options. The catalog records, per live table, a mirror version and a TSO its commits claim; where
+    that version is exact, a plain Delta read of it is the truth at that TSO."""
+    topic = kafka_topic(3)
+    config = WorkloadConfig(
+        rows=600,  # 8 watermarks, every DDL type: each as-of read on the S3 server takes about a second
+        tables=3,
+        partitions=3,
+        dispatch="primary-key",
+        watermark_every_txns=30,
+        start_physical_ms=int(time.time() * 1000),
+    )
+    produce_to_kafka(Workload(config), MessageEncoder(), kafka_broker.bootstrap_servers, topic)
+    records = sent(Workload(config))  # the same stream
+    sink, stem = f"delta:{s3_lake}", tmp_path / "run-p2"
+    code, log = run_to_end(kafka_broker, topic, f"{topic}.lake", sink, stem, 2, options, timeout=600)
+    assert code == 0, log.read_text()[-3000:]
+    storage = s3_server.storage_options
+    watermarks = sorted({r.message.commit_ts for r in records if isinstance(r.message, Watermark)})
+    assert len(watermarks) >= 6 and consistent_ts(s3_lake, storage_options=storage) == watermarks[-1]
+    for watermark in watermarks:
+        for name, expected in truth_at(records, watermark).items():
+            database, table = name.split(".")
+            rows = read_mirror(s3_lake, database, table, as_of_tso=watermark, storage_options=storage)
+            assert rows is not None, f"{name} at {watermark}"
+            columns = [c.name for c in expected.schema.columns]
+            assert rows.column_names == [*columns, "_commit_ts", "_schema_version"], f"{name} at {watermark}"
+            assert arrow_table_rows(rows, expected.schema) == expected.rows, f"{name} at {watermark}"
+
+    exact = 0
+    for entry in tables(s3_lake, storage):
+        uri = f"{s3_lake}/{entry.location}/mirror"
+        if not entry.live or entry.mirror is None:
+            continue
+        claims = {v.version: v for v in mirror_versions(DeltaTable(uri, storage_options=storage))}
+        assert claims[entry.mirror.version] == entry.mirror
+        if entry.mirror.exact:
+            exact += 1
+            expected = truth_at(records, entry.mirror.complete_ts)[".".join(entry.name)]
+            plain = DeltaTable(uri, version=entry.mirror.version, storage_options=storage).to_pyarrow_table()
+            assert arrow_table_rows(plain, expected.schema) == expected.rows
+    assert exact or not options  # lazy MERGEs are exact at what they claim

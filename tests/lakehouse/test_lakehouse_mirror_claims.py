@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from captures import TS, keyed_table, one_row_per_table
 from deltalake import DeltaTable
@@ -17,13 +19,17 @@ from consumer import app
 from consumer.app import build_pipeline, build_source
 from consumer.config import ConfigError, load_config
 from consumer.configured import build_sinks
+from consumer.lakehouse import catalog
+from consumer.lakehouse.catalog import CATALOG, Catalog
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.settings import CADENCE_PROPERTY, SETTINGS
-from consumer.lakehouse.tables import COMPLETE_TS, read_mirror, table_uri
+from consumer.lakehouse.status import read_status
+from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.tables import COMPLETE_TS, mirror_versions, read_mirror, table_uri
 from consumer.pipeline import resume
 from consumer.protocol.model import DML, Bootstrap, DMLType, Watermark
 from consumer.protocol.simple.encoder import MessageEncoder
-from consumer.simulate.truth import sent
+from consumer.simulate.truth import arrow_table_rows, sent, truth_at
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.delta import DeltaSink
 from consumer.sources.capture import write_capture
@@ -190,3 +196,91 @@ def test_a_due_merge_runs_while_the_stream_is_idle(tmp_path: Path, monkeypatch: 
     for n, table in enumerate("ab", start=1):
         rows = read_mirror(root, "shop", table)
         assert rows is not None and rows["id"].to_pylist() == [n]
+
+
+# -- what each mirror holds, in the catalog --------------------------------------------------------------
+MIRROR_COLUMNS = ("mirror_version", "mirror_ts", "mirror_newest_ts")
+
+
+def _catalog_mirror_records(root: Path) -> list[tuple[object, ...]]:
+    """Per catalog version, its rows' mirror columns, as a plain Delta reader of `_catalog` sees them."""
+    catalog = DeltaTable(str(root / CATALOG))
+    records = []
+    for version in range(catalog.version() + 1):
+        catalog.load_as_version(version)
+        rows = catalog.to_pyarrow_table()
+        columns = [c for c in ("location", *MIRROR_COLUMNS) if c in rows.column_names]
+        records.append(tuple(sorted(map(tuple, rows.select(columns).to_pylist()))))
+    return records
+
+
+@pytest.mark.parametrize("interval_rows", [0, 25])
+def test_the_catalog_records_what_each_mirror_holds_once_per_progress_record(
+    tmp_path: Path, interval_rows: int
+) -> None:
+    """MERGEd every batch or lazily, the catalog gains at most one change of its mirror columns per progress
+    record (however many MERGEs ran), each table's equals what its mirror's commits claim at that version
+    (never more than the newest claims), a plain Delta read of that version is the truth at the recorded
+    TSO wherever the version is exact (every lazy mirror at the end), and `status` shows the same."""
+    config = WorkloadConfig(rows=200, tables=3, partitions=2, ddl=False, seed=7, watermark_every_txns=4)
+    records = sent(Workload(config))
+    driver = _Driver(DeltaSink(tmp_path, mirror_interval_rows=interval_rows), config.partitions, 2)
+    driver.feed(records)
+
+    history = _catalog_mirror_records(tmp_path)
+    changes = sum(before != after for before, after in pairwise(history))
+    merges = sum(
+        commit["operation"] == "MERGE"
+        for path in tmp_path.glob("shop/*/mirror")
+        for commit in DeltaTable(str(path)).history()
+    )
+    progress_records = driver.watermarks // 2 + 1
+    assert 0 < changes <= progress_records
+    assert interval_rows or merges > 3 * progress_records  # MERGEd every batch: not one catalog commit each
+    status = {(t.database, t.table): t for t in read_status(tmp_path).tables}
+    assert len(status) == config.tables
+    for entry in Catalog(LakeRoot.of(tmp_path)).entries():
+        uri = table_uri(tmp_path, *entry.name)
+        assert uri is not None and entry.mirror is not None
+        claims = {v.version: v for v in mirror_versions(DeltaTable(uri))}
+        assert claims[entry.mirror.version] == entry.mirror
+        assert entry.mirror.complete_ts <= claims[max(claims)].complete_ts
+        shown = status[entry.name]
+        assert (shown.mirror_ts, shown.mirror_version) == (entry.mirror.complete_ts, entry.mirror.version)
+        assert shown.mirror_exact is entry.mirror.exact
+        if interval_rows:
+            assert entry.mirror.exact and entry.mirror.complete_ts > 0
+        if entry.mirror.exact:
+            expected = truth_at(records, entry.mirror.complete_ts)[".".join(entry.name)]
+            plain = DeltaTable(uri, version=entry.mirror.version).to_pyarrow_table()
+            assert arrow_table_rows(plain, expected.schema) == expected.rows
+
+
+def test_a_catalog_written_before_the_mirror_columns_reads_and_gains_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lake whose catalog has no mirror columns (written before them) reads: no record, nothing shown;
+    the next run's first record adds the columns, for any Delta reader."""
+    config = WorkloadConfig(rows=120, tables=2, partitions=2, ddl=False, seed=3, watermark_every_txns=4)
+    records = sent(Workload(config))
+    cut = len(records) // 2
+    older = pa.schema([f for f in catalog.CATALOG_SCHEMA if f.name not in MIRROR_COLUMNS])
+    with monkeypatch.context() as patched:
+        patched.setattr(catalog, "CATALOG_SCHEMA", older)
+        first = _Driver(DeltaSink(tmp_path, mirror_interval_rows=25), config.partitions, 1)
+        first.feed(records[:cut])
+    assert DeltaTable(str(tmp_path / CATALOG)).schema().to_arrow().names == older.names
+    assert [e.mirror for e in Catalog(LakeRoot.of(tmp_path)).entries()] == [None, None]
+    assert [(t.mirror_ts, t.mirror_exact) for t in read_status(tmp_path).tables] == [(None, None)] * 2
+    point = consistent_ts(tmp_path)
+    assert point is not None
+
+    restarted = _Driver(DeltaSink(tmp_path, mirror_interval_rows=25), config.partitions, 1)
+    restarted.offsets = dict(first.offsets)
+    restarted.feed(records[cut:])
+    plain = DeltaTable(str(tmp_path / CATALOG)).to_pyarrow_table()
+    assert plain.schema.names == catalog.CATALOG_SCHEMA.names
+    recorded = zip(*(plain[c].to_pylist() for c in ("location", *MIRROR_COLUMNS[:2])), strict=True)
+    for location, version, ts in recorded:
+        claims = {v.version: v for v in mirror_versions(DeltaTable(str(tmp_path / location / "mirror")))}
+        assert claims[version].complete_ts == ts >= point  # recorded by the second run
