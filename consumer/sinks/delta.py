@@ -574,15 +574,21 @@ class DeltaSink(LakehouseSink, MirrorMerges):
     def _record_mirrors(self) -> None:
         """Record in the catalog what the mirrors this sink committed to since its last progress record hold
         now, by their commits' claims: one catalog commit at most per progress record, not one per MERGE
-        (and none when no mirror moved to a later version)."""
+        (and none when no mirror moved to a later version). A mirror MERGEd every batch also holds every
+        change up to the consistent point just read (every member MERGEd its changes up to it before it
+        recorded progress), which its commits, made before, could not claim: so it is exact at the end of
+        a run, and whenever its newest change is no later than that point."""
         recorded = {entry.location: entry.mirror for entry in self.catalog.entries()}
+        point = 0 if self.lazy_mirrors else self._complete_ts  # a lazy mirror lags the point by design
         versions = {}
         for location in sorted(self._committed_mirrors):
-            mirror = self.root.open(self.root.join(location, "mirror"))
+            mirror = self.root.open(self.root.join(location, "mirror"))  # opened after the point was read
             known = recorded.get(location)
             latest = None if mirror is None else latest_mirror_version(mirror, known)
             if latest is not None and (known is None or latest.version > known.version):
-                versions[location] = latest
+                versions[location] = dataclasses.replace(
+                    latest, complete_ts=max(latest.complete_ts, point)
+                )
         self._committed_mirrors.clear()
         if versions:
             self.catalog.record_mirrors(versions)
