@@ -586,9 +586,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
             known = recorded.get(location)
             latest = None if mirror is None else latest_mirror_version(mirror, known)
             if latest is not None and (known is None or latest.version > known.version):
-                versions[location] = dataclasses.replace(
-                    latest, complete_ts=max(latest.complete_ts, point)
-                )
+                versions[location] = dataclasses.replace(latest, complete_ts=max(latest.complete_ts, point))
         self._committed_mirrors.clear()
         if versions:
             self.catalog.record_mirrors(versions)
