@@ -29,17 +29,24 @@ FAST_GROUP_ENV = {  # group joins of ~SESSION_TIMEOUT_S / 2 on the embedded brok
 
 
 def start_run(
-    servers: str, topic: str, group: str, sink: str, log: Path, processes: int, options: Sequence[str] = ()
+    servers: str,
+    topic: str,
+    group: str,
+    sink: str,
+    log: Path,
+    processes: int,
+    options: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     """A `ticdc-consumer run` until idle, logging to `log`, in its own process group (a SIGKILL of the
-    group takes its member processes too)."""
+    group takes its member processes too); `env` added to its environment."""
     command = [sys.executable, "-m", "consumer", "run", "--source", f"kafka://{servers}/{topic}"]
     command += ["--group", group, "--sink", sink, "--until-idle", "3", "--processes", str(processes)]
     command += options
     with log.open("w") as out:
         return subprocess.Popen(
             command,
-            env={**os.environ, **FAST_GROUP_ENV},
+            env={**os.environ, **FAST_GROUP_ENV, **(env or {})},
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,

@@ -45,6 +45,16 @@ def later_starts(
     return starts
 
 
+def recorded_offsets(sinks: Sequence[Sink], group: str) -> dict[TopicPartition, int]:
+    """Where the group resumes each partition by the sinks' records: only where every sink recorded an
+    offset (the lowest of them)."""
+    if not sinks:
+        return {}
+    per_sink = [sink.recorded_offsets(group) for sink in sinks]
+    common = set(per_sink[0]).intersection(*per_sink[1:])
+    return {tp: min(offsets[tp] for offsets in per_sink) for tp in common}
+
+
 def resumed_watermarks(
     partitions: Sequence[TopicPartition],
     starts: Mapping[TopicPartition, int | None],
@@ -148,11 +158,7 @@ class RecordedProgress:
     def _resume_offsets(self) -> dict[TopicPartition, int]:
         """A partition can resume from a sink-recorded offset only if every sink recorded one (the min)."""
         self._settle()
-        if not self.sinks:
-            return {}
-        per_sink = [sink.recorded_offsets(self.group) for sink in self.sinks]
-        common = set(per_sink[0]).intersection(*per_sink[1:])
-        return {tp: min(offsets[tp] for offsets in per_sink) for tp in common}
+        return recorded_offsets(self.sinks, self.group)
 
     def _watermarks(self) -> dict[TopicPartition, int]:
         """Per partition, a commit ts every sink that keeps progress recorded its changes applied up to."""

@@ -62,6 +62,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from consumer.batches.changes import META_COLUMNS, TableChanges, stored_name, stored_schema
 from consumer.config import sink_outputs
 from consumer.errors import SinkError
+from consumer.kill_points import kill_point
 from consumer.lakehouse.catalog import CatalogEntry, Name
 from consumer.lakehouse.history import (
     CLOSED_PROPERTY,
@@ -526,6 +527,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
             lagging = self._lagging[entry.location]  # MERGEd when due, after progress is recorded
             lagging.entry, lagging.rows = entry, lagging.rows + changes.changelog.num_rows
         elif "mirror" in self.outputs and changes.key_columns:
+            kill_point("mirror-merge")  # tests: the changelog committed, the mirror not MERGEd
             self._catch_up(context)
             self._merge_mirror(entry, changes, context)
         if "history" in self.outputs and changes.key_columns:

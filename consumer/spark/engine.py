@@ -21,7 +21,9 @@ Exactly once across a driver killed at any point:
 - A batch interrupted mid-way runs again from the previous record; the sinks skip the rows they hold (Delta
   app transactions and the Parquet manifest per partition), DDLs are idempotent.
 - A new checkpoint on the same lake starts a partition where the sinks' recorded offsets say (as a loop
-  engine joining a group does), and the sinks skip anything they hold.
+  engine joining a group does: the query's `startingOffsets`), and the sinks skip anything they hold. A
+  checkpoint behind the lake (the loop engine ran since) feeds none of the records before those offsets.
+  Either engine takes over from the other: the same group, app transactions, progress and schema records.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
@@ -56,7 +59,7 @@ from consumer.configured import (
 from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.pipeline import DecodedRecord, Pipeline, PipelineStats
-from consumer.pipeline.resume import PROGRESS_SECONDS
+from consumer.pipeline.resume import PROGRESS_SECONDS, recorded_offsets
 from consumer.protocol.model import RawDML, Watermark
 from consumer.protocol.table import TableCodec
 from consumer.sinks.base import Sink
@@ -68,7 +71,14 @@ from consumer.spark.carry import Carry, CarryStore
 from consumer.spark.merges import ExecutorMerges
 from consumer.spark.segments import Segment, merged
 from consumer.spark.session import spark_session
-from consumer.spark.source import TASK_SETTINGS, OffsetRange, TicdcOptions, read_range, register
+from consumer.spark.source import (
+    TASK_SETTINGS,
+    OffsetRange,
+    TicdcOptions,
+    read_range,
+    register,
+    starting_offsets,
+)
 from consumer.state.schema_cache import snapshot_schemas
 from consumer.state.units import RowOrigins, SchemaKey
 from consumer.stopping import StopRequest
@@ -196,9 +206,9 @@ class ChangeBatches:
     ) -> None:
         check_engine(config, "spark")
         self.config = config
-        self.options = stream_options(config)
         policy = build_policy(config)
         self.sinks = list(sinks) if sinks is not None else build_sinks(config)
+        self.options = _starting_where_recorded(stream_options(config), self.sinks)
         self.dead_letters = dead_letters or build_dead_letters(config)
         self.large_messages = large_messages or build_large_messages(config, policy)
         self.on_batch = on_batch
@@ -221,6 +231,7 @@ class ChangeBatches:
         self._live: list[Segment] = []  # the records fed and not yet carried: where typed rows are found
         self._unfed: list[Segment] = []  # a restored carry, fed before the next batch
         self._watermarks: dict[TopicPartition, int] = {}  # each partition's last WATERMARK offset
+        self._starts: dict[TopicPartition, int] = {}  # the lake's resume offsets, where ahead of the query
         self._applier = ThreadPoolExecutor(1, thread_name_prefix="ticdc-apply")
         self._applying: Future[None] | None = None  # the batch handed over last, while it is applied
 
@@ -338,6 +349,7 @@ class ChangeBatches:
         self._pipeline = pipeline
         self._live = self._unfed = carry.segments if carry is not None else []
         self._watermarks = {}
+        self._starts = {}
 
     def _merges_elsewhere(self) -> bool:
         """Whether a sink MERGEs its mirrors on the executors, as progress is recorded: then progress is
@@ -352,8 +364,9 @@ class ChangeBatches:
         collecting = gc.isenabled()
         gc.disable()  # as `Pipeline.run`: a batch's rows are many short-lived objects without cycles
         try:
-            segments = self._assign(self._pipeline, segments)
-            feed = [*self._unfed, *segments]
+            self._assign(self._pipeline, segments)
+            segments = self._unapplied(segments)
+            feed = self._unapplied(self._unfed) + segments
             self._unfed = []
             self._live = [*self._live, *segments]
             self._rows.use(self._live)
@@ -367,18 +380,24 @@ class ChangeBatches:
         if self.on_batch:
             self.on_batch(self._pipeline)
 
-    def _assign(self, pipeline: Pipeline, segments: list[Segment]) -> list[Segment]:
-        """Partitions seen for the first time are assigned to the state machine; where the sinks recorded a
-        later resume offset (a new checkpoint on an existing lake), the records before it are left out."""
+    def _assign(self, pipeline: Pipeline, segments: list[Segment]) -> None:
+        """Partitions seen for the first time are assigned to the state machine, which says where the sinks
+        recorded a later resume offset (another run applied the records before it: the other engine, or
+        this one with another checkpoint)."""
         fresh: dict[TopicPartition, int] = {}
         for segment in [*self._unfed, *segments]:
             if segment.tp not in self._source.assigned:
                 fresh[segment.tp] = min(fresh.get(segment.tp, segment.start_offset), segment.start_offset)
         if not fresh:
-            return segments
+            return
         self._source.first.update(fresh)
         self._source.assigned |= set(fresh)
-        starts = pipeline.on_assign(sorted(fresh)) or {}
+        self._starts.update(pipeline.on_assign(sorted(fresh)) or {})
+
+    def _unapplied(self, segments: list[Segment]) -> list[Segment]:
+        """The records at or after their partition's resume offset: a query behind the lake reads records
+        another run applied for as many batches as it takes to reach it, and feeds none of them."""
+        starts = self._starts
         return [segment.from_offset(starts.get(segment.tp, segment.start_offset)) for segment in segments]
 
     def _records(self, segments: Sequence[Segment]) -> Iterator[DecodedRecord]:
@@ -413,6 +432,15 @@ class ChangeBatches:
     def _marks(self, tp: TopicPartition) -> list[int]:
         mark = self._watermarks.get(tp)
         return [] if mark is None else [mark]
+
+
+def _starting_where_recorded(options: TicdcOptions, sinks: Sequence[Sink]) -> TicdcOptions:
+    """A new checkpoint's query starts each partition where the sinks' records resume the group (as a loop
+    engine joining it does), not at its earliest; Spark reads `startingOffsets` only without a checkpoint."""
+    recorded = recorded_offsets(sinks, options.group)
+    if not recorded or options.starting_offsets != "earliest":
+        return options
+    return msgspec.structs.replace(options, starting_offsets=starting_offsets(recorded))
 
 
 def _collected(frame: DataFrame, batch_id: int) -> list[dict[str, Any]]:

@@ -607,6 +607,12 @@ def _tasks(ranges: list[OffsetRange], options: TicdcOptions) -> list[InputPartit
     return tasks
 
 
+def starting_offsets(offsets: Mapping[TopicPartition, int]) -> str:
+    """The `startingOffsets` option that starts these partitions at these offsets (the others at their
+    earliest)."""
+    return json.dumps(_offsets_json(offsets))
+
+
 def _offsets_json(offsets: Mapping[TopicPartition, int]) -> Offsets:
     result: Offsets = {}
     for (topic, partition), offset in sorted(offsets.items()):

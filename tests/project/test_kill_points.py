@@ -1,0 +1,41 @@
+"""`consumer.kill_points`: a process (in its own group, as the commands tests kill) SIGKILLs its group at
+the chosen pass of the named point, and nowhere else."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from consumer.kill_points import ENV
+
+PASSES = """
+from consumer.kill_points import kill_point
+for n in range(3):
+    kill_point("x")
+    print(n, flush=True)
+"""
+
+
+def _run(point: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", PASSES],
+        env={**os.environ, ENV: point},
+        capture_output=True,
+        text=True,
+        start_new_session=True,  # the kill takes its process group: not this one
+        timeout=60,
+    )
+
+
+def test_the_named_point_kills_at_its_chosen_pass() -> None:
+    killed = _run("x:2")
+    assert (killed.returncode, killed.stdout.split()) == (-signal.SIGKILL, ["0"])
+    assert _run("x").stdout == ""
+
+
+def test_other_points_and_passes_past_the_end_do_nothing() -> None:
+    for point in ("y", "x:4", ""):
+        ran = _run(point)
+        assert (ran.returncode, ran.stdout.split()) == (0, ["0", "1", "2"])
