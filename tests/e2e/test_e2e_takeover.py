@@ -39,7 +39,7 @@ from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.testing.broker import EmbeddedBroker
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e, pytest.mark.slow]
-SPARK_BATCH_RECORDS = "1000"  # several micro-batches per Spark run
+BATCH_RECORDS = {"TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "500"}  # several batches per run
 Run = tuple[subprocess.Popen[str], Path]  # a command and its log
 
 
@@ -52,6 +52,7 @@ def _produce(broker: EmbeddedBroker, topic: str, rows: int) -> Workload:
 def _loop(broker: EmbeddedBroker, topic: str, root: Path, env: Mapping[str, str] | None = None) -> Run:
     """A loop engine `run` of the group `<topic>.g` until idle, not waited for."""
     log = root.parent / f"loop-{time.monotonic_ns()}.log"
+    env = {**BATCH_RECORDS, **(env or {})}
     return start_run(broker.bootstrap_servers, topic, f"{topic}.g", f"delta:{root}", log, 1, env=env), log
 
 
@@ -74,7 +75,7 @@ def _spark(
     with log.open("w") as out:
         process = subprocess.Popen(
             command,
-            env={**os.environ, "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": SPARK_BATCH_RECORDS, **(env or {})},
+            env={**os.environ, **BATCH_RECORDS, **(env or {})},
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
@@ -160,7 +161,7 @@ def test_the_engines_take_turns_on_one_lake_and_it_ends_exact(
     cleanly part-way but the last two: each applies exactly the rows the lake lacks (its summary counts
     them), and the last loop run finds nothing to do."""
     topic = kafka_topic(3)
-    workload = _produce(kafka_broker, topic, rows=10000)  # a loop engine's first cycle reads 5000 records
+    workload = _produce(kafka_broker, topic, rows=3000)
     truth = write_ground_truth(workload, tmp_path / "truth.json")
     root, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
     images = changelog_images(workload.config)
