@@ -96,6 +96,15 @@ class SparkQueryError(ConsumerError):
     """The streaming query failed outside the foreachBatch function (e.g. a task could not read Kafka)."""
 
 
+class WorkerStartError(SparkQueryError):
+    """A Python worker the query needed did not connect back to the JVM within Spark's fixed 10 s (the
+    streaming source's planner, started with each query: on a loaded machine its start-up can take
+    longer). Nothing was applied by the failed query, so starting it again is exact."""
+
+
+WORKER_STARTS = 3  # query starts tried when its Python worker does not connect back in time
+
+
 class _SparkOffsets:
     """The `Source` the pipeline sees: Spark reads Kafka, so commits are only remembered (the sinks record
     them as resume points) and pauses go to the planner through the engine's record."""
@@ -535,7 +544,8 @@ class LakehouseQuery:
     def _failure(self, exc: StreamingQueryException) -> BaseException:
         if self.batches.failure is not None:
             return self.batches.failure
-        return SparkQueryError(f"the streaming query failed: {str(exc).splitlines()[0]}")
+        error = WorkerStartError if "Python worker failed to connect back" in str(exc) else SparkQueryError
+        return error(f"the streaming query failed: {str(exc).splitlines()[0]}")
 
 
 def start_lakehouse(
@@ -616,13 +626,26 @@ def _query_starter(
     return start
 
 
+def _awaited(start: QueryStarter, trigger: dict[str, Any], handler: ChangeBatches, stop: StopRequest) -> None:
+    """Start a query and await it (`_await`), starting it again when its Python worker was too slow to
+    connect back (`WorkerStartError`), up to WORKER_STARTS times."""
+    for attempt in range(1, WORKER_STARTS + 1):
+        try:
+            _await(start(trigger), handler, stop)
+            return
+        except WorkerStartError as exc:
+            if attempt == WORKER_STARTS or stop.requested:
+                raise
+            log.warning("%s; starting the query again (%d of %d)", exc, attempt + 1, WORKER_STARTS)
+
+
 def _run_until_idle(
     start: QueryStarter, until_idle: float, handler: ChangeBatches, stop: StopRequest
 ) -> None:
     idle_since = time.monotonic()
     while not stop.requested:
         changed = handler.changed_batches
-        _await(start({"availableNow": True}), handler, stop)
+        _awaited(start, {"availableNow": True}, handler, stop)
         now = time.monotonic()
         if handler.changed_batches != changed:
             idle_since = now
@@ -635,11 +658,17 @@ def _run_until_idle(
 def _run_continuously(
     start: QueryStarter, trigger_seconds: float, handler: ChangeBatches, stop: StopRequest
 ) -> None:
-    query = start({"processingTime": f"{trigger_seconds} seconds"})
+    queries: list[StreamingQuery] = []
+
+    def started(trigger: dict[str, Any]) -> StreamingQuery:
+        queries.append(start(trigger))
+        return queries[-1]
+
     try:
-        _await(query, handler, stop)
+        _awaited(started, {"processingTime": f"{trigger_seconds} seconds"}, handler, stop)
     except KeyboardInterrupt:  # a second signal, or a Ctrl-C outside `StopRequest.on_signals`
-        query.stop()  # between batches or mid-batch: either way the record and the sinks stay exact
+        if queries:  # between batches or mid-batch: either way the record and the sinks stay exact
+            queries[-1].stop()
 
 
 def _await(query: StreamingQuery, handler: ChangeBatches, stop: StopRequest) -> None:

@@ -193,7 +193,8 @@ def test_sigterm_stops_a_running_query_cleanly_and_a_restart_completes_it_exactl
     kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:
     """SIGTERM to the command alone (a service manager's stop): the query stops, what was handed over is
-    applied, the command exits 0 and its JVM and Python workers end with it."""
+    applied, the command exits 0 and its JVM and Python workers end with it. The restart's first query
+    fails to start (its Python worker too slow to connect back) and is started again, exactly."""
     topic = kafka_topic(3)
     workload = _produce(kafka_broker, topic, "json", "none", rows=3000)
     truth = write_ground_truth(workload, tmp_path / "truth.json")
@@ -212,10 +213,26 @@ def test_sigterm_stops_a_running_query_cleanly_and_a_restart_completes_it_exactl
         assert time.monotonic() < deadline, "the stopped command left processes of its group running"
         time.sleep(0.1)
 
-    _finish(*_start(kafka_broker, topic, root, checkpoint))
+    slow = _slow_first_source_runner(tmp_path)  # the restart's first query fails to start: started again
+    restarted = _finish(*_start(kafka_broker, topic, root, checkpoint, env={"PYSPARK_PYTHON": str(slow)}))
+    assert "did not connect back" not in restarted and "starting the query again (2 of 3)" in restarted
     assert differences(delta_mirror_state(root, [t.schema for t in workload.tables]), truth) == []
     assert changelog_duplicates(root) == 0
     assert changelog_rows(root) == changelog_images(workload.config)
+
+
+def _slow_first_source_runner(directory: Path) -> Path:
+    """A Python for Spark's workers whose first streaming-source planner starts 12 s late: past the 10 s
+    Spark gives a worker to connect back, as on a machine too loaded to start Python in time."""
+    script = directory / "slow-python"
+    script.write_text(
+        "#!/bin/sh\n"
+        'if [ "$2" = pyspark.sql.streaming.python_streaming_source_runner ] '
+        f'&& mkdir "{directory}/slowed" 2>/dev/null; then sleep 12; fi\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
 
 
 @pytest.mark.parametrize(
