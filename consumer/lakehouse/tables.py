@@ -140,9 +140,10 @@ def read_mirror(
     Raises TsoOutOfRangeError for a TSO outside `retained_range(root)`.
     """
     lake = LakeRoot.of(root, storage_options)
-    tso = _target(lake, as_of_tso)
-    entry = Catalog(lake).find((database, table), tso)
-    rows = None if entry is None else _mirror_at(lake, entry, tso)
+    catalog, ddls = Catalog(lake), DDLLog(lake).rows()  # read once, for the range and the table
+    tso = _target(lake, as_of_tso, catalog, ddls)
+    entry = catalog.find((database, table), tso)
+    rows = None if entry is None else _mirror_at(lake, entry, tso, ddls)
     return rows if rows is None or columns is None else rows.select(list(columns))
 
 
@@ -153,7 +154,7 @@ def retained_range(
     `maintain --as-of-retention` removed older changes, the oldest TSO every table still answers as of) to
     its consistent point; None where unknown (nothing written, no progress recorded)."""
     lake = LakeRoot.of(root, storage_options)
-    earliest, floor = _earliest(lake)
+    earliest, floor = _earliest(lake, Catalog(lake), DDLLog(lake).rows())
     return _oldest(earliest, floor), consistent_ts(lake)
 
 
@@ -201,11 +202,11 @@ def _newest(before: int | None, commit: Mapping[str, Any]) -> int | None:
     return None if commit.get("operation") in ROW_OPERATIONS else before
 
 
-def _target(lake: LakeRoot, as_of_tso: int | None) -> int:
+def _target(lake: LakeRoot, as_of_tso: int | None, catalog: Catalog, ddls: list[dict[str, Any]]) -> int:
     point = consistent_ts(lake)
     if as_of_tso is None:
         return LATEST if point is None else point
-    earliest, floor = _earliest(lake)
+    earliest, floor = _earliest(lake, catalog, ddls)
     if floor is not None and as_of_tso < floor and point is not None and as_of_tso <= point:
         raise AsOfRetentionError(as_of_tso, floor, point)
     oldest = _oldest(earliest, floor)
@@ -218,12 +219,12 @@ def _oldest(earliest: int | None, floor: int | None) -> int | None:
     return earliest if floor is None else max(floor, earliest or floor)
 
 
-def _earliest(lake: LakeRoot) -> tuple[int | None, int | None]:
-    """The earliest change retained (a DDL or a row), and the oldest TSO every table answers as of after
-    `maintain` removed older changes (None: it removed none)."""
-    starts = [row["commit_ts"] for row in DDLLog(lake).rows()[:1]]
+def _earliest(lake: LakeRoot, catalog: Catalog, ddls: list[dict[str, Any]]) -> tuple[int | None, int | None]:
+    """The earliest change retained (a DDL of `ddls`, the logged ones, or a row), and the oldest TSO every
+    table answers as of after `maintain` removed older changes (None: it removed none)."""
+    starts = [row["commit_ts"] for row in ddls[:1]]
     floors = []
-    for entry in Catalog(lake).entries():
+    for entry in catalog.entries():
         changelog = lake.open(entry_uri(lake, entry, "changelog"))
         if changelog is None:
             continue
@@ -245,9 +246,12 @@ def _smallest_ts(lake: LakeRoot, table: DeltaTable) -> int:
 
 
 # -- a table as of a TSO -------------------------------------------------------------------------------
-def _mirror_at(lake: LakeRoot, entry: CatalogEntry, tso: int) -> pa.Table | None:
-    """The table's rows as of `tso`; None for a table without a key (a changelog, no mirror)."""
-    ddls = [row for row in DDLLog(lake).rows() if row["commit_ts"] <= tso and _concerns(entry, row)]
+def _mirror_at(
+    lake: LakeRoot, entry: CatalogEntry, tso: int, ddl_log: list[dict[str, Any]]
+) -> pa.Table | None:
+    """The table's rows as of `tso` (`ddl_log`: the DDL log's rows); None for a table without a key (a
+    changelog, no mirror)."""
+    ddls = [row for row in ddl_log if row["commit_ts"] <= tso and _concerns(entry, row)]
     logged = next((table_schema(r["schema"]) for r in reversed(ddls) if r["schema"] is not None), None)
     mirror = lake.open(entry_uri(lake, entry, "mirror"))
     changelog = lake.open(entry_uri(lake, entry, "changelog"))
@@ -445,26 +449,30 @@ def latest_per_key(changelog: pa.Table, key_columns: Sequence[str]) -> pa.Table:
     """Each key's last change in the batch by (commit_ts, partition, offset); preimages never win.
 
     The result is what a mirror MERGE needs: one source row per key (delta-rs rejects duplicates), with
-    `_change_type` telling upsert from delete. Only the key and ordering columns are sorted and grouped;
-    the whole rows are taken once, the winners.
+    `_change_type` telling upsert from delete. Only the key and ordering columns are sorted (unless already
+    in order) and grouped; the whole rows are taken once, the winners.
     """
     keys = list(key_columns)
     narrow = changelog.select([*keys, *(f.name for f in ORDER), "_commit_ts"])
     narrow = narrow.append_column("_row", pa.array(np.arange(changelog.num_rows), pa.int64()))
     images = narrow.filter(pc.not_equal(narrow["_change_type"], "update_preimage"))
-    order = pc.sort_indices(
-        images,
-        [
-            ("_commit_ts", "ascending"),
-            ("_partition", "ascending"),
-            ("_offset", "ascending"),
-            ("_change_type", "descending"),
-        ],
-    )
-    ranked = images.select([*keys, "_row"]).take(order)
+    if not _in_change_order(images):
+        order = [("_commit_ts", "ascending"), ("_partition", "ascending"), ("_offset", "ascending")]
+        images = images.take(pc.sort_indices(images, [*order, ("_change_type", "descending")]))
+    ranked = images.select([*keys, "_row"])
     ranked = ranked.append_column("_position", pa.array(np.arange(ranked.num_rows), pa.int64()))
     last = ranked.group_by(keys, use_threads=False).aggregate([("_position", "max")])
     return changelog.take(ranked["_row"].take(last["_position_max"]))
+
+
+def _in_change_order(images: pa.Table) -> bool:
+    """Whether the images are in strictly increasing (commit ts, partition, offset) order, as a changelog
+    written in order reads back: no two tie, so sorting them would change nothing."""
+    columns = [images[name] for name in ("_commit_ts", "_partition", "_offset")]
+    if any(column.null_count for column in columns):
+        return False
+    ts, partition, offset = (np.diff(column.to_numpy().astype(np.int64)) for column in columns)
+    return bool(np.all((ts > 0) | ((ts == 0) & ((partition > 0) | ((partition == 0) & (offset > 0))))))
 
 
 def bucket_of(values: pa.ChunkedArray | pa.Array, buckets: int) -> pa.Array:
@@ -523,7 +531,7 @@ def read_history(
     if as_of_tso is None:
         tso, entry = LATEST, catalog.current((database, table))
     else:
-        tso = _target(lake, as_of_tso)
+        tso = _target(lake, as_of_tso, catalog, DDLLog(lake).rows())
         entry = catalog.find((database, table), tso)
     history = None if entry is None else lake.open(entry_uri(lake, entry, "history"))
     if history is None or entry is None:
