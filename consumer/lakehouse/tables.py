@@ -129,9 +129,10 @@ def read_mirror(
     Raises TsoOutOfRangeError for a TSO outside `retained_range(root)`.
     """
     lake = LakeRoot.of(root, storage_options)
-    tso = _target(lake, as_of_tso)
-    entry = Catalog(lake).find((database, table), tso)
-    rows = None if entry is None else _mirror_at(lake, entry, tso)
+    catalog, ddls = Catalog(lake), DDLLog(lake).rows()  # read once, for the range and the table
+    tso = _target(lake, as_of_tso, catalog, ddls)
+    entry = catalog.find((database, table), tso)
+    rows = None if entry is None else _mirror_at(lake, entry, tso, ddls)
     return rows if rows is None or columns is None else rows.select(list(columns))
 
 
@@ -142,7 +143,7 @@ def retained_range(
     `maintain --as-of-retention` removed older changes, the oldest TSO every table still answers as of) to
     its consistent point; None where unknown (nothing written, no progress recorded)."""
     lake = LakeRoot.of(root, storage_options)
-    earliest, floor = _earliest(lake)
+    earliest, floor = _earliest(lake, Catalog(lake), DDLLog(lake).rows())
     return _oldest(earliest, floor), consistent_ts(lake)
 
 
@@ -211,11 +212,11 @@ def _newest(before: int | None, commit: Mapping[str, Any]) -> int | None:
     return None if commit.get("operation") in ROW_OPERATIONS else before
 
 
-def _target(lake: LakeRoot, as_of_tso: int | None) -> int:
+def _target(lake: LakeRoot, as_of_tso: int | None, catalog: Catalog, ddls: list[dict[str, Any]]) -> int:
     point = consistent_ts(lake)
     if as_of_tso is None:
         return LATEST if point is None else point
-    earliest, floor = _earliest(lake)
+    earliest, floor = _earliest(lake, catalog, ddls)
     if floor is not None and as_of_tso < floor and point is not None and as_of_tso <= point:
         raise AsOfRetentionError(as_of_tso, floor, point)
     oldest = _oldest(earliest, floor)
@@ -228,12 +229,12 @@ def _oldest(earliest: int | None, floor: int | None) -> int | None:
     return earliest if floor is None else max(floor, earliest or floor)
 
 
-def _earliest(lake: LakeRoot) -> tuple[int | None, int | None]:
-    """The earliest change retained (a DDL or a row), and the oldest TSO every table answers as of after
-    `maintain` removed older changes (None: it removed none)."""
-    starts = [row["commit_ts"] for row in DDLLog(lake).rows()[:1]]
+def _earliest(lake: LakeRoot, catalog: Catalog, ddls: list[dict[str, Any]]) -> tuple[int | None, int | None]:
+    """The earliest change retained (a DDL of `ddls`, the logged ones, or a row), and the oldest TSO every
+    table answers as of after `maintain` removed older changes (None: it removed none)."""
+    starts = [row["commit_ts"] for row in ddls[:1]]
     floors = []
-    for entry in Catalog(lake).entries():
+    for entry in catalog.entries():
         changelog = lake.open(entry_uri(lake, entry, "changelog"))
         if changelog is None:
             continue
@@ -255,9 +256,12 @@ def _smallest_ts(lake: LakeRoot, table: DeltaTable) -> int:
 
 
 # -- a table as of a TSO -------------------------------------------------------------------------------
-def _mirror_at(lake: LakeRoot, entry: CatalogEntry, tso: int) -> pa.Table | None:
-    """The table's rows as of `tso`; None for a table without a key (a changelog, no mirror)."""
-    ddls = [row for row in DDLLog(lake).rows() if row["commit_ts"] <= tso and _concerns(entry, row)]
+def _mirror_at(
+    lake: LakeRoot, entry: CatalogEntry, tso: int, ddl_log: list[dict[str, Any]]
+) -> pa.Table | None:
+    """The table's rows as of `tso` (`ddl_log`: the DDL log's rows); None for a table without a key (a
+    changelog, no mirror)."""
+    ddls = [row for row in ddl_log if row["commit_ts"] <= tso and _concerns(entry, row)]
     logged = next((table_schema(r["schema"]) for r in reversed(ddls) if r["schema"] is not None), None)
     mirror = lake.open(entry_uri(lake, entry, "mirror"))
     changelog = lake.open(entry_uri(lake, entry, "changelog"))
@@ -268,9 +272,9 @@ def _mirror_at(lake: LakeRoot, entry: CatalogEntry, tso: int) -> pa.Table | None
     if not key and changelog is not None:
         return None
     base, since = _base(lake, mirror, tso, changelog) if mirror is not None else (None, -1)
-    window = _changes(lake, changelog, since, tso) if changelog is not None and key else None
     names = _user_columns(logged if logged is not None else mirror and pa.schema(mirror.schema().to_arrow()))
     schema = _output_schema(names, [*stored, *([logged] if logged is not None else [])])
+    window = _changes(lake, changelog, since, tso, schema) if changelog is not None else None
     floor = max([r["commit_ts"] for r in ddls if r["type"] == "TRUNCATE"], default=0)
     if entry.truncated_ts is not None and entry.truncated_ts <= tso:
         floor = max(floor, entry.truncated_ts)
@@ -330,13 +334,14 @@ def _base(
     return None, -1
 
 
-def _changes(lake: LakeRoot, changelog: DeltaTable, since: int, tso: int) -> pa.Table:
+def _changes(lake: LakeRoot, changelog: DeltaTable, since: int, tso: int, schema: pa.Schema) -> pa.Table:
+    """The changelog's rows in (since, tso], only the columns the read gives and orders changes by."""
+    dataset = lake.scan(changelog)
+    wanted = [*schema.names, *(f.name for f in ORDER)]
     ts = pc.field("_commit_ts")
-    return lake.scan(changelog).to_table(filter=(ts > since) & (ts <= tso))
-
-
-def _schemas(table: DeltaTable | None) -> list[pa.Schema]:
-    return [] if table is None else [pa.schema(table.schema().to_arrow())]
+    return dataset.to_table(
+        columns=[name for name in wanted if name in dataset.schema.names], filter=(ts > since) & (ts <= tso)
+    )
 
 
 def _output_schema(names: Sequence[str], sources: Sequence[pa.Schema]) -> pa.Schema:
@@ -352,46 +357,70 @@ def _output_schema(names: Sequence[str], sources: Sequence[pa.Schema]) -> pa.Sch
 def _applied(
     schema: pa.Schema, base: pa.Table | None, window: pa.Table | None, key: list[str], floor: int
 ) -> pa.Table:
-    """The base's rows with the window's changes applied: each key's latest image wins (base rows first
-    at an equal commit ts), deletes remove, and nothing older than the last TRUNCATE (`floor`) stays.
-    Only the window's keys are ordered: the base holds one row per key, kept unless a change of its key
-    is as new or newer."""
-    if window is not None and window.num_rows:
-        latest = latest_per_key(_conformed(window, schema), key)
-    else:
-        latest = _conformed(window, schema) if window is not None else None
-    if base is None or not base.num_rows:
-        rows = None
-    else:
-        rows = _shaped(base, schema)
-        if latest is not None and latest.num_rows:
-            rows, latest = _newest_of(rows, latest, key)
-    parts = [] if rows is None else [rows]
-    if latest is not None and latest.num_rows:
-        parts.append(latest.filter(pc.not_equal(latest["_change_type"], "delete")).select(schema.names))
-    parts = [part.filter(pc.greater_equal(part["_commit_ts"], floor)) for part in parts]
-    if not parts:
+    """The base's rows with the window's changes applied, in key order: each key's latest image wins (base
+    rows first at an equal commit ts), deletes remove, and nothing older than the last TRUNCATE (`floor`)
+    stays. Only the window's keys are ordered: the base holds one row per key, kept unless a change of
+    its key is as new or newer."""
+    rows = _shaped(base if base is not None else schema.empty_table(), schema)
+    latest = _conformed(window if window is not None else schema.empty_table(), schema)
+    if not rows.num_rows and not latest.num_rows:
         return schema.empty_table()
-    return _by_key(parts, key)
+    if latest.num_rows:
+        latest = latest_per_key(latest, key)
+    stored = _integer_keys_in_order(rows, key)
+    if stored is not None and not latest[key[0]].null_count:
+        return _merged_in_order(rows, stored, latest, key[0], floor)
+    return _sorted_merge(rows, latest, key, floor)
 
 
-def _by_key(parts: list[pa.Table], key: list[str]) -> pa.Table:
-    """The parts' rows ordered by key. A base already in key order (a clustered mirror) with one integer
-    key is merged with the (few) other rows, not sorted again."""
-    rows = pa.concat_tables(parts)
-    column = rows.schema.field(key[0]).type if len(key) == 1 else None
-    if len(parts) == 2 and column is not None and pa.types.is_integer(column) and not rows[key[0]].null_count:
-        stored, added = (part[key[0]].to_numpy() for part in parts)
-        if stored.size < 2 or bool(np.all(stored[1:] > stored[:-1])):
-            order = np.argsort(added, kind="stable")
-            places = np.searchsorted(stored, added[order]) + np.arange(added.size)
-            permutation = np.empty(stored.size + added.size, dtype=np.int64)
-            taken = np.zeros(permutation.size, dtype=bool)
-            taken[places] = True
-            permutation[places] = stored.size + order
-            permutation[~taken] = np.arange(stored.size)
-            return rows.take(pa.array(permutation))
-    return rows.take(pc.sort_indices(rows, [(name, "ascending") for name in key]))
+def _integer_keys_in_order(rows: pa.Table, key: list[str]) -> np.ndarray | None:
+    """The rows' one integer key column when they are in strictly increasing key order (a clustered
+    mirror, or none), else None."""
+    if len(key) != 1 or not pa.types.is_integer(rows.schema.field(key[0]).type) or rows[key[0]].null_count:
+        return None
+    stored = rows[key[0]].to_numpy()
+    return stored if stored.size < 2 or bool(np.all(stored[1:] > stored[:-1])) else None
+
+
+def _merged_in_order(rows: pa.Table, stored: np.ndarray, latest: pa.Table, key: str, floor: int) -> pa.Table:
+    """`_applied` for a base in key order (`stored`: its keys): the changes, ordered by key, find their
+    keys' places by binary search, so the base is neither joined nor sorted. Only the rows from the first
+    place a change touches to the last are taken anew; those before and after stay as they are."""
+    by_key = np.argsort(latest[key].to_numpy())
+    keys, change_ts = latest[key].to_numpy()[by_key], latest["_commit_ts"].to_numpy()[by_key]
+    upsert = pc.not_equal(latest["_change_type"], "delete").to_numpy(zero_copy_only=False)[by_key]
+    stored_ts = rows["_commit_ts"].to_numpy()
+    at = np.searchsorted(stored, keys)
+    found = at < stored.size
+    found[found] = stored[at[found]] == keys[found]
+    base_loses = found.copy()
+    base_loses[found] = change_ts[found] >= stored_ts[at[found]]
+    kept = stored_ts >= floor
+    kept[at[base_loses]] = False
+    added = np.flatnonzero((~found | base_loses) & upsert & (change_ts >= floor))
+    touched = np.concatenate([np.flatnonzero(~kept), at[added]])
+    if not touched.size:
+        return rows
+    low, high = int(touched.min()), min(int(touched.max()) + 1, stored.size)
+    remaining = np.flatnonzero(kept[low:high]) + low
+    places = np.searchsorted(remaining, at[added]) + np.arange(added.size)  # before its key's base row
+    order = np.empty(remaining.size + added.size, dtype=np.int64)
+    is_added = np.zeros(order.size, dtype=bool)
+    is_added[places] = True
+    order[places] = stored.size + by_key[added]
+    order[~is_added] = remaining
+    middle = pa.concat_tables([rows, latest.select(rows.column_names)]).take(pa.array(order))
+    return pa.concat_tables([rows.slice(0, low), middle, rows.slice(high)])
+
+
+def _sorted_merge(rows: pa.Table, latest: pa.Table, key: list[str], floor: int) -> pa.Table:
+    """`_applied` for any base: a hash join on the changed keys picks base row or change, then one sort."""
+    if rows.num_rows and latest.num_rows:
+        rows, latest = _newest_of(rows, latest, key)
+    upserts = latest.filter(pc.not_equal(latest["_change_type"], "delete")).select(rows.column_names)
+    merged = pa.concat_tables([rows, upserts])
+    merged = merged.filter(pc.greater_equal(merged["_commit_ts"], floor))
+    return merged.take(pc.sort_indices(merged, [(name, "ascending") for name in key]))
 
 
 def _newest_of(base: pa.Table, latest: pa.Table, key: list[str]) -> tuple[pa.Table, pa.Table]:
@@ -413,7 +442,7 @@ def _newest_of(base: pa.Table, latest: pa.Table, key: list[str]) -> tuple[pa.Tab
 
 
 def _shaped(part: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`part` with exactly `schema`'s columns (null where it lacks one)."""
+    """`part` with exactly `schema`'s columns, all nullable (null where it lacks one)."""
     columns = [
         part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(part.num_rows, f.type)
         for f in schema
@@ -423,34 +452,37 @@ def _shaped(part: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def _conformed(part: pa.Table, schema: pa.Schema) -> pa.Table:
     """`part` with `schema`'s columns (null where it lacks one) and its ordering columns."""
-    columns = [
-        part[f.name].cast(f.type) if f.name in part.column_names else pa.nulls(part.num_rows, f.type)
-        for f in schema
-    ]
-    ordering = [part[f.name].cast(f.type) for f in ORDER]
-    fields = [*(f.with_nullable(True) for f in schema), *ORDER]
-    return pa.Table.from_arrays([*columns, *ordering], schema=pa.schema(fields))
+    return _shaped(part, pa.schema([*schema, *ORDER]))
 
 
 def latest_per_key(changelog: pa.Table, key_columns: Sequence[str]) -> pa.Table:
     """Each key's last change in the batch by (commit_ts, partition, offset); preimages never win.
 
     The result is what a mirror MERGE needs: one source row per key (delta-rs rejects duplicates), with
-    `_change_type` telling upsert from delete.
+    `_change_type` telling upsert from delete. Only the key and ordering columns are sorted (unless already
+    in order) and grouped; the whole rows are taken once, the winners.
     """
-    images = changelog.filter(pc.not_equal(changelog["_change_type"], "update_preimage"))
-    order = pc.sort_indices(
-        images,
-        [
-            ("_commit_ts", "ascending"),
-            ("_partition", "ascending"),
-            ("_offset", "ascending"),
-            ("_change_type", "descending"),
-        ],
-    )
-    ordered = images.take(order).append_column("_position", pa.array(range(images.num_rows), pa.int64()))
-    last = ordered.group_by(list(key_columns), use_threads=False).aggregate([("_position", "max")])
-    return ordered.take(last["_position_max"]).drop_columns(["_position"])
+    keys = list(key_columns)
+    narrow = changelog.select([*keys, *(f.name for f in ORDER), "_commit_ts"])
+    narrow = narrow.append_column("_row", pa.array(np.arange(changelog.num_rows), pa.int64()))
+    images = narrow.filter(pc.not_equal(narrow["_change_type"], "update_preimage"))
+    if not _in_change_order(images):
+        order = [("_commit_ts", "ascending"), ("_partition", "ascending"), ("_offset", "ascending")]
+        images = images.take(pc.sort_indices(images, [*order, ("_change_type", "descending")]))
+    ranked = images.select([*keys, "_row"])
+    ranked = ranked.append_column("_position", pa.array(np.arange(ranked.num_rows), pa.int64()))
+    last = ranked.group_by(keys, use_threads=False).aggregate([("_position", "max")])
+    return changelog.take(ranked["_row"].take(last["_position_max"]))
+
+
+def _in_change_order(images: pa.Table) -> bool:
+    """Whether the images are in strictly increasing (commit ts, partition, offset) order, as a changelog
+    written in order reads back: no two tie, so sorting them would change nothing."""
+    columns = [images[name] for name in ("_commit_ts", "_partition", "_offset")]
+    if any(column.null_count for column in columns):
+        return False
+    ts, partition, offset = (np.diff(column.to_numpy().astype(np.int64)) for column in columns)
+    return bool(np.all((ts > 0) | ((ts == 0) & ((partition > 0) | ((partition == 0) & (offset > 0))))))
 
 
 def bucket_of(values: pa.ChunkedArray | pa.Array, buckets: int) -> pa.Array:
@@ -509,7 +541,7 @@ def read_history(
     if as_of_tso is None:
         tso, entry = LATEST, catalog.current((database, table))
     else:
-        tso = _target(lake, as_of_tso)
+        tso = _target(lake, as_of_tso, catalog, DDLLog(lake).rows())
         entry = catalog.find((database, table), tso)
     history = None if entry is None else lake.open(entry_uri(lake, entry, "history"))
     if history is None or entry is None:
