@@ -26,6 +26,14 @@ SCHEMA = TableSchema(
     ),
     indexes=(Index("primary", True, True, False, ("id",)),),
 )
+KV = TableSchema(
+    database="shop",
+    table="kv",
+    table_id=7,
+    version=1,
+    columns=(Column("id", DataType("bigint"), nullable=False), Column("v", DataType("varchar", length=8))),
+    indexes=(Index("primary", True, True, False, ("id",)),),
+)
 CONTEXT = CommitContext(group="g", resume_offsets={("t", 0): 3}, resolved_ts=TS, schema_snapshot=b"cache-1")
 
 

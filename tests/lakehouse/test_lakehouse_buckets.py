@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from delta_changes import KV as SCHEMA
 from deltalake import DeltaTable
 from test_lakehouse_asof import GROUP, TOPIC, _commit_points, _differences, _Driver
 
@@ -25,7 +26,7 @@ from consumer.lakehouse.tables import (
     table_uri,
     tables,
 )
-from consumer.protocol.model import Column, DataType, DMLType, Index, TableSchema
+from consumer.protocol.model import DMLType
 from consumer.protocol.table import TableCodec
 from consumer.simulate.truth import arrow_table_rows, sent, truth_at
 from consumer.simulate.workload import Workload, WorkloadConfig
@@ -73,16 +74,6 @@ def test_a_bucketed_mirror_equals_the_truth_at_every_commit_ts(tmp_path: Path, i
         read = read_mirror(tmp_path, *entry.name)
         assert read is not None and BUCKET not in read.column_names
     assert checked >= 1
-
-
-SCHEMA = TableSchema(
-    database="shop",
-    table="kv",
-    table_id=7,
-    version=1,
-    columns=(Column("id", DataType("bigint"), nullable=False), Column("v", DataType("varchar", length=8))),
-    indexes=(Index("primary", True, True, False, ("id",)),),
-)
 
 
 def _write(sink: DeltaSink, keys: list[int], kind: DMLType, ts: int, offset: int) -> int:

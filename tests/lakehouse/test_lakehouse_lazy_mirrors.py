@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from delta_changes import KV as SCHEMA
 from deltalake import DeltaTable
 from test_lakehouse_asof import GROUP, TOPIC, _commit_points, _differences, _Driver
 
@@ -24,7 +25,7 @@ from consumer.config import ConfigError, load_config
 from consumer.errors import RecordLocation
 from consumer.lakehouse.offsets import app_id
 from consumer.lakehouse.tables import mirror_versions, read_changelog, read_mirror, retained_range, table_uri
-from consumer.protocol.model import Column, DataType, DMLType, Index, TableSchema
+from consumer.protocol.model import DMLType
 from consumer.protocol.table import TableCodec
 from consumer.simulate.truth import arrow_table_rows, differences, load_truth, sent, truth_at
 from consumer.simulate.workload import StreamRecord, Workload, WorkloadConfig
@@ -236,14 +237,6 @@ def _txns(table: DeltaTable) -> dict[int, int | None]:
 
 
 # -- net change per key ---------------------------------------------------------------------------------
-SCHEMA = TableSchema(
-    database="shop",
-    table="kv",
-    table_id=7,
-    version=1,
-    columns=(Column("id", DataType("bigint"), nullable=False), Column("v", DataType("varchar", length=8))),
-    indexes=(Index("primary", True, True, False, ("id",)),),
-)
 
 
 def _write(sink: DeltaSink, changes: list[tuple[DMLType, int, str | None, int]], first_offset: int) -> None:

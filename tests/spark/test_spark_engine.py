@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from delta_changes import KV
 from deltalake import DeltaTable
 from lakehouse_checks import (
     changelog_duplicates,
@@ -33,7 +34,7 @@ from consumer.lakehouse.tables import table_uri
 from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import LargeMessageEncoder
 from consumer.pipeline import Pipeline
-from consumer.protocol.model import DML, Column, DataType, DMLType, Index, RawDML, TableSchema, Watermark
+from consumer.protocol.model import DML, DMLType, RawDML, Watermark
 from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.protocol.table import TableCodec
@@ -56,14 +57,6 @@ from consumer.testing.messages import raw_dml
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 Offsets = set[tuple[str, int, int]]
-KV = TableSchema(
-    database="shop",
-    table="kv",
-    table_id=7,
-    version=1,
-    columns=(Column("id", DataType("bigint"), nullable=False), Column("v", DataType("varchar", length=8))),
-    indexes=(Index("primary", True, True, False, ("id",)),),
-)
 
 
 def _produce(
