@@ -598,21 +598,34 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         """Once, before this sink's first mirror MERGE: MERGE what the changelogs hold and the mirrors lack,
         left by a run before this sink (either engine's) that stopped between its changelog commit and its
         MERGE. A lazy sink MERGEs it with its first due MERGEs; an eager one (the loop engine without a
-        cadence), which otherwise MERGEs only its own batches, MERGEs all of it now."""
+        cadence), which otherwise MERGEs only its own batches, MERGEs all of it now. Which mirrors lag is
+        read from the tables' app transactions alone (no history, no rows), so a start costs little."""
         if self._caught_up or "mirror" not in self.outputs:
             return
         self._caught_up = True
         if not self._point_read:
             self._learn_point(context.group)
+        partitions = list(self.progress.partitions(context.group))
         behind = [
             _Lagging(entry, rows=-1)
             for entry in self.catalog.refresh()
-            if entry.dropped_ts is None and entry.location not in self._lagging
+            if entry.dropped_ts is None
+            and entry.location not in self._lagging
+            and self._mirror_lags(entry, context.group, partitions)
         ]
         if self.lazy_mirrors:
             self._lagging.update((lagging.entry.location, lagging) for lagging in behind)
         elif behind:
             self._merge_lagging(behind, context, upto=UNBOUNDED_TS)
+
+    def _mirror_lags(self, entry: CatalogEntry, group: str, partitions: list[TopicPartition]) -> bool:
+        """Whether the table's changelog holds offsets of the group its mirror's app transactions lack."""
+        mirror = self.root.open(self.root.join(entry.location, "mirror"))
+        changelog = self.root.open(self.root.join(entry.location, "changelog"))
+        if mirror is None or changelog is None:
+            return False
+        merged, held = delta_applied(mirror, group, partitions), delta_applied(changelog, group, partitions)
+        return any(merged.get(tp, 0) < offset for tp, offset in held.items())
 
     def merge_due(self) -> bool:
         """Whether a lazy mirror's MERGE is due (`MergesWhenDue`): the pipeline then records progress at
