@@ -230,10 +230,10 @@ def test_two_members_on_s3_as_of_every_watermark_equal_the_truth_then(
     tmp_path: Path,
     options: tuple[str, ...],
 ) -> None:
-    """Two members write the lake on S3, MERGEing their mirrors every batch or lazily; as of every watermark
-    of the stream every table (all of them at one TSO) equals the truth then, read with explicit storage
-    options. The catalog records, per live table, a mirror version and a TSO it holds every change up to; where
-    that version is exact, a plain Delta read of it is the truth at that TSO."""
+    """Two members write the lake on S3, MERGEing their mirrors lazily; as of every watermark of the stream
+    every table (all of them at one TSO) equals the truth then, read with explicit storage options. The
+    catalog records, per live table, a mirror version and a TSO it holds every change up to; where that
+    version is exact, a plain Delta read of it is the truth at that TSO."""
     topic = kafka_topic(3)
     config = WorkloadConfig(
         rows=600,  # 8 watermarks, every DDL type: each as-of read on the S3 server takes about a second
