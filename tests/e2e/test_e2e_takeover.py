@@ -39,8 +39,13 @@ from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.testing.broker import EmbeddedBroker
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e, pytest.mark.slow]
-BATCH_RECORDS = {"TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "500"}  # several batches per run
+# several batches per run, and a run reads little ahead of what it can apply (its first MERGE comes early)
+BATCH_RECORDS = {
+    "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "500",
+    "TICDC_CONSUMER_BUDGET_PENDING_BYTES": "50000",
+}
 Run = tuple[subprocess.Popen[str], Path]  # a command and its log
+STOP_SPARK = "executor-merges:1:TERM"  # a query that runs until stopped stops cleanly at its first MERGEs
 
 
 def _produce(broker: EmbeddedBroker, topic: str, rows: int) -> Workload:
@@ -86,20 +91,6 @@ def _spark(
 
 def _changelog_commits(root: Path) -> int:
     return sum(1 for _ in root.glob("*/*/changelog/_delta_log/*.json"))
-
-
-def _stop_after_commits(run: Run, root: Path, commits: int) -> str:
-    """SIGTERM (a clean stop) once the run made `commits` changelog commits; its log."""
-    process, log = run
-    before = _changelog_commits(root)
-    deadline = time.monotonic() + 300
-    while _changelog_commits(root) < before + commits:
-        assert process.poll() is None, f"the run ended before its stop: {log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"the stop point never came: {log.read_text()[-3000:]}"
-        time.sleep(0.01)
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(300) == 0, log.read_text()[-3000:]
-    return log.read_text()
 
 
 def _finish(run: Run) -> str:
@@ -161,7 +152,7 @@ def test_the_engines_take_turns_on_one_lake_and_it_ends_exact(
     cleanly part-way but the last two: each applies exactly the rows the lake lacks (its summary counts
     them), and the last loop run finds nothing to do."""
     topic = kafka_topic(3)
-    workload = _produce(kafka_broker, topic, rows=3000)
+    workload = _produce(kafka_broker, topic, rows=5000)  # four runs, each stopped part-way but the last
     truth = write_ground_truth(workload, tmp_path / "truth.json")
     root, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
     images = changelog_images(workload.config)
@@ -174,10 +165,11 @@ def test_the_engines_take_turns_on_one_lake_and_it_ends_exact(
         assert _summary_rows(log) == rows - written[-1]
         written.append(rows)
 
-    applied_its_share(_stop_after_commits(_loop(kafka_broker, topic, root), root, commits=1))
-    spark = _spark(kafka_broker, topic, root, checkpoint, until_idle=False)
-    applied_its_share(_stop_after_commits(spark, root, commits=3))
-    applied_its_share(_stop_after_commits(_loop(kafka_broker, topic, root), root, commits=1))
+    # each stops itself cleanly (SIGTERM) at its first MERGE: part-way, however loaded
+    applied_its_share(_finish(_loop(kafka_broker, topic, root, env={KILL_POINT: "mirror-merge:1:TERM"})))
+    spark = _spark(kafka_broker, topic, root, checkpoint, until_idle=False, env={KILL_POINT: STOP_SPARK})
+    applied_its_share(_finish(spark))
+    applied_its_share(_finish(_loop(kafka_broker, topic, root, env={KILL_POINT: "mirror-merge:1:TERM"})))
     assert written[-1] < images
     applied_its_share(_finish(_spark(kafka_broker, topic, root, checkpoint)))
     assert written[-1] == images

@@ -25,6 +25,7 @@ NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
 KERNEL = "python3"
 CELL_TIMEOUT = 300  # seconds per cell; the whole notebook takes ~30 s on 2 cores (Spark's start ~10 s)
 SUMMARY_PREFIX = "SUMMARY "
+pytestmark = pytest.mark.xdist_group("notebook")  # one worker runs the notebook once for all its tests
 
 
 def _runs_this_interpreter(argv: list[str]) -> bool:
