@@ -1,5 +1,5 @@
-"""`consumer.kill_points`: a process (in its own group, as the commands tests kill) SIGKILLs its group at
-the chosen pass of the named point, and nowhere else."""
+"""`consumer.kill_points`: a process (in its own group, as the commands tests kill) SIGKILLs its group, or
+sends itself SIGTERM, at the chosen pass of the named point, and nowhere else."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import sys
 from consumer.kill_points import ENV
 
 PASSES = """
+import signal
 from consumer.kill_points import kill_point
+signal.signal(signal.SIGTERM, lambda *_: print("asked to stop", flush=True))
 for n in range(3):
     kill_point("x")
     print(n, flush=True)
@@ -33,6 +35,11 @@ def test_the_named_point_kills_at_its_chosen_pass() -> None:
     killed = _run("x:2")
     assert (killed.returncode, killed.stdout.split()) == (-signal.SIGKILL, ["0"])
     assert _run("x").stdout == ""
+
+
+def test_term_asks_the_process_itself_to_stop_and_it_goes_on_as_its_handler_says() -> None:
+    asked = _run("x:2:TERM")
+    assert (asked.returncode, asked.stdout.splitlines()) == (0, ["0", "asked to stop", "1", "2"])
 
 
 def test_other_points_and_passes_past_the_end_do_nothing() -> None:
