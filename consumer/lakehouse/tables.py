@@ -362,15 +362,13 @@ def _applied(
     stays. Only the window's keys are ordered: the base holds one row per key, kept unless a change of
     its key is as new or newer."""
     rows = _shaped(base if base is not None else schema.empty_table(), schema)
-    latest = _conformed(window if window is not None else schema.empty_table(), schema)
-    if not rows.num_rows and not latest.num_rows:
+    changes = _conformed(window if window is not None else schema.empty_table(), schema)
+    if not rows.num_rows and not changes.num_rows:
         return schema.empty_table()
-    if latest.num_rows:
-        latest = latest_per_key(latest, key)
     stored = _integer_keys_in_order(rows, key)
-    if stored is not None and not latest[key[0]].null_count:
-        return _merged_in_order(rows, stored, latest, key[0], floor)
-    return _sorted_merge(rows, latest, key, floor)
+    if stored is not None and not changes[key[0]].null_count:
+        return _merged_in_order(rows, stored, changes, key[0], floor)
+    return _sorted_merge(rows, latest_per_key(changes, key) if changes.num_rows else changes, key, floor)
 
 
 def _integer_keys_in_order(rows: pa.Table, key: list[str]) -> np.ndarray | None:
@@ -382,35 +380,55 @@ def _integer_keys_in_order(rows: pa.Table, key: list[str]) -> np.ndarray | None:
     return stored if stored.size < 2 or bool(np.all(stored[1:] > stored[:-1])) else None
 
 
-def _merged_in_order(rows: pa.Table, stored: np.ndarray, latest: pa.Table, key: str, floor: int) -> pa.Table:
-    """`_applied` for a base in key order (`stored`: its keys): the changes, ordered by key, find their
-    keys' places by binary search, so the base is neither joined nor sorted. Only the rows from the first
-    place a change touches to the last are taken anew; those before and after stay as they are."""
-    by_key = np.argsort(latest[key].to_numpy())
-    keys, change_ts = latest[key].to_numpy()[by_key], latest["_commit_ts"].to_numpy()[by_key]
-    upsert = pc.not_equal(latest["_change_type"], "delete").to_numpy(zero_copy_only=False)[by_key]
+def _merged_in_order(rows: pa.Table, stored: np.ndarray, changes: pa.Table, key: str, floor: int) -> pa.Table:
+    """`_applied` for a base in key order (`stored`: its keys): each key's latest change, in key order,
+    finds its key's place by binary search, so the base is neither joined nor sorted. Only the rows from
+    the first place a change touches to the last are taken anew; those before and after stay as they are."""
+    latest = _latest_rows(changes, key)
+    keys, change_ts = changes[key].to_numpy()[latest], changes["_commit_ts"].to_numpy()[latest]
+    upsert = pc.not_equal(changes["_change_type"], "delete").to_numpy(zero_copy_only=False)[latest]
     stored_ts = rows["_commit_ts"].to_numpy()
     at = np.searchsorted(stored, keys)
-    found = at < stored.size
-    found[found] = stored[at[found]] == keys[found]
-    base_loses = found.copy()
-    base_loses[found] = change_ts[found] >= stored_ts[at[found]]
+    found, base_loses = _met(stored, stored_ts, at, keys, change_ts)
     kept = stored_ts >= floor
     kept[at[base_loses]] = False
     added = np.flatnonzero((~found | base_loses) & upsert & (change_ts >= floor))
-    touched = np.concatenate([np.flatnonzero(~kept), at[added]])
-    if not touched.size:
+    gone = np.flatnonzero(~kept)
+    edges = np.concatenate([gone[:1], gone[-1:], at[added[:1]], at[added[-1:]]])
+    if not edges.size:
         return rows
-    low, high = int(touched.min()), min(int(touched.max()) + 1, stored.size)
+    low, high = int(edges.min()), min(int(edges.max()) + 1, stored.size)
+    # Taken in key order first, the changes are read in sequence by the take below (strings much faster)
+    winners = changes.select(rows.column_names).take(pa.array(latest[added]))
+    order = _order(kept, low, high, at[added] - low - np.searchsorted(gone, at[added]), stored.size)
+    middle = pa.concat_tables([rows, winners]).take(pa.array(order))
+    return pa.concat_tables([rows.slice(0, low), middle, rows.slice(high)])
+
+
+def _met(
+    stored: np.ndarray, stored_ts: np.ndarray, at: np.ndarray, keys: np.ndarray, change_ts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which changes (`keys`, placed at `at` in `stored`) find a base row of their key, and which are at
+    least as new as it (the base row loses)."""
+    if not stored.size:
+        return np.zeros(keys.size, dtype=bool), np.zeros(keys.size, dtype=bool)
+    near = np.minimum(at, stored.size - 1)
+    found = stored[near] == keys
+    return found, found & (change_ts >= stored_ts[near])
+
+
+def _order(kept: np.ndarray, low: int, high: int, before: np.ndarray, appended_at: int) -> np.ndarray:
+    """The rows to take for base rows `low` to `high`: those `kept`, with the changes added (taken after
+    the base's `appended_at` rows, in key order) each where `before` (base rows kept ahead of it in the
+    range) and the changes before it put it."""
     remaining = np.flatnonzero(kept[low:high]) + low
-    places = np.searchsorted(remaining, at[added]) + np.arange(added.size)  # before its key's base row
-    order = np.empty(remaining.size + added.size, dtype=np.int64)
+    places = before + np.arange(before.size)
+    order = np.empty(remaining.size + before.size, dtype=np.int64)
     is_added = np.zeros(order.size, dtype=bool)
     is_added[places] = True
-    order[places] = stored.size + by_key[added]
+    order[places] = np.arange(appended_at, appended_at + before.size)
     order[~is_added] = remaining
-    middle = pa.concat_tables([rows, latest.select(rows.column_names)]).take(pa.array(order))
-    return pa.concat_tables([rows.slice(0, low), middle, rows.slice(high)])
+    return order
 
 
 def _sorted_merge(rows: pa.Table, latest: pa.Table, key: list[str], floor: int) -> pa.Table:
@@ -463,16 +481,37 @@ def latest_per_key(changelog: pa.Table, key_columns: Sequence[str]) -> pa.Table:
     in order) and grouped; the whole rows are taken once, the winners.
     """
     keys = list(key_columns)
-    narrow = changelog.select([*keys, *(f.name for f in ORDER), "_commit_ts"])
-    narrow = narrow.append_column("_row", pa.array(np.arange(changelog.num_rows), pa.int64()))
-    images = narrow.filter(pc.not_equal(narrow["_change_type"], "update_preimage"))
-    if not _in_change_order(images):
-        order = [("_commit_ts", "ascending"), ("_partition", "ascending"), ("_offset", "ascending")]
-        images = images.take(pc.sort_indices(images, [*order, ("_change_type", "descending")]))
-    ranked = images.select([*keys, "_row"])
+    ranked = _images_in_change_order(changelog, keys).select([*keys, "_row"])
     ranked = ranked.append_column("_position", pa.array(np.arange(ranked.num_rows), pa.int64()))
     last = ranked.group_by(keys, use_threads=False).aggregate([("_position", "max")])
     return changelog.take(ranked["_row"].take(last["_position_max"]))
+
+
+def _latest_rows(changes: pa.Table, key: str) -> np.ndarray:
+    """The row numbers of each key's last change, in key order, as `latest_per_key` picks them: for one
+    integer key column a numpy argsort of the keys and a maximum per run of equal keys replace the hash
+    grouping and the take (the caller takes the rows once, with the base's)."""
+    images = _images_in_change_order(changes, [key])
+    if not images.num_rows:
+        return np.empty(0, dtype=np.int64)
+    keys = images[key].to_numpy()
+    by_key = np.argsort(keys)
+    in_order = keys[by_key]
+    starts = np.flatnonzero(np.concatenate([[True], in_order[1:] != in_order[:-1]]))
+    return images["_row"].to_numpy()[np.maximum.reduceat(by_key, starts)]
+
+
+def _images_in_change_order(changelog: pa.Table, keys: list[str]) -> pa.Table:
+    """The changelog's images (preimages never win) as their `keys` and row numbers (`_row`), in change
+    order: by (commit ts, partition, offset), a postimage after the preimage it shares an offset with. Not
+    sorted when the changelog reads back in change order already."""
+    narrow = changelog.select([*keys, *(f.name for f in ORDER), "_commit_ts"])
+    narrow = narrow.append_column("_row", pa.array(np.arange(changelog.num_rows), pa.int64()))
+    images = narrow.filter(pc.not_equal(narrow["_change_type"], "update_preimage"))
+    if _in_change_order(images):
+        return images
+    order = [("_commit_ts", "ascending"), ("_partition", "ascending"), ("_offset", "ascending")]
+    return images.take(pc.sort_indices(images, [*order, ("_change_type", "descending")]))
 
 
 def _in_change_order(images: pa.Table) -> bool:
