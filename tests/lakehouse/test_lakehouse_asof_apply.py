@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -145,3 +146,31 @@ def test_a_change_as_new_as_the_base_row_wins_and_an_older_one_loses() -> None:
         assert [(*(row[k] for k in key), row["v"], row["_commit_ts"]) for row in rows.to_pylist()] == _model(
             case
         )
+
+
+def test_a_large_base_merged_in_key_ranges_equals_the_joined_and_sorted_merge() -> None:
+    """A base large enough to be cut in key ranges merged on threads: changes at the cuts, in the gaps
+    before them, below and above every key, as the same base out of order (joined and sorted) gives."""
+    rng = np.random.default_rng(3)
+    stored = np.sort(rng.choice(np.arange(0, 1_000_000, 2), 200_000, replace=False))
+    ts = rng.integers(2, 6, stored.size)
+    base = pa.table(
+        {"id": stored, "v": pa.array([f"base{n}" for n in stored.tolist()]), "_commit_ts": ts}
+        | {"_schema_version": np.ones(stored.size, dtype=np.int64)},
+        schema=_schema("integer"),
+    )
+    cuts = stored[[stored.size // 4, stored.size // 2, 3 * stored.size // 4]]
+    near = np.concatenate([cuts, cuts - 1, cuts + 1, [stored[0], stored[-1], -5, 2_000_001]])
+    numbers = np.concatenate([near, rng.integers(-10, 1_000_010, 30_000)])
+    kinds = rng.choice(np.array(KINDS), numbers.size)
+    changes = [
+        (int(n), int(t), str(k))
+        for n, t, k in zip(numbers, rng.integers(1, 8, numbers.size), kinds, strict=True)
+    ]
+    window = _window("integer", changes)
+    shuffled = base.take(rng.permutation(base.num_rows))
+    in_order = _applied(
+        _schema("integer"), pa.concat_tables([base.slice(0, 70_000), base.slice(70_000)]), window, ["id"], 3
+    )
+    assert in_order.equals(_applied(_schema("integer"), shuffled, window, ["id"], 3))
+    assert in_order.num_rows > 150_000
