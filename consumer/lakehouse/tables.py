@@ -146,8 +146,9 @@ def read_mirror(
 
 @cache
 def _workers() -> ThreadPoolExecutor:
-    """Threads as-of reads run work on beside their own, kept for the process: a fresh thread allocates
-    from a fresh heap, and the page faults on the merge's memory cost what merging on two cores gains."""
+    """Threads as-of reads run work on beside their own (the range check, the tail, parts of the merge),
+    kept for the process: a fresh thread allocates from a fresh heap, and the page faults on the merge's
+    memory cost what merging on two cores gains. No task waits on another, so none can starve."""
     return ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="as-of")
 
 
@@ -312,9 +313,7 @@ def _mirror_at(
     floor = max([r["commit_ts"] for r in ddls if r["type"] == "TRUNCATE"], default=0)
     if entry.truncated_ts is not None and entry.truncated_ts <= tso:
         floor = max(floor, entry.truncated_ts)
-    rows = _merged(
-        schema, _shaped(base if base is not None else schema.empty_table(), schema), latest, key, floor
-    )
+    rows = _applied(schema, base, latest, key, floor)
     return as_durations(rows, stored_durations(stored[0])) if stored else rows
 
 
@@ -350,9 +349,8 @@ def _base_and_changes(
     tries (read again in the rare case it could not read that one)."""
     tries = [] if mirror is None else _tries(mirror, tso, changelog)
     if changelog is None:
-        return (None if mirror is None else _base(lake, mirror, tso, tries, None)[0]), _latest(
-            None, schema, key
-        )
+        base = None if mirror is None else _base(lake, mirror, tso, tries, None)[0]
+        return base, _latest(None, schema, key)
     expected = tries[0].complete_ts or -1 if tries else -1
     window = _workers().submit(lambda: _latest(_changes(lake, changelog, expected, tso, schema), schema, key))
     try:
@@ -430,17 +428,6 @@ def _output_schema(names: Sequence[str], sources: Sequence[pa.Schema]) -> pa.Sch
     return pa.schema(fields)
 
 
-def _applied(
-    schema: pa.Schema, base: pa.Table | None, window: pa.Table | None, key: list[str], floor: int
-) -> pa.Table:
-    """The base's rows with the window's changes applied, in key order: each key's latest image wins (base
-    rows first at an equal commit ts), deletes remove, and nothing older than the last TRUNCATE (`floor`)
-    stays. Only the window's keys are ordered: the base holds one row per key, kept unless a change of
-    its key is as new or newer."""
-    rows = _shaped(base if base is not None else schema.empty_table(), schema)
-    return _merged(schema, rows, _latest(window, schema, key), key, floor)
-
-
 def _latest(window: pa.Table | None, schema: pa.Schema, key: list[str]) -> Latest:
     """The window's changes conformed to `schema` and, for one integer key column, each key's latest
     change (`_latest_rows`): None for other keys, `latest_per_key` picks theirs."""
@@ -449,8 +436,14 @@ def _latest(window: pa.Table | None, schema: pa.Schema, key: list[str]) -> Lates
     return changes, _latest_rows(changes, key[0]) if one and not changes[key[0]].null_count else None
 
 
-def _merged(schema: pa.Schema, rows: pa.Table, latest: Latest, key: list[str], floor: int) -> pa.Table:
-    """`_applied` of base rows shaped to `schema` and the changes as `_latest` gives them."""
+def _applied(
+    schema: pa.Schema, base: pa.Table | None, latest: Latest, key: list[str], floor: int
+) -> pa.Table:
+    """The base's rows with the window's changes (as `_latest` gives them) applied, in key order: each
+    key's latest image wins (base rows first at an equal commit ts), deletes remove, and nothing older
+    than the last TRUNCATE (`floor`) stays. Only the window's keys are ordered: the base holds one row per
+    key, kept unless a change of its key is as new or newer."""
+    rows = _shaped(base if base is not None else schema.empty_table(), schema)
     changes, picked = latest
     if not rows.num_rows and not changes.num_rows:
         return schema.empty_table()
@@ -616,8 +609,8 @@ def _latest_rows(changes: pa.Table, key: str) -> np.ndarray:
 
 def _images_in_change_order(changelog: pa.Table, keys: list[str]) -> pa.Table:
     """The changelog's images (preimages never win) as their `keys` and row numbers (`_row`), in change
-    order: by (commit ts, partition, offset), a postimage after the preimage it shares an offset with. Not
-    sorted when the changelog reads back in change order already."""
+    order: by (commit ts, partition, offset), then change type descending. Not sorted when the changelog
+    reads back in change order already."""
     narrow = changelog.select([*keys, *(f.name for f in ORDER), "_commit_ts"])
     narrow = narrow.append_column("_row", pa.array(np.arange(changelog.num_rows), pa.int64()))
     images = narrow.filter(pc.not_equal(narrow["_change_type"], "update_preimage"))
