@@ -24,6 +24,9 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from itertools import pairwise
 from typing import Any, Literal
 
 import numpy as np
@@ -60,6 +63,7 @@ ORDER = (  # what orders a key's changes besides `_commit_ts`
 )
 LATEST = 2**63 - 1
 RootLike = str | os.PathLike[str] | LakeRoot
+Latest = tuple[pa.Table, np.ndarray | None]  # changes, and each key's latest's row number in key order
 
 
 def tables(root: RootLike, storage_options: Mapping[str, str] | None = None) -> list[CatalogEntry]:
@@ -130,8 +134,40 @@ def read_mirror(
     """
     lake = LakeRoot.of(root, storage_options)
     catalog, ddls = Catalog(lake), DDLLog(lake).rows()  # read once, for the range and the table
-    tso = _target(lake, as_of_tso, catalog, ddls)
-    entry = catalog.find((database, table), tso)
+    if as_of_tso is None:
+        return _read_at(lake, catalog, ddls, (database, table), _target(lake, None, catalog, ddls), columns)
+    checked = _workers().submit(_checked, lake, as_of_tso, ddls)
+    try:
+        rows = _read_at(lake, catalog, ddls, (database, table), as_of_tso, columns)
+    finally:
+        checked.result()  # an out-of-range TSO raises its error, whatever the read did
+    return rows
+
+
+@cache
+def _workers() -> ThreadPoolExecutor:
+    """Threads as-of reads run work on beside their own (the range check, the tail, parts of the merge),
+    kept for the process: a fresh thread allocates from a fresh heap, and the page faults on the merge's
+    memory cost what merging on two cores gains. No task waits on another, so none can starve."""
+    return ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="as-of")
+
+
+def _checked(lake: LakeRoot, as_of_tso: int, ddls: list[dict[str, Any]]) -> int:
+    """`_target` for `as_of_tso` on Delta handles of its own (a root of its own): on a thread beside the
+    read, its look-ups wait on storage and Delta's threads while the read's do."""
+    own = LakeRoot(lake.uri, lake.storage_options)
+    return _target(own, as_of_tso, Catalog(own), ddls)
+
+
+def _read_at(
+    lake: LakeRoot,
+    catalog: Catalog,
+    ddls: list[dict[str, Any]],
+    name: tuple[str, str],
+    tso: int,
+    columns: Sequence[str] | None,
+) -> pa.Table | None:
+    entry = catalog.find(name, tso)
     rows = None if entry is None else _mirror_at(lake, entry, tso, ddls)
     return rows if rows is None or columns is None else rows.select(list(columns))
 
@@ -271,14 +307,13 @@ def _mirror_at(
         return read_delta(lake, mirror)
     if not key and changelog is not None:
         return None
-    base, since = _base(lake, mirror, tso, changelog) if mirror is not None else (None, -1)
     names = _user_columns(logged if logged is not None else mirror and pa.schema(mirror.schema().to_arrow()))
     schema = _output_schema(names, [*stored, *([logged] if logged is not None else [])])
-    window = _changes(lake, changelog, since, tso, schema) if changelog is not None else None
+    base, latest = _base_and_changes(lake, mirror, changelog, tso, schema, key)
     floor = max([r["commit_ts"] for r in ddls if r["type"] == "TRUNCATE"], default=0)
     if entry.truncated_ts is not None and entry.truncated_ts <= tso:
         floor = max(floor, entry.truncated_ts)
-    rows = _applied(schema, base, window, key, floor)
+    rows = _applied(schema, base, latest, key, floor)
     return as_durations(rows, stored_durations(stored[0])) if stored else rows
 
 
@@ -301,25 +336,60 @@ def _concerns(entry: CatalogEntry, ddl: Mapping[str, Any]) -> bool:
     return ddl["database"] is not None and entry.name_at(ddl["commit_ts"]) == (ddl["database"], ddl["table"])
 
 
-def _base(
-    lake: LakeRoot, mirror: DeltaTable, tso: int, changelog: DeltaTable | None
-) -> tuple[pa.Table | None, int]:
-    """The newest mirror version holding no change after `tso` (and every change the changelog no longer
-        holds, `RETAINED_AFTER`), and a TSO it holds every change up to (-1: none; the changelog is replayed
-        whole). A version vacuumed away is passed over for an older one once the changelog lost older changes
-    (else the changelog is replayed whole). Without a changelog (a mirror-only
-        sink) and no such version: the mirror as it is. Raises AsOfRetentionError when the changelog lost
-        changes no readable version holds."""
-    retained = -1 if changelog is None else int(changelog.metadata().configuration.get(RETAINED_AFTER, -1))
+def _base_and_changes(
+    lake: LakeRoot,
+    mirror: DeltaTable | None,
+    changelog: DeltaTable | None,
+    tso: int,
+    schema: pa.Schema,
+    key: list[str],
+) -> tuple[pa.Table | None, Latest]:
+    """The base (`_base`) and the changelog's changes after it up to `tso` (`_changes`), each key's latest
+    picked (`_latest`), at once: the changes on a thread of their own, after the first version `_base`
+    tries (read again in the rare case it could not read that one)."""
+    tries = [] if mirror is None else _tries(mirror, tso, changelog)
+    if changelog is None:
+        base = None if mirror is None else _base(lake, mirror, tso, tries, None)[0]
+        return base, _latest(None, schema, key)
+    expected = tries[0].complete_ts or -1 if tries else -1
+    window = _workers().submit(lambda: _latest(_changes(lake, changelog, expected, tso, schema), schema, key))
+    try:
+        base, since = (None, -1) if mirror is None else _base(lake, mirror, tso, tries, changelog)
+    finally:
+        latest = window.result()
+    if since != expected:
+        latest = _latest(_changes(lake, changelog, since, tso, schema), schema, key)
+    return base, latest
+
+
+def _tries(mirror: DeltaTable, tso: int, changelog: DeltaTable | None) -> list[MirrorVersion]:
+    """The mirror versions an as-of read may start from, newest first: those holding no change after `tso`
+    and every change the changelog no longer holds (`RETAINED_AFTER`). With the whole changelog only the
+    newest: a full replay is as exact as an older version."""
+    retained = _retained(changelog)
     usable = [
         v
         for v in mirror_versions(mirror)
         if v.newest_ts is not None and v.newest_ts <= tso and v.complete_ts >= retained
     ]
-    if not usable and changelog is None:
+    return list(reversed(usable if retained >= 0 else usable[-1:]))
+
+
+def _retained(changelog: DeltaTable | None) -> int:
+    return -1 if changelog is None else int(changelog.metadata().configuration.get(RETAINED_AFTER, -1))
+
+
+def _base(
+    lake: LakeRoot, mirror: DeltaTable, tso: int, tries: list[MirrorVersion], changelog: DeltaTable | None
+) -> tuple[pa.Table | None, int]:
+    """The first of the mirror versions `tries` it can read, and a TSO it holds every change up to (-1:
+    none; the changelog is replayed whole). A version vacuumed away is passed over for an older one once
+    the changelog lost older changes (else the changelog is replayed whole). Without a changelog (a
+    mirror-only sink) and no such version: the mirror as it is. Raises AsOfRetentionError when the
+    changelog lost changes no readable version holds."""
+    if not tries and changelog is None:
         return lake.scan(mirror).to_table(), LATEST
-    # With the whole changelog a full replay is as exact as an older version: only the newest is tried
-    for chosen in reversed(usable if retained >= 0 else usable[-1:]):
+    for chosen in tries:
         try:
             table = mirror
             if chosen.version != mirror.version():
@@ -327,6 +397,7 @@ def _base(
             return lake.scan(table).to_table(), chosen.complete_ts or -1
         except (OSError, DeltaError):
             continue
+    retained = _retained(changelog)
     if retained >= 0:
         assert changelog is not None
         oldest = int(changelog.metadata().configuration.get(READABLE_FROM, retained))
@@ -335,12 +406,15 @@ def _base(
 
 
 def _changes(lake: LakeRoot, changelog: DeltaTable, since: int, tso: int, schema: pa.Schema) -> pa.Table:
-    """The changelog's rows in (since, tso], only the columns the read gives and orders changes by."""
+    """The changelog's rows in (since, tso], only the columns the read gives and orders changes by. Decoded
+    on the calling thread: beside the base's read on Arrow's threads, a thread more on the cores."""
     dataset = lake.scan(changelog)
     wanted = [*schema.names, *(f.name for f in ORDER)]
     ts = pc.field("_commit_ts")
     return dataset.to_table(
-        columns=[name for name in wanted if name in dataset.schema.names], filter=(ts > since) & (ts <= tso)
+        columns=[name for name in wanted if name in dataset.schema.names],
+        filter=(ts > since) & (ts <= tso),
+        use_threads=False,
     )
 
 
@@ -354,23 +428,31 @@ def _output_schema(names: Sequence[str], sources: Sequence[pa.Schema]) -> pa.Sch
     return pa.schema(fields)
 
 
+def _latest(window: pa.Table | None, schema: pa.Schema, key: list[str]) -> Latest:
+    """The window's changes conformed to `schema` and, for one integer key column, each key's latest
+    change (`_latest_rows`): None for other keys, `latest_per_key` picks theirs."""
+    changes = _conformed(window if window is not None else schema.empty_table(), schema)
+    one = len(key) == 1 and pa.types.is_integer(changes.schema.field(key[0]).type)
+    return changes, _latest_rows(changes, key[0]) if one and not changes[key[0]].null_count else None
+
+
 def _applied(
-    schema: pa.Schema, base: pa.Table | None, window: pa.Table | None, key: list[str], floor: int
+    schema: pa.Schema, base: pa.Table | None, latest: Latest, key: list[str], floor: int
 ) -> pa.Table:
-    """The base's rows with the window's changes applied, in key order: each key's latest image wins (base
-    rows first at an equal commit ts), deletes remove, and nothing older than the last TRUNCATE (`floor`)
-    stays. Only the window's keys are ordered: the base holds one row per key, kept unless a change of
-    its key is as new or newer."""
+    """The base's rows with the window's changes (as `_latest` gives them) applied, in key order: each
+    key's latest image wins (base rows first at an equal commit ts), deletes remove, and nothing older
+    than the last TRUNCATE (`floor`) stays. Only the window's keys are ordered: the base holds one row per
+    key, kept unless a change of its key is as new or newer."""
     rows = _shaped(base if base is not None else schema.empty_table(), schema)
-    latest = _conformed(window if window is not None else schema.empty_table(), schema)
-    if not rows.num_rows and not latest.num_rows:
+    changes, picked = latest
+    if not rows.num_rows and not changes.num_rows:
         return schema.empty_table()
-    if latest.num_rows:
-        latest = latest_per_key(latest, key)
-    stored = _integer_keys_in_order(rows, key)
-    if stored is not None and not latest[key[0]].null_count:
-        return _merged_in_order(rows, stored, latest, key[0], floor)
-    return _sorted_merge(rows, latest, key, floor)
+    stored = None if picked is None else _integer_keys_in_order(rows, key)
+    if stored is not None and picked is not None:
+        return _merged_in_order(rows, stored, changes, picked, key[0], floor)
+    if picked is not None:
+        return _sorted_merge(rows, changes.take(pa.array(picked)), key, floor)
+    return _sorted_merge(rows, latest_per_key(changes, key) if changes.num_rows else changes, key, floor)
 
 
 def _integer_keys_in_order(rows: pa.Table, key: list[str]) -> np.ndarray | None:
@@ -378,39 +460,81 @@ def _integer_keys_in_order(rows: pa.Table, key: list[str]) -> np.ndarray | None:
     mirror, or none), else None."""
     if len(key) != 1 or not pa.types.is_integer(rows.schema.field(key[0]).type) or rows[key[0]].null_count:
         return None
-    stored = rows[key[0]].to_numpy()
+    stored = rows[key[0]].combine_chunks().to_numpy()  # in Arrow's pool (`_order`)
     return stored if stored.size < 2 or bool(np.all(stored[1:] > stored[:-1])) else None
 
 
-def _merged_in_order(rows: pa.Table, stored: np.ndarray, latest: pa.Table, key: str, floor: int) -> pa.Table:
-    """`_applied` for a base in key order (`stored`: its keys): the changes, ordered by key, find their
-    keys' places by binary search, so the base is neither joined nor sorted. Only the rows from the first
-    place a change touches to the last are taken anew; those before and after stay as they are."""
-    by_key = np.argsort(latest[key].to_numpy())
-    keys, change_ts = latest[key].to_numpy()[by_key], latest["_commit_ts"].to_numpy()[by_key]
-    upsert = pc.not_equal(latest["_change_type"], "delete").to_numpy(zero_copy_only=False)[by_key]
-    stored_ts = rows["_commit_ts"].to_numpy()
+def _merged_in_order(
+    rows: pa.Table, stored: np.ndarray, changes: pa.Table, latest: np.ndarray, key: str, floor: int
+) -> pa.Table:
+    """`_applied` for a base in key order (`stored`: its keys): each key's latest change, in key order,
+    (`latest`: their row numbers) finds its key's place by binary search, so the base is neither joined
+    nor sorted. The base is cut in key ranges, one a core, merged on threads (numpy and Arrow release the
+    GIL): the merge is one take of every row, the plain read's decode runs on every core."""
+    parts = max(1, min(os.cpu_count() or 1, stored.size // 2**16))
+    cuts = [stored.size * part // parts for part in range(parts + 1)]
+    splits = [0, *np.searchsorted(changes[key].to_numpy()[latest], stored[cuts[1:-1]]).tolist(), latest.size]
+
+    def merged(part: tuple[tuple[int, int], tuple[int, int]]) -> pa.Table:
+        (low, high), (start, stop) = part
+        return _placed(rows.slice(low, high - low), stored[low:high], latest[start:stop], changes, key, floor)
+
+    first, *others = zip(pairwise(cuts), pairwise(splits), strict=True)
+    rest = [_workers().submit(merged, part) for part in others]
+    return pa.concat_tables([merged(first), *(part.result() for part in rest)])
+
+
+def _placed(
+    rows: pa.Table, stored: np.ndarray, latest: np.ndarray, changes: pa.Table, key: str, floor: int
+) -> pa.Table:
+    """`rows` (keys `stored`) with the `latest` changes (row numbers, in key order) of their key range
+    applied. Only the rows from the first place a change touches to the last are taken anew; those before
+    and after stay as they are."""
+    keys, change_ts = changes[key].to_numpy()[latest], changes["_commit_ts"].to_numpy()[latest]
+    upsert = pc.not_equal(changes["_change_type"], "delete").to_numpy(zero_copy_only=False)[latest]
+    stored_ts = rows["_commit_ts"].combine_chunks().to_numpy()  # in Arrow's pool (`_order`)
     at = np.searchsorted(stored, keys)
-    found = at < stored.size
-    found[found] = stored[at[found]] == keys[found]
-    base_loses = found.copy()
-    base_loses[found] = change_ts[found] >= stored_ts[at[found]]
+    found, base_loses = _met(stored, stored_ts, at, keys, change_ts)
     kept = stored_ts >= floor
     kept[at[base_loses]] = False
     added = np.flatnonzero((~found | base_loses) & upsert & (change_ts >= floor))
-    touched = np.concatenate([np.flatnonzero(~kept), at[added]])
-    if not touched.size:
+    gone = np.flatnonzero(~kept)
+    edges = np.concatenate([gone[:1], gone[-1:], at[added[:1]], at[added[-1:]]])
+    if not edges.size:
         return rows
-    low, high = int(touched.min()), min(int(touched.max()) + 1, stored.size)
-    remaining = np.flatnonzero(kept[low:high]) + low
-    places = np.searchsorted(remaining, at[added]) + np.arange(added.size)  # before its key's base row
-    order = np.empty(remaining.size + added.size, dtype=np.int64)
+    low, high = int(edges.min()), min(int(edges.max()) + 1, stored.size)
+    # Taken in key order first, the changes are read in sequence by the take below (strings much faster)
+    winners = changes.select(rows.column_names).take(pa.array(latest[added]))
+    order = _order(kept[low:high], at[added] - low - np.searchsorted(gone, at[added]), high - low)
+    middle = pa.concat_tables([rows.slice(low, high - low), winners]).take(pa.array(order))
+    return pa.concat_tables([rows.slice(0, low), middle, rows.slice(high)])
+
+
+def _met(
+    stored: np.ndarray, stored_ts: np.ndarray, at: np.ndarray, keys: np.ndarray, change_ts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which changes (`keys`, placed at `at` in `stored`) find a base row of their key, and which are at
+    least as new as it (the base row loses)."""
+    if not stored.size:
+        return np.zeros(keys.size, dtype=bool), np.zeros(keys.size, dtype=bool)
+    near = np.minimum(at, stored.size - 1)
+    found = stored[near] == keys
+    return found, found & (change_ts >= stored_ts[near])
+
+
+def _order(kept: np.ndarray, before: np.ndarray, appended_at: int) -> np.ndarray:
+    """The rows of a range to take, counted from its first: those `kept`, with the changes added (taken
+    after the range's `appended_at` rows, in key order) each where `before` (the range's rows kept ahead of
+    it) and the changes before it put it. The large arrays come from Arrow's memory pool, which keeps its
+    pages for the next read: fresh pages from the system cost more than filling them."""
+    remaining = pc.indices_nonzero(pa.array(kept)).to_numpy()
+    order = np.frombuffer(pa.allocate_buffer((remaining.size + before.size) * 8), dtype=np.int64)
+    places = before + np.arange(before.size)
     is_added = np.zeros(order.size, dtype=bool)
     is_added[places] = True
-    order[places] = stored.size + by_key[added]
+    order[places] = np.arange(appended_at, appended_at + before.size)
     order[~is_added] = remaining
-    middle = pa.concat_tables([rows, latest.select(rows.column_names)]).take(pa.array(order))
-    return pa.concat_tables([rows.slice(0, low), middle, rows.slice(high)])
+    return order
 
 
 def _sorted_merge(rows: pa.Table, latest: pa.Table, key: list[str], floor: int) -> pa.Table:
@@ -463,16 +587,37 @@ def latest_per_key(changelog: pa.Table, key_columns: Sequence[str]) -> pa.Table:
     in order) and grouped; the whole rows are taken once, the winners.
     """
     keys = list(key_columns)
-    narrow = changelog.select([*keys, *(f.name for f in ORDER), "_commit_ts"])
-    narrow = narrow.append_column("_row", pa.array(np.arange(changelog.num_rows), pa.int64()))
-    images = narrow.filter(pc.not_equal(narrow["_change_type"], "update_preimage"))
-    if not _in_change_order(images):
-        order = [("_commit_ts", "ascending"), ("_partition", "ascending"), ("_offset", "ascending")]
-        images = images.take(pc.sort_indices(images, [*order, ("_change_type", "descending")]))
-    ranked = images.select([*keys, "_row"])
+    ranked = _images_in_change_order(changelog, keys).select([*keys, "_row"])
     ranked = ranked.append_column("_position", pa.array(np.arange(ranked.num_rows), pa.int64()))
     last = ranked.group_by(keys, use_threads=False).aggregate([("_position", "max")])
     return changelog.take(ranked["_row"].take(last["_position_max"]))
+
+
+def _latest_rows(changes: pa.Table, key: str) -> np.ndarray:
+    """The row numbers of each key's last change, in key order, as `latest_per_key` picks them: for one
+    integer key column a numpy argsort of the keys and a maximum per run of equal keys replace the hash
+    grouping and the take (the caller takes the rows once, with the base's)."""
+    images = _images_in_change_order(changes, [key])
+    if not images.num_rows:
+        return np.empty(0, dtype=np.int64)
+    keys = images[key].to_numpy()
+    by_key = np.argsort(keys)
+    in_order = keys[by_key]
+    starts = np.flatnonzero(np.concatenate([[True], in_order[1:] != in_order[:-1]]))
+    return images["_row"].to_numpy()[np.maximum.reduceat(by_key, starts)]
+
+
+def _images_in_change_order(changelog: pa.Table, keys: list[str]) -> pa.Table:
+    """The changelog's images (preimages never win) as their `keys` and row numbers (`_row`), in change
+    order: by (commit ts, partition, offset), then change type descending. Not sorted when the changelog
+    reads back in change order already."""
+    narrow = changelog.select([*keys, *(f.name for f in ORDER), "_commit_ts"])
+    narrow = narrow.append_column("_row", pa.array(np.arange(changelog.num_rows), pa.int64()))
+    images = narrow.filter(pc.not_equal(narrow["_change_type"], "update_preimage"))
+    if _in_change_order(images):
+        return images
+    order = [("_commit_ts", "ascending"), ("_partition", "ascending"), ("_offset", "ascending")]
+    return images.take(pc.sort_indices(images, [*order, ("_change_type", "descending")]))
 
 
 def _in_change_order(images: pa.Table) -> bool:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.lakehouse.tables import _applied
+from consumer.lakehouse.tables import _applied, _latest
 
 KEYS = {
     "integer": [pa.field("id", pa.int64())],
@@ -122,7 +123,7 @@ def test_a_window_applied_to_a_base_equals_the_merge_rules(case: dict[str, Any])
     key = [f.name for f in KEYS[kind]]
     base = _base_table(kind, case["base"], case["files"]) if case["base"] or case["files"] > 1 else None
     window = _window(kind, case["changes"], case["partitions"])
-    rows = _applied(_schema(kind), base, window, key, case["floor"])
+    rows = _applied(_schema(kind), base, _latest(window, _schema(kind), key), key, case["floor"])
     got = [(*(row[k] for k in key), row["v"], row["_commit_ts"]) for row in rows.to_pylist()]
     assert got == _model(case)
     assert rows.column_names == _schema(kind).names
@@ -140,8 +141,38 @@ def test_a_change_as_new_as_the_base_row_wins_and_an_older_one_loses() -> None:
         }
         key = [f.name for f in KEYS[kind]]
         window = _window(kind, case["changes"])
-        rows = _applied(_schema(kind), _base_table(kind, case["base"], 2), window, key, 0)
+        rows = _applied(
+            _schema(kind), _base_table(kind, case["base"], 2), _latest(window, _schema(kind), key), key, 0
+        )
         assert [row["v"] for row in rows.to_pylist()] == ["update_postimage1@0", "base2"], kind
         assert [(*(row[k] for k in key), row["v"], row["_commit_ts"]) for row in rows.to_pylist()] == _model(
             case
         )
+
+
+def test_a_large_base_merged_in_key_ranges_equals_the_joined_and_sorted_merge() -> None:
+    """A base large enough to be cut in key ranges merged on threads: changes at the cuts, in the gaps
+    before them, below and above every key, as the same base out of order (joined and sorted) gives."""
+    rng = np.random.default_rng(3)
+    stored = np.sort(rng.choice(np.arange(0, 1_000_000, 2), 200_000, replace=False))
+    ts = rng.integers(2, 6, stored.size)
+    base = pa.table(
+        {"id": stored, "v": pa.array([f"base{n}" for n in stored.tolist()]), "_commit_ts": ts}
+        | {"_schema_version": np.ones(stored.size, dtype=np.int64)},
+        schema=_schema("integer"),
+    )
+    cuts = stored[[stored.size // 4, stored.size // 2, 3 * stored.size // 4]]
+    near = np.concatenate([cuts, cuts - 1, cuts + 1, [stored[0], stored[-1], -5, 2_000_001]])
+    numbers = np.concatenate([near, rng.integers(-10, 1_000_010, 30_000)])
+    kinds = rng.choice(np.array(KINDS), numbers.size)
+    changes = [
+        (int(n), int(t), str(k))
+        for n, t, k in zip(numbers, rng.integers(1, 8, numbers.size), kinds, strict=True)
+    ]
+    window = _latest(_window("integer", changes), _schema("integer"), ["id"])
+    shuffled = base.take(rng.permutation(base.num_rows))
+    in_order = _applied(
+        _schema("integer"), pa.concat_tables([base.slice(0, 70_000), base.slice(70_000)]), window, ["id"], 3
+    )
+    assert in_order.equals(_applied(_schema("integer"), shuffled, window, ["id"], 3))
+    assert in_order.num_rows > 150_000
