@@ -152,6 +152,10 @@ def _workers() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="as-of")
 
 
+# a forked child inherits the pool but not its threads: work it submitted would wait forever
+os.register_at_fork(after_in_child=_workers.cache_clear)
+
+
 def _checked(lake: LakeRoot, as_of_tso: int, ddls: list[dict[str, Any]]) -> int:
     """`_target` for `as_of_tso` on Delta handles of its own (a root of its own): on a thread beside the
     read, its look-ups wait on storage and Delta's threads while the read's do."""

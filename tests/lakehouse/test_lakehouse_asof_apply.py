@@ -5,6 +5,7 @@ by binary search), out of order, text keys and composite keys (joined and sorted
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.lakehouse.tables import _applied, _latest
+from consumer.lakehouse.tables import _applied, _latest, _workers
 
 KEYS = {
     "integer": [pa.field("id", pa.int64())],
@@ -176,3 +177,18 @@ def test_a_large_base_merged_in_key_ranges_equals_the_joined_and_sorted_merge() 
     )
     assert in_order.equals(_applied(_schema("integer"), shuffled, window, ["id"], 3))
     assert in_order.num_rows > 150_000
+
+
+def test_a_forked_child_merges_on_threads_of_its_own() -> None:
+    """The as-of reads' threads are kept for the process; a child forked after a read (a process pool's
+    fork) inherits the pool without its threads, and its work must still run."""
+    _workers().submit(int).result()
+    child = os.fork()
+    if child == 0:  # the child's verdict is its exit code; it never returns into pytest
+        code = 1
+        try:
+            code = 0 if _workers().submit(int, "7").result(timeout=60) == 7 else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
