@@ -66,6 +66,7 @@ from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.sinks.delta import DeltaSink
 from consumer.sinks.foreach_batch import BatchFunction, ForeachBatchSink
+from consumer.sources.group_commits import GroupCommits
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import Carry, CarryStore
 from consumer.spark.merges import ExecutorMerges
@@ -106,10 +107,12 @@ WORKER_STARTS = 3  # query starts tried when its Python worker does not connect 
 
 
 class _SparkOffsets:
-    """The `Source` the pipeline sees: Spark reads Kafka, so commits are only remembered (the sinks record
-    them as resume points) and pauses go to the planner through the engine's record."""
+    """The `Source` the pipeline sees: Spark reads Kafka by ranges, so the pipeline's commits go to Kafka for
+    the group without joining it (`GroupCommits`: lag tools, `status` and a loop member taking over read
+    them), and pauses go to the planner through the engine's record."""
 
-    def __init__(self) -> None:
+    def __init__(self, commits: GroupCommits) -> None:
+        self._commits = commits
         self.assigned: set[TopicPartition] = set()
         self.first: dict[TopicPartition, int] = {}  # the first offset fed, per partition
         self.paused: set[TopicPartition] = set()
@@ -117,8 +120,13 @@ class _SparkOffsets:
     def poll_batch(self, max_records: int, timeout: float) -> list[SourceRecord]:
         return []
 
-    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        return None
+    def commit(
+        self, offsets: Mapping[TopicPartition, int], watermarks: Mapping[TopicPartition, int] | None = None
+    ) -> None:
+        self._commits.commit(offsets, watermarks)
+
+    def committed_watermarks(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {}  # a partition new to the query resumes with the watermark the lake's progress recorded
 
     def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         return {tp: self.first.get(tp) for tp in partitions}
@@ -229,13 +237,14 @@ class ChangeBatches:
         self.changed_batches = 0  # batches with a change record (anything but WATERMARKs)
         self.executor_cpu_seconds = 0.0  # the tasks' CPU time on this process's batches
         self._store = CarryStore(self.options.state_location)
+        self._commits = GroupCommits(self.options.bootstrap_servers, self.options.group, self.options.kafka)
         self._policy = policy
         self._decoder = build_decoder(config.decode, policy)
         self._rows = _ExecutorRows()
         self._stats = PipelineStats()
         self._watchdog = Watchdog(config.watchdog.stall_after_s)  # one for every pipeline: their stalls
         self._pipeline: Pipeline | None = None
-        self._source = _SparkOffsets()
+        self._source = _SparkOffsets(self._commits)
         self._next_batch: int | None = None  # the batch id the in-memory state expects next
         self._live: list[Segment] = []  # the records fed and not yet carried: where typed rows are found
         self._unfed: list[Segment] = []  # a restored carry, fed before the next batch
@@ -282,6 +291,7 @@ class ChangeBatches:
                 self._pipeline.finish()
         finally:
             self._applier.shutdown()
+            self._commits.close()
             if self._pipeline is not None:
                 self._pipeline.close()
             else:
@@ -350,7 +360,7 @@ class ChangeBatches:
             progress_seconds=0 if self._merges_elsewhere() else PROGRESS_SECONDS,
         )
         pipeline.stats = self._stats
-        self._source = _SparkOffsets()
+        self._source = _SparkOffsets(self._commits)
         pipeline.attach(self._source)
         pipeline.open()  # the sinks' recorded schemas first: the carry's are the newer
         if carry is not None and carry.schemas:
