@@ -18,7 +18,7 @@ from consumer.errors import InternalDecodeError, RecordLocation, RejectedRowsErr
 from consumer.protocol.model import TSO_PHYSICAL_SHIFT, RawDML, TableSchema
 from consumer.protocol.simple.checksum import verify_changes
 from consumer.protocol.table import TableCodec
-from consumer.state.units import RowOrigins
+from consumer.state.units import RowBlock, RowOrigins
 
 META_FIELDS: tuple[pa.Field, ...] = (
     pa.field("_change_type", pa.string(), nullable=False),
@@ -34,6 +34,8 @@ META_COLUMNS = tuple(f.name for f in META_FIELDS)
 METADATA_NAMES = frozenset((*META_COLUMNS, "_deleted", "_valid_from_ts", "_valid_to_ts"))
 # `_change_type` of each `ImageKind`, indexed by it.
 CHANGE_TYPES = pa.array(["insert", "update_preimage", "update_postimage", "delete"], pa.string())
+# A batch's rows in emission order (a sort is stable: an UPDATE's two images keep theirs).
+CHANGE_ORDER = [(name, "ascending") for name in ("_commit_ts", "_topic", "_partition", "_offset")]
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,19 @@ def table_changes(
         raise InternalDecodeError(f"metadata of the batch does not fit its columns: {exc}") from exc
     schema = changelog_schema(codec)
     return TableChanges(codec.schema, pa.Table.from_arrays([*images.rows.columns, *meta], schema=schema))
+
+
+def block_changes(codec: TableCodec, blocks: Sequence[RowBlock]) -> TableChanges:
+    """A resolved batch of rows typed elsewhere (`RowBlock.rows`: changelog tables as `table_changes`
+    makes them), in emission order."""
+    pieces = []
+    for block in blocks:
+        rows: pa.Table = block.rows
+        if not block.whole:
+            rows = rows.filter(pc.is_in(rows["_offset"], value_set=pa.array(block.offsets, pa.int64())))
+        pieces.append(rows)
+    changelog = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+    return TableChanges(codec.schema, changelog.sort_by(CHANGE_ORDER).cast(changelog_schema(codec)))
 
 
 def _metadata(origins: RowOrigins, source: pa.Array, kinds: pa.Array) -> list[pa.Array]:

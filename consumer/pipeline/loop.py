@@ -30,6 +30,7 @@ from consumer.sources.errors import SourceError
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.sources.retry import SourceRetry
 from consumer.state.machine import ConsumerState
+from consumer.state.units import RowBlock
 from consumer.stopping import StopRequest
 from consumer.watchdog import Watchdog
 
@@ -257,12 +258,15 @@ class Pipeline(RebalanceListener):
         self._changed = self._intake.take(self._intake.decode(records))
         self._settle(until=None if self._writer.concurrent else time.monotonic() + self.apply_seconds)
 
-    def step_decoded(self, records: Iterable[DecodedRecord]) -> bool:
+    def step_decoded(self, records: Iterable[DecodedRecord], blocks: Sequence[RowBlock]) -> bool:
         """One cycle over records decoded elsewhere (the Spark engine's executors), in each partition's
-        offset order; whether a change record (anything but a WATERMARK) was among them. Call `open` first."""
+        offset order, and rows typed there (`blocks`, which the records' BOOTSTRAPs and DDLs may describe);
+        whether a change record (anything but a WATERMARK) was among them. Call `open` first."""
         batch = self._intake.decoded_elsewhere(records)
-        self.stats.records += len(batch.records)
-        self._changed = self._intake.take(batch)
+        self.stats.records += len(batch.records) + sum(len(block.offsets) for block in blocks)
+        changed = self._intake.take(batch)
+        self.state.process_blocks(blocks)
+        self._changed = changed or bool(blocks)
         self._settle(until=None)  # a micro-batch is applied whole
         return self._changed
 

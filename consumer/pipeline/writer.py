@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from consumer.batches.changes import TableChanges
+from consumer.batches.changes import TableChanges, block_changes
 from consumer.batches.decode_pool import DecodePool, Decoding
 from consumer.errors import DeadLetter, DecodeError
 from consumer.pipeline.bad_rows import BadRowRetry
@@ -26,7 +26,7 @@ from consumer.protocol.types import DecodeStats, ValuePolicy
 from consumer.sinks.base import CommitContext, DDLEvent, Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.state.machine import ConsumerState
-from consumer.state.units import DDLUnit, RowBatch, Unit
+from consumer.state.units import BlockBatch, DDLUnit, RowBatch, Unit
 from consumer.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ class _Queued:
 
 
 def _rows(unit: Unit) -> int:
+    if isinstance(unit, BlockBatch):
+        return unit.row_count
     return len(unit.rows) if isinstance(unit, RowBatch) else 0
 
 
@@ -238,6 +240,8 @@ class SinkWriter:
         unit = queued.unit
         if isinstance(unit, RowBatch):
             self._write_rows(unit, output, queued.decoding)
+        elif isinstance(unit, BlockBatch):  # typed where they were decoded, with the same codec
+            output.deliver(block_changes(self._codec(unit), unit.blocks))
         elif isinstance(unit, DDLUnit):
             output.apply_ddl(unit)
         else:
@@ -258,7 +262,7 @@ class SinkWriter:
             return
         self.bad_rows.write(codec, unit, output)
 
-    def _codec(self, unit: RowBatch) -> TableCodec:
+    def _codec(self, unit: RowBatch | BlockBatch) -> TableCodec:
         codec = self._codecs.get(unit.schema.key)
         if codec is None or codec.schema != unit.schema:
             codec = self._codecs[unit.schema.key] = TableCodec(

@@ -4,8 +4,10 @@ Executors read Kafka ranges and decode (`consumer.spark.source`); the stream's f
 `ChangeBatches`, runs in the driver: it feeds each batch's records, in partition offset order, to the same
 `Pipeline` and `ConsumerState` the loop engine uses (schemas from DDLs and BOOTSTRAPs, rows held until their
 schema arrives, ordering by the global watermark, DDL barriers, the pending timeout and the error policy),
-and the pipeline applies the resolved units to the same `Sink` objects. A resolved batch's rows come typed
-from the executors (`_ExecutorRows`); only rows the executors could not type are decoded here. A thread
+and the pipeline applies the resolved units to the same `Sink` objects. Rows the executors typed reach the
+state machine as blocks, one per partition range and schema version (`Segment.blocks`): it orders them by
+their headers' columns and hands them to the sinks as the executors' Arrow tables, so no per-row object is
+made here; only records the executors could not type are decoded here, one by one. A thread
 applies batch N while the executors read batch N+1. Delta mirrors are not MERGEd here: the sink appends the
 changelog, and as progress is recorded (every micro-batch) the mirrors due are MERGEd from the changelog by
 Spark tasks, one per table (`consumer.spark.merges`); the driver only says which tables and up to which TSO.
@@ -39,14 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import pyarrow as pa
-import pyarrow.compute as pc
 from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from consumer.batches.changes import TableChanges, changelog_schema, table_changes
 from consumer.config import RunConfig, check_engine
 from consumer.configured import (
     build_dead_letters,
@@ -56,12 +55,11 @@ from consumer.configured import (
     build_sinks,
     build_state,
 )
-from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
+from consumer.errors import ConsumerError
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.pipeline import DecodedRecord, Pipeline, PipelineStats
 from consumer.pipeline.resume import PROGRESS_SECONDS, recorded_offsets
-from consumer.protocol.model import RawDML, Watermark
-from consumer.protocol.table import TableCodec
+from consumer.protocol.model import Watermark
 from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.sinks.delta import DeltaSink
@@ -81,7 +79,6 @@ from consumer.spark.source import (
     starting_offsets,
 )
 from consumer.state.schema_cache import snapshot_schemas
-from consumer.state.units import RowOrigins, SchemaKey
 from consumer.stopping import StopRequest
 from consumer.watchdog import Watchdog
 
@@ -144,57 +141,6 @@ class _SparkOffsets:
         return None
 
 
-class _ExecutorRows:
-    """The pipeline's row decoder: a resolved batch's rows as the executors typed them, found by partition
-    and offset in the live segments; rows they left untyped (they carry their payload) decoded here."""
-
-    def __init__(self) -> None:
-        self._tables: dict[tuple[TopicPartition, SchemaKey], list[pa.Table]] = {}
-
-    def use(self, segments: Sequence[Segment]) -> None:
-        tables: dict[tuple[TopicPartition, SchemaKey], list[pa.Table]] = {}
-        for segment in segments:
-            for key, table in segment.changes.items():
-                tables.setdefault((segment.tp, key), []).append(table)
-        self._tables = tables
-
-    def __call__(
-        self, codec: TableCodec, rows: Sequence[tuple[RawDML, RecordLocation]], origins: RowOrigins | None
-    ) -> TableChanges:
-        untyped = [index for index, (raw, _) in enumerate(rows) if raw.payload]
-        if not untyped:
-            return TableChanges(codec.schema, self._typed(codec, (origins or RowOrigins.of(rows)).claim()))
-        try:
-            decoded = table_changes(codec, [rows[index] for index in untyped])
-        except ValueDecodeError as exc:
-            if exc.row is not None:
-                exc.row = untyped[exc.row]  # the pipeline's error policy takes it out by its index in `rows`
-            raise
-        if len(untyped) == len(rows):
-            return decoded
-        taken = set(untyped)
-        typed = RowOrigins.of([row for index, row in enumerate(rows) if index not in taken]).claim()
-        both = pa.concat_tables([decoded.changelog, self._typed(codec, typed)])
-        return TableChanges(codec.schema, both.sort_by(_CHANGE_ORDER))
-
-    def _typed(self, codec: TableCodec, claim: dict[TopicPartition, list[int]]) -> pa.Table:
-        key = codec.schema.key
-        pieces = []
-        for tp, offsets in claim.items():
-            wanted = pa.array(offsets, pa.int64())
-            found = [
-                table.filter(pc.is_in(table["_offset"], value_set=wanted))
-                for table in self._tables.get((tp, key), ())
-            ]
-            present = sum(pc.count_distinct(piece["_offset"]).as_py() for piece in found)
-            if present != len(offsets):
-                missing = len(offsets) - present
-                raise RuntimeError(f"{tp}: {missing} typed row(s) of {key} are in no segment")
-            pieces += found
-        changelog = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
-        return changelog.sort_by(_CHANGE_ORDER).cast(changelog_schema(codec))
-
-
 class ChangeBatches:
     """The foreachBatch function of a `ticdc` stream read with `stream_options(config)`:
     `segments.writeStream.foreachBatch(ChangeBatches(config))`.
@@ -240,13 +186,12 @@ class ChangeBatches:
         self._commits = GroupCommits(self.options.bootstrap_servers, self.options.group, self.options.kafka)
         self._policy = policy
         self._decoder = build_decoder(config.decode, policy)
-        self._rows = _ExecutorRows()
         self._stats = PipelineStats()
         self._watchdog = Watchdog(config.watchdog.stall_after_s)  # one for every pipeline: their stalls
         self._pipeline: Pipeline | None = None
         self._source = _SparkOffsets(self._commits)
         self._next_batch: int | None = None  # the batch id the in-memory state expects next
-        self._live: list[Segment] = []  # the records fed and not yet carried: where typed rows are found
+        self._live: list[Segment] = []  # the records fed and not yet carried
         self._unfed: list[Segment] = []  # a restored carry, fed before the next batch
         self._watermarks: dict[TopicPartition, int] = {}  # each partition's last WATERMARK offset
         self._starts: dict[TopicPartition, int] = {}  # the lake's resume offsets, where ahead of the query
@@ -354,7 +299,6 @@ class ChangeBatches:
             dead_letters=self.dead_letters,
             decoder=self._decoder,
             policy=self._policy,
-            row_decoder=self._rows,
             large_messages=self.large_messages,
             watchdog=self._watchdog,
             progress_seconds=0 if self._merges_elsewhere() else PROGRESS_SECONDS,
@@ -388,9 +332,9 @@ class ChangeBatches:
             feed = self._unapplied(self._unfed) + segments
             self._unfed = []
             self._live = [*self._live, *segments]
-            self._rows.use(self._live)
             self.executor_cpu_seconds += sum(segment.cpu_seconds for segment in segments)
-            if self._pipeline.step_decoded(self._records(feed)):
+            blocks = [block for segment in feed for block in segment.blocks()]
+            if self._pipeline.step_decoded(self._records(feed), blocks):
                 self.changed_batches += 1
             self._carry(batch_id, self._pipeline)
         finally:
@@ -445,7 +389,6 @@ class ChangeBatches:
         snapshot = pipeline.state.schemas.snapshot()
         self._store.write(batch_id, Carry(carried, snapshot, set(self._source.paused)))
         self._live = carried
-        self._rows.use(carried)
         self._next_batch = batch_id + 1
 
     def _marks(self, tp: TopicPartition) -> list[int]:

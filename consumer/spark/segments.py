@@ -6,7 +6,8 @@ Arrow IPC streams as binary: `records`, one row per Kafka record in offset order
 changelog table (`consumer.batches.changes`) per schema version whose rows the task could decode. A task
 knows the schemas the engine recorded before the batch (`consumer.spark.carry`) and those announced in its
 own range; a DML of any other version, a record that does not decode, and every WATERMARK, BOOTSTRAP and DDL
-keep their Kafka value for the driver, whose state machine orders them all (`consumer.spark.engine`).
+keep their Kafka value for the driver, whose state machine orders them all (`consumer.spark.engine`): those
+one by one (`Segment.decoded`), the typed rows a block per schema version (`Segment.blocks`).
 Decoding a row twice is deterministic, so which side decodes it never changes the result.
 """
 
@@ -24,13 +25,13 @@ import pyarrow.compute as pc
 from consumer.batches.changes import table_changes
 from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
 from consumer.protocol.base import RecordDecoder
-from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, DMLType, RawDML
+from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, RawDML, TableSchema
 from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.state.schema_cache import SchemaCache
-from consumer.state.units import SchemaKey
+from consumer.state.units import RowBlock, SchemaKey
 
 if TYPE_CHECKING:  # tasks import this module: not the pipeline and its sinks
     from consumer.pipeline import DecodedRecord
@@ -67,9 +68,10 @@ RECORDS_SCHEMA = pa.schema(
     ]
 )
 _SCHEMA_KEY = b"ticdc.schema_key"  # IPC schema metadata of a changes table: its (database, table, version)
+_TABLE_SCHEMA = b"ticdc.table_schema"  # IPC schema metadata of a changes table: the schema that typed it
 _CPU_NS = b"ticdc.cpu_ns"  # IPC schema metadata of `records`: the task's CPU time on this segment
-_DML_TYPES = {kind.value: kind for kind in DMLType}
 _KEY = msgspec.msgpack.Decoder(tuple[str, str, int])
+_SCHEMA = msgspec.msgpack.Decoder(TableSchema)
 
 
 @dataclass
@@ -83,6 +85,7 @@ class Segment:
     records: pa.Table
     changes: dict[SchemaKey, pa.Table] = field(default_factory=dict)
     cpu_seconds: float = 0.0
+    schemas: dict[SchemaKey, TableSchema] = field(default_factory=dict)  # the ones that typed `changes`
 
     @property
     def tp(self) -> TopicPartition:
@@ -91,10 +94,12 @@ class Segment:
     @classmethod
     def from_row(cls, row: dict[str, object]) -> Segment:
         records = _read_ipc(row["records"])  # type: ignore[arg-type]
-        changes = {}
+        changes, schemas = {}, {}
         for data in row["changes"] or ():  # type: ignore[attr-defined]
             table = _read_ipc(data)
-            changes[_KEY.decode(table.schema.metadata[_SCHEMA_KEY])] = table.replace_schema_metadata()
+            key = _KEY.decode(table.schema.metadata[_SCHEMA_KEY])
+            changes[key] = table.replace_schema_metadata()
+            schemas[key] = _SCHEMA.decode(table.schema.metadata[_TABLE_SCHEMA])
         metadata = records.schema.metadata or {}
         return cls(
             str(row["topic"]),
@@ -104,12 +109,16 @@ class Segment:
             records.replace_schema_metadata(),
             changes,
             int(metadata.get(_CPU_NS, 0)) / 1e9,
+            schemas,
         )
 
     def to_row(self) -> dict[str, object]:
         changes = []
         for key, table in self.changes.items():
-            keyed = table.replace_schema_metadata({_SCHEMA_KEY: msgspec.msgpack.encode(key)})
+            described = {_SCHEMA_KEY: msgspec.msgpack.encode(key)}
+            keyed = table.replace_schema_metadata(
+                described | {_TABLE_SCHEMA: msgspec.msgpack.encode(self.schemas[key])}
+            )
             changes.append(_ipc(keyed))
         cpu = {_CPU_NS: str(round(self.cpu_seconds * 1e9)).encode()}
         return {
@@ -142,40 +151,52 @@ class Segment:
             kept = table.filter(keep(table["_offset"]))
             if kept.num_rows:
                 changes[key] = kept
-        return Segment(self.topic, self.partition, start, self.end_offset, records, changes, self.cpu_seconds)
+        schemas = {key: self.schemas[key] for key in changes}
+        return Segment(
+            self.topic, self.partition, start, self.end_offset, records, changes, self.cpu_seconds, schemas
+        )
 
     def decoded(self, decoder: RecordDecoder) -> Iterator[DecodedRecord]:
-        """The records for the state machine, in offset order: typed DMLs by their header (their values are in
-        `changes`), every other record decoded from its key and value here (a poll's worth at once)."""
-        columns = [self.records[name].to_pylist() for name in RECORDS_SCHEMA.names]
-        kept = [
+        """The records the task did not type, for the state machine, in offset order, decoded here (a
+        poll's worth at once): WATERMARKs, BOOTSTRAPs, DDLs, rows of versions it did not know, records that
+        did not decode. The typed rows are `blocks()`."""
+        kept = self.records.filter(pc.is_null(self.records["type"]))
+        originals = [
             SourceRecord(self.topic, self.partition, offset, None, key, value)
-            for offset, key, value, kind in zip(columns[0], columns[1], columns[2], columns[3], strict=True)
-            if kind is None
-        ]
-        messages = iter(decoder.decode_records(kept))
-        originals = iter(kept)  # a dead letter keeps the record's value and key
-        topic, partition = self.topic, self.partition
-        for offset, _, _, kind, database, table, table_id, commit_ts, build_ts, version, encoding in zip(
-            *columns, strict=True
-        ):
-            location = RecordLocation(topic, partition, offset)
-            if kind is None:
-                original = next(originals)
-                yield location, next(messages), original.value, original.key
-                continue
-            raw = RawDML(
-                type=_DML_TYPES[kind],
-                database=database,
-                table=table,
-                table_id=table_id,
-                commit_ts=commit_ts,
-                build_ts=build_ts,
-                schema_version=version,
-                payload=b"",
-                encoding=encoding,
+            for offset, key, value in zip(
+                kept["offset"].to_pylist(), kept["key"].to_pylist(), kept["value"].to_pylist(), strict=True
             )
-            yield location, raw, None, None
+        ]
+        for original, message in zip(originals, decoder.decode_records(originals), strict=True):
+            # a dead letter keeps the record's value and key
+            yield original.location, message, original.value, original.key
+
+    def blocks(self) -> list[RowBlock]:
+        """The typed rows, for the state machine: a block per schema version (and table id), read from the
+        records' headers; the rows themselves stay in their changelog table."""
+        typed = self.records.filter(pc.is_valid(self.records["type"]))
+        blocks = []
+        for key, changes in self.changes.items():
+            database, table, version = key
+            same = pc.and_(
+                pc.and_(pc.equal(typed["database"], database), pc.equal(typed["table"], table)),
+                pc.equal(typed["schema_version"], version),
+            )
+            rows = typed.filter(same)
+            if not rows.num_rows:
+                continue
+            ids = pc.unique(rows["table_id"]).to_pylist()
+            whole = len(ids) == 1
+            row_bytes = max(1, changes.nbytes // rows.num_rows)
+            for table_id in ids:
+                these = rows if whole else rows.filter(pc.equal(rows["table_id"], table_id))
+                offsets, commit_ts = these["offset"].to_numpy(), these["commit_ts"].to_numpy()
+                typed_by = self.schemas.get(key)
+                block = RowBlock(
+                    key, table_id, *self.tp, offsets, commit_ts, row_bytes, changes, whole, typed_by
+                )
+                blocks.append(block)
+        return blocks
 
 
 def merged(segments: Sequence[Segment]) -> Segment:
@@ -187,7 +208,10 @@ def merged(segments: Sequence[Segment]) -> Segment:
     changes = {key: pa.concat_tables([s.changes[key] for s in segments if key in s.changes]) for key in keys}
     records = pa.concat_tables([segment.records for segment in segments])
     cpu = sum(segment.cpu_seconds for segment in segments)
-    return Segment(first.topic, first.partition, first.start_offset, last.end_offset, records, changes, cpu)
+    schemas = {key: schema for segment in segments for key, schema in segment.schemas.items()}
+    return Segment(
+        first.topic, first.partition, first.start_offset, last.end_offset, records, changes, cpu, schemas
+    )
 
 
 def encode_range(
@@ -220,7 +244,9 @@ def encode_range(
     changes, typed = _typed_changes(topic, partition, records, messages, schemas, policy)
     table = _records_table(records, messages, typed)
     cpu = cpu_seconds + time.process_time() - started
-    return Segment(topic, partition, start, end, table, changes, cpu)
+    typed_by = {key: schema for key, (_, schema) in changes.items()}
+    tables = {key: table for key, (table, _) in changes.items()}
+    return Segment(topic, partition, start, end, table, tables, cpu, typed_by)
 
 
 def _typed_changes(
@@ -230,14 +256,15 @@ def _typed_changes(
     messages: Sequence[DecodedMessage | None],
     schemas: SchemaCache,
     policy: ValuePolicy,
-) -> tuple[dict[SchemaKey, pa.Table], set[int]]:
-    """Changelog tables per schema version the task knows, and the indexes of the records they type. A row
-    whose value does not decode is left to the driver (it applies the error policy)."""
+) -> tuple[dict[SchemaKey, tuple[pa.Table, TableSchema]], set[int]]:
+    """Changelog tables per schema version the task knows (with the schema that typed them), and the indexes
+    of the records they type. A row whose value does not decode is left to the driver (it applies the error
+    policy)."""
     runs: dict[SchemaKey, list[int]] = {}
     for index, message in enumerate(messages):
         if isinstance(message, RawDML):
             runs.setdefault(message.schema_key, []).append(index)
-    changes: dict[SchemaKey, pa.Table] = {}
+    changes: dict[SchemaKey, tuple[pa.Table, TableSchema]] = {}
     typed: set[int] = set()
     for key, indexes in runs.items():
         first = messages[indexes[0]]
@@ -249,7 +276,7 @@ def _typed_changes(
         rows = [(messages[i], RecordLocation(topic, partition, records[i].offset)) for i in indexes]
         while rows:
             try:
-                changes[key] = table_changes(codec, rows).changelog  # type: ignore[arg-type]
+                changes[key] = (table_changes(codec, rows).changelog, schema)  # type: ignore[arg-type]
             except ValueDecodeError as exc:
                 if exc.row is None:
                     break

@@ -8,10 +8,11 @@ from consumer.state.machine import ConsumerState, ErrorPolicy, Ordering, StateSt
 from consumer.state.pending import PendingBuffer
 from consumer.state.resolver import Resolver
 from consumer.state.schema_cache import SchemaCache
-from consumer.state.units import DDLUnit, RowBatch, Unit
+from consumer.state.units import BlockBatch, DDLUnit, RowBatch, RowBlock, Unit
 from consumer.state.watermarks import PartitionWatermarks
 
 __all__ = [
+    "BlockBatch",
     "ConsumerState",
     "DDLUnit",
     "ErrorPolicy",
@@ -20,6 +21,7 @@ __all__ = [
     "PendingBuffer",
     "Resolver",
     "RowBatch",
+    "RowBlock",
     "SchemaCache",
     "StateStats",
     "Unapplied",

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
+import numpy as np
 from cachetools import LRUCache
 
 from consumer.errors import (
@@ -54,7 +55,7 @@ from consumer.state.pending import (
 )
 from consumer.state.resolver import Resolver
 from consumer.state.schema_cache import SchemaCache
-from consumer.state.units import DDLUnit, RowBatch, SchemaKey, Unit, topic_partition
+from consumer.state.units import BlockBatch, DDLUnit, RowBatch, RowBlock, SchemaKey, Unit, topic_partition
 from consumer.state.watermarks import PartitionWatermarks, WatermarkTrail
 
 ErrorPolicy = Literal["dead-letter", "fail"]
@@ -184,11 +185,11 @@ class ConsumerState:
             self._watermarks.revoke(tp)
             for row in self._pending.drop_partition(tp):
                 self.schemas.unpin(row.dml.schema_key)
-            for dml in self._resolver.revoke(tp):
-                self.schemas.unpin(dml.schema_key)
+            for key, count in self._resolver.revoke(tp):
+                self.schemas.unpin(key, count)
             for unit, claim in self._claims.items():
                 offsets = claim.pop(tp, None)
-                if offsets and isinstance(unit, RowBatch):
+                if offsets and isinstance(unit, RowBatch | BlockBatch):
                     self.schemas.unpin(unit.schema.key, len(offsets))
             self._failed = [dead for dead in self._failed if topic_partition(dead.location) != tp]
 
@@ -247,6 +248,30 @@ class ConsumerState:
             pins[key] = 0
             add_row(message, location, schema)
         self._settle_pins(pins)
+
+    def process_blocks(self, blocks: Iterable[RowBlock]) -> None:
+        """Take rows typed elsewhere, a block per partition and schema version, after the records of the
+        same feed (`process_many`: their BOOTSTRAPs and DDLs describe the blocks' versions). Each block is
+        fed once: they are not checked for redelivery. A version known neither here nor by the block
+        (`typed_by`) is a fault of the caller's."""
+        held: dict[TopicPartition, list[np.ndarray]] = {}
+        for block in blocks:
+            partition = self._partitions.get(block.tp)
+            if partition is None:
+                raise ValueError(f"{block.tp}: partition is not assigned to this consumer")
+            schema = self.schemas.lookup(block.key, block.table_id)
+            if schema is None and block.typed_by is not None:
+                self._learn(block.typed_by)
+                schema = self.schemas.lookup(block.key, block.table_id)
+            if schema is None:
+                database, table, version = block.key
+                raise ValueError(f"rows of {database}.{table} version {version}: a schema unknown here")
+            self.schemas.pin(block.key, len(block.offsets))
+            held.setdefault(block.tp, []).append(block.offsets)
+            partition.newest_ts = max(partition.newest_ts, int(block.commit_ts.max()))
+            self._resolver.add_block(block, schema)
+        for tp, offsets in held.items():  # a partition's blocks interleave: held as one ascending run
+            self._partitions[tp].offsets.hold_many(np.sort(np.concatenate(offsets)).tolist())
 
     def _settle_pins(self, pins: dict[SchemaKey, int]) -> None:
         for key, count in pins.items():
@@ -342,7 +367,7 @@ class ConsumerState:
         if isinstance(unit, DDLUnit):
             self._resolver.confirm_ddl(unit)
         for tp, offsets in claim.items():
-            if isinstance(unit, RowBatch):
+            if isinstance(unit, RowBatch | BlockBatch):
                 self.schemas.unpin(unit.schema.key, len(offsets))
             partition = self._partitions.get(tp)
             if partition is not None:
@@ -504,6 +529,8 @@ def _claim(unit: Unit) -> dict[TopicPartition, list[int]]:
     """The offsets a unit applies, per partition."""
     if isinstance(unit, RowBatch):
         return unit.origins.claim()
+    if isinstance(unit, BlockBatch):
+        return unit.claim()
     claim: dict[TopicPartition, list[int]] = {}
     for location in unit.locations if isinstance(unit, DDLUnit) else (unit.location,):
         claim.setdefault((location.topic, location.partition), []).append(location.offset)

@@ -32,6 +32,20 @@ class PartitionOffsets:
         """The record just admitted at `offset` is not applied until `apply` names it."""
         self._unapplied.append(offset)
 
+    def hold_many(self, offsets: list[int]) -> None:
+        """Records at `offsets` (ascending, at or above every offset admitted so far but the records of the
+        same feed held just before, which they may interleave with) are not applied yet; they count as
+        admitted."""
+        if not offsets:
+            return
+        unapplied, first = self._unapplied, offsets[0]
+        later: list[int] = []
+        while unapplied and unapplied[-1] > first:
+            later.append(unapplied.pop())
+        unapplied.extend(sorted(offsets + later) if later else offsets)
+        if self._next is None or offsets[-1] >= self._next:
+            self._next = offsets[-1] + 1
+
     def apply(self, offsets: Iterable[int]) -> None:
         """The records at `offsets` (each held before) are durably applied."""
         self._applied.update(offsets)

@@ -19,17 +19,28 @@ Emission rule:
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
 
+import numpy as np
 from cachetools import LRUCache
 
 from consumer.errors import RecordLocation
 from consumer.protocol.model import DDL, DDLType, RawDML, TableSchema
 from consumer.sources.record import TopicPartition
 from consumer.state.pending import PendingBuffer, row_size
-from consumer.state.units import DDLUnit, RowBatch, RowOrigins, SchemaKey, TableName, Unit, topic_partition
+from consumer.state.units import (
+    BlockBatch,
+    DDLUnit,
+    RowBatch,
+    RowBlock,
+    RowOrigins,
+    SchemaKey,
+    TableName,
+    Unit,
+    topic_partition,
+)
 
 # Confirmed DDLs remembered so a copy redelivered later (a partition re-read after a rebalance, or
 # TiCDC resending after a restart) is recognised as applied instead of running the DDL twice.
@@ -41,6 +52,7 @@ _Entry = tuple[int, str, int, int, RawDML, RecordLocation, TableSchema, int]
 _commit_ts = itemgetter(0)
 _size = itemgetter(7)
 DDLIdentity = tuple[int, DDLType, str, SchemaKey | None]
+SortKey = tuple[int, str, int, int]  # commit_ts, topic, partition, offset: a row's place in emission order
 
 
 def ddl_identity(ddl: DDL) -> DDLIdentity:
@@ -75,6 +87,26 @@ class _TableRows:
     entries: list[_Entry]
     table_ids: set[int]
     ordered: bool = True  # entries sorted; appends from one partition usually keep them so
+    blocks: list[tuple[RowBlock, TableSchema]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries or self.blocks)
+
+    def take_blocks(self, limit: int) -> list[tuple[RowBlock, TableSchema]]:
+        """Remove and return the blocks' rows with commit_ts <= limit (a block splits where it straddles)."""
+        taken: list[tuple[RowBlock, TableSchema]] = []
+        kept: list[tuple[RowBlock, TableSchema]] = []
+        for block, schema in self.blocks:
+            below = block.commit_ts <= limit
+            if below.all():
+                taken.append((block, schema))
+            elif below.any():
+                taken.append((block.select(below), schema))
+                kept.append((block.select(~below), schema))
+            else:
+                kept.append((block, schema))
+        self.blocks = kept
+        return taken
 
     def take(self, limit: int) -> list[_Entry]:
         """Remove and return the entries with commit_ts <= limit, in emission order."""
@@ -143,6 +175,17 @@ class Resolver:
         self.rows += 1
         self.bytes += size
 
+    def add_block(self, block: RowBlock, schema: TableSchema) -> None:
+        """Rows decoded elsewhere, ordered as rows `add_row` takes are."""
+        name = block.key[:2]
+        table = self._tables.get(name)
+        if table is None:
+            table = self._tables[name] = _TableRows([], set())
+        table.blocks.append((block, schema))
+        table.table_ids.add(block.table_id)
+        self.rows += len(block.offsets)
+        self.bytes += len(block.offsets) * block.row_bytes
+
     def ddl_done(self, ddl: DDL) -> bool:
         """Whether this DDL was already confirmed (a late copy of it is applied on arrival)."""
         return ddl_identity(ddl) in self._done_ddls
@@ -166,21 +209,24 @@ class Resolver:
         self._in_flight_ddls.pop(identity, None)
         self._done_ddls[identity] = True
 
-    def revoke(self, tp: TopicPartition) -> list[RawDML]:
-        """Forget a revoked partition's rows and DDL copies; returns the rows dropped."""
+    def revoke(self, tp: TopicPartition) -> list[tuple[SchemaKey, int]]:
+        """Forget a revoked partition's rows and DDL copies; returns how many rows of each schema key went."""
         dropped: list[_Entry] = []
+        dropped_blocks: list[RowBlock] = []
         for table in self._tables.values():
             kept = [e for e in table.entries if (e[1], e[2]) != tp]
             if len(kept) != len(table.entries):
                 dropped += [e for e in table.entries if (e[1], e[2]) == tp]
                 table.entries = kept
-        self.rows -= len(dropped)
-        self.bytes -= sum(map(_size, dropped))
+            dropped_blocks += [block for block, _ in table.blocks if block.tp == tp]
+            table.blocks = [(block, schema) for block, schema in table.blocks if block.tp != tp]
+        self.rows -= len(dropped) + sum(len(block.offsets) for block in dropped_blocks)
+        self.bytes -= sum(map(_size, dropped)) + sum(len(b.offsets) * b.row_bytes for b in dropped_blocks)
         for identity, queued in list(self._queued_ddls.items()):
             queued.copies = [loc for loc in queued.copies if topic_partition(loc) != tp]
             if not queued.copies:
                 del self._queued_ddls[identity]
-        return [e[4] for e in dropped]
+        return [(e[4].schema_key, 1) for e in dropped] + [(b.key, len(b.offsets)) for b in dropped_blocks]
 
     def waiting_by_partition(self) -> dict[TopicPartition, tuple[int, int, int]]:
         """Per partition: rows waiting, the highest commit_ts among them, and DDL copies waiting."""
@@ -189,6 +235,10 @@ class Resolver:
             for entry in table.entries:
                 rows, highest, ddls = waiting.get((entry[1], entry[2]), (0, 0, 0))
                 waiting[entry[1], entry[2]] = (rows + 1, max(highest, entry[0]), ddls)
+            for block, _ in table.blocks:
+                rows, highest, ddls = waiting.get(block.tp, (0, 0, 0))
+                newest = int(block.commit_ts.max())
+                waiting[block.tp] = (rows + len(block.offsets), max(highest, newest), ddls)
         for queued in self._queued_ddls.values():
             for location in queued.copies:
                 tp = topic_partition(location)
@@ -224,14 +274,21 @@ class Resolver:
     def _flush(self, limit: int, floors: dict[TableName, int], barriers: list[_QueuedDDL]) -> list[Unit]:
         """Rows up to `limit`, less what held rows (`floors`) or DDLs not yet out (`barriers`, sorted)
         hold back."""
-        firsts: list[tuple[tuple[int, str, int, int], RowBatch]] = []
+        firsts: list[tuple[SortKey, RowBatch | BlockBatch]] = []
         for name, table in list(self._tables.items()):
-            taken = table.take(_cut(name, table, limit, floors.get(name), barriers))
-            if not table.entries:
+            cut = _cut(name, table, limit, floors.get(name), barriers)
+            taken, blocks = table.take(cut), table.take_blocks(cut)
+            if not table:
                 del self._tables[name]
             if taken:
                 self.rows -= len(taken)
                 self.bytes -= sum(map(_size, taken))
+            for block, _ in blocks:
+                self.rows -= len(block.offsets)
+                self.bytes -= len(block.offsets) * block.row_bytes
+            if blocks:
+                firsts += _merged_batches(taken, blocks)
+            elif taken:
                 firsts += _batches(taken)
         firsts.sort(key=itemgetter(0))
         return [batch for _, batch in firsts]
@@ -247,9 +304,9 @@ def _cut(
     return limit if barrier is None else min(limit, barrier.ddl.commit_ts)
 
 
-def _batches(entries: list[_Entry]) -> list[tuple[tuple[int, str, int, int], RowBatch]]:
+def _batches(entries: list[_Entry]) -> list[tuple[SortKey, RowBatch | BlockBatch]]:
     """Runs of one schema version; each with the sort key of its first row."""
-    runs: list[tuple[tuple[int, str, int, int], RowBatch]] = []
+    runs: list[tuple[SortKey, RowBatch | BlockBatch]] = []
     for _, group in groupby(entries, key=lambda e: id(e[6])):
         run = list(group)
         first = run[0]
@@ -264,3 +321,64 @@ def _batches(entries: list[_Entry]) -> list[tuple[tuple[int, str, int, int], Row
         )
         runs.append(((first[0], first[1], first[2], first[3]), RowBatch(schema, rows, origins)))
     return runs
+
+
+def _merged_batches(
+    entries: list[_Entry], blocks: list[tuple[RowBlock, TableSchema]]
+) -> list[tuple[SortKey, RowBatch | BlockBatch]]:
+    """One table's rows taken at once, rows and blocks, as runs in emission order: a run is rows of one
+    schema and one kind (a `BlockBatch` of the blocks' rows, or a `RowBatch`), each with the sort key of its
+    first row. Usually one run: the blocks of one version, no rows."""
+    schemas = {id(schema) for _, schema in blocks}
+    if not entries and len(schemas) == 1:
+        return [(min(_first(block) for block, _ in blocks), BlockBatch(blocks[0][1], _blocks(blocks)))]
+    topics = sorted({block.topic for block, _ in blocks} | {entry[1] for entry in entries})
+    rank = {topic: index for index, topic in enumerate(topics)}
+    # every row's sort key (commit_ts, topic rank, partition, offset), by source: the blocks, then the rows
+    sources = [_sort_keys(block, rank[block.topic]) for block, _ in blocks]
+    sources.append(np.array([(e[0], rank[e[1]], e[2], e[3]) for e in entries], np.int64).reshape(-1, 4))
+    keys = np.concatenate(sources)
+    source = np.repeat(np.arange(len(sources)), [len(keys) for keys in sources])
+    position = np.concatenate([np.arange(len(keys)) for keys in sources])
+    order = np.lexsort(keys.T[::-1])
+    group = np.array([id(schema) for _, schema in blocks] + [0])[source[order]]  # rows: `_batches` splits
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    runs: list[tuple[SortKey, RowBatch | BlockBatch]] = []
+    for start, end in zip(starts, [*starts[1:], len(order)], strict=True):
+        rows = order[start:end]
+        kinds = source[rows]
+        if kinds[0] == len(blocks):
+            runs += _batches([entries[i] for i in position[rows]])
+            continue
+        commit_ts, topic, partition, offset = keys[rows[0]].tolist()
+        picked = [_part(blocks[index], position[rows[kinds == index]]) for index in np.unique(kinds)]
+        first = (commit_ts, topics[topic], partition, offset)
+        runs.append((first, BlockBatch(picked[0][1], _blocks(picked))))
+    return runs
+
+
+def _part(block: tuple[RowBlock, TableSchema], positions: np.ndarray) -> tuple[RowBlock, TableSchema]:
+    """The block's rows at `positions` (the whole block when they are all of it)."""
+    whole, schema = block
+    if len(positions) == len(whole.offsets):
+        return block
+    return whole.select(np.sort(positions)), schema
+
+
+def _sort_keys(block: RowBlock, topic_rank: int) -> np.ndarray:
+    """The block's rows' sort keys, a row each: commit_ts, topic rank, partition, offset."""
+    count = len(block.offsets)
+    return np.column_stack(
+        (block.commit_ts, np.full(count, topic_rank), np.full(count, block.partition), block.offsets)
+    ).astype(np.int64)
+
+
+def _blocks(blocks: list[tuple[RowBlock, TableSchema]]) -> tuple[RowBlock, ...]:
+    return tuple(block for block, _ in blocks)
+
+
+def _first(block: RowBlock) -> SortKey:
+    """The sort key of a block's first row in emission order."""
+    lowest = block.commit_ts.min()
+    offset = block.offsets[block.commit_ts == lowest].min()
+    return (int(lowest), block.topic, block.partition, int(offset))

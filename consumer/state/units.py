@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from consumer.errors import DeadLetter, RecordLocation
 from consumer.protocol.model import DDL, RawDML, TableSchema
@@ -72,4 +75,63 @@ class DDLUnit:
     locations: tuple[RecordLocation, ...]
 
 
-Unit = RowBatch | DDLUnit | DeadLetter
+@dataclass(frozen=True, slots=True, eq=False)
+class RowBlock:
+    """One partition's rows of one schema version, typed before they reached the state machine (the Spark
+    engine's executors): one item for it to order instead of one per row. It reads only the metadata, a
+    column each in offset order; `rows` (the typed changelog rows) pass through it untouched, and
+    `whole` says whether they are all the block's (else keep only those at `offsets`). `typed_by`: the
+    schema that typed them, learned where it is not known (its BOOTSTRAP was before the records fed)."""
+
+    key: SchemaKey
+    table_id: int
+    topic: str
+    partition: int
+    offsets: np.ndarray  # int64, ascending
+    commit_ts: np.ndarray  # int64, per offset
+    row_bytes: int  # what a row costs in memory: for the budget
+    rows: Any
+    whole: bool = True
+    typed_by: TableSchema | None = None
+
+    @property
+    def tp(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+    def select(self, which: np.ndarray) -> RowBlock:
+        """The block's rows at `which` (a mask or indexes)."""
+        return RowBlock(
+            self.key,
+            self.table_id,
+            self.topic,
+            self.partition,
+            self.offsets[which],
+            self.commit_ts[which],
+            self.row_bytes,
+            self.rows,
+            whole=False,
+            typed_by=self.typed_by,
+        )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BlockBatch:
+    """Rows of one table version from `RowBlock`s, resolved together (their order within the batch is the
+    rows' own: by commit ts, topic, partition and offset)."""
+
+    schema: TableSchema
+    blocks: tuple[RowBlock, ...]
+
+    @property
+    def row_count(self) -> int:
+        return sum(len(block.offsets) for block in self.blocks)
+
+    def claim(self) -> dict[TopicPartition, list[int]]:
+        """The rows' offsets per partition."""
+        claim: dict[TopicPartition, list[int]] = {}
+        for block in self.blocks:
+            claim.setdefault(block.tp, []).extend(block.offsets.tolist())
+        return claim
+
+
+Unit = RowBatch | BlockBatch | DDLUnit | DeadLetter

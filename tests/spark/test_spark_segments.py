@@ -1,20 +1,22 @@
 """The Spark engine's parts without Spark: what tasks encode (segments), what the driver carries between
-batches (the carry store), how the planner sizes batches, and the row decoder that takes typed rows from
-segments (it must give exactly what decoding every row on the driver gives)."""
+batches (the carry store), how the planner sizes batches, and the typed rows' blocks through the state
+machine (they must give exactly what decoding every row on the driver gives)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.batches.changes import table_changes
-from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
+from consumer.batches.changes import block_changes, table_changes
+from consumer.errors import ConsumerError, DeadLetter, RecordLocation
 from consumer.protocol.model import (
     DML,
     Bootstrap,
@@ -32,7 +34,6 @@ from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sources.record import SourceRecord
 from consumer.spark.carry import KEEP_BATCHES, Carry, CarryStore
-from consumer.spark.engine import _ExecutorRows
 from consumer.spark.segments import Segment, encode_range, merged
 from consumer.spark.source import (
     SMALL_TASK_RECORDS,
@@ -44,8 +45,9 @@ from consumer.spark.source import (
     _resolve,
     _tasks,
 )
+from consumer.state.machine import ConsumerState
 from consumer.state.schema_cache import SchemaCache
-from consumer.state.units import RowOrigins
+from consumer.state.units import BlockBatch, RowBatch, Unit
 
 SCHEMA = TableSchema(
     database="shop",
@@ -111,40 +113,18 @@ def test_a_task_types_the_rows_whose_schema_its_range_announces_and_keeps_the_re
     segment = Segment.from_row(_segment().to_row())  # through the wire form
     assert list(segment.changes) == [SCHEMA.key]
     assert segment.changes[SCHEMA.key]["_offset"].to_pylist() == [10, 12, 12, 16]  # the UPDATE twice
-    decoded = list(segment.decoded(MessageDecoder()))
-    assert [location.offset for location, _, _, _ in decoded] == list(range(10, 17))
-    kinds = [
-        "typed" if isinstance(m, RawDML) and not m.payload else type(m).__name__ for _, m, _, _ in decoded
-    ]
-    assert kinds == [
-        "typed",
-        "Bootstrap",
-        "typed",
-        "RawDML",
-        "CompressionError",
-        "Watermark",
-        "typed",
-    ]
-    typed = decoded[0][1]
-    assert isinstance(typed, RawDML)
+    decoded = list(segment.decoded(MessageDecoder()))  # the records the task did not type
+    assert [location.offset for location, _, _, _ in decoded] == [11, 13, 14, 15]
+    kinds = [type(m).__name__ for _, m, _, _ in decoded]
+    assert kinds == ["Bootstrap", "RawDML", "CompressionError", "Watermark"]
     assert (
-        typed.type,
-        typed.database,
-        typed.table,
-        typed.table_id,
-        typed.commit_ts,
-        typed.schema_version,
-    ) == (
-        DMLType.INSERT,
-        "shop",
-        "orders",
-        7,
-        TS,
-        3,
-    )
-    assert (
-        decoded[4][2] == b"\x00garbage"
+        decoded[2][2] == b"\x00garbage"
     )  # a record that does not decode keeps its value for the dead letter
+    [block] = segment.blocks()
+    assert (block.key, block.table_id, block.tp, block.whole) == (SCHEMA.key, 7, ("t", 1), True)
+    assert block.offsets.tolist() == [10, 12, 16]
+    assert block.commit_ts.tolist() == [TS, TS + 1, TS + 2]
+    assert block.rows.equals(segment.changes[SCHEMA.key])
 
 
 def test_a_task_types_rows_of_schemas_the_engine_recorded() -> None:
@@ -168,59 +148,80 @@ def test_segments_filter_merge_and_keep_their_typed_rows() -> None:
     assert both.changes[SCHEMA.key]["_offset"].to_pylist() == [12, 12, 16]
 
 
-def _orders_rows(records: list[SourceRecord], typed: set[int]) -> list[tuple[RawDML, RecordLocation]]:
-    """The orders rows as the resolver hands them out: rows at `typed` offsets by their header only."""
-    decoder = MessageDecoder()
-    rows = []
-    for record in records:
-        try:
-            message = decoder.decode(record.value)
-        except ConsumerError:
-            continue
-        if isinstance(message, RawDML) and message.table == "orders":
-            header = msgspec.structs.replace(message, payload=b"") if record.offset in typed else message
-            rows.append((header, record.location))
-    return sorted(rows, key=lambda row: (row[0].commit_ts, row[1].offset))
-
-
 def _two_segments() -> list[Segment]:
     """The first row read alone (no schema: left untyped), the rest with the BOOTSTRAP (typed)."""
     records = _stream()
     return [_segment(records[:1]), _segment(records[1:])]
 
 
-def test_the_row_decoder_gives_what_decoding_every_row_on_the_driver_gives() -> None:
+def _fed(segments: list[Segment]) -> ConsumerState:
+    """A state machine fed as the Spark engine feeds it: each segment's untyped records, then the blocks."""
+    state = ConsumerState()
+    state.assign([("t", 1)])
+    decoder = MessageDecoder()
+    for segment in segments:
+        for location, message, value, _ in segment.decoded(decoder):
+            if isinstance(message, ConsumerError):
+                state.process_failed(location, message, value)
+            else:
+                state.process(location, message)
+    state.process_blocks([block for segment in segments for block in segment.blocks()])
+    return state
+
+
+def _orders_changelog(units: Sequence[Unit]) -> pa.Table:
+    """The orders rows of resolved units, typed as the sink writer types them."""
+    codec = TableCodec(SCHEMA)
+    pieces = []
+    for unit in units:
+        if isinstance(unit, BlockBatch):
+            pieces.append(block_changes(codec, unit.blocks).changelog)
+        elif isinstance(unit, RowBatch) and unit.schema.table == "orders":
+            pieces.append(table_changes(codec, unit.rows, unit.origins).changelog)
+    return pa.concat_tables(pieces)
+
+
+def test_blocks_and_untyped_rows_resolve_to_what_decoding_every_row_on_the_driver_gives() -> None:
     segments = _two_segments()
     assert not segments[0].changes and segments[1].changes[SCHEMA.key]["_offset"].to_pylist() == [12, 12, 16]
-    executor_rows = _ExecutorRows()
-    executor_rows.use(segments)
-    codec = TableCodec(SCHEMA)
-    on_driver = _orders_rows(_stream(), typed=set())
-    mixed = _orders_rows(_stream(), typed={12, 16})
-    assert executor_rows(codec, mixed, None).changelog.equals(table_changes(codec, on_driver).changelog)
-    typed = mixed[1:]
-    assert executor_rows(codec, typed, RowOrigins.of(typed)).changelog.equals(
-        table_changes(codec, on_driver[1:]).changelog
-    )
+    state = _fed(segments)
+    state.process(RecordLocation("t", 1, 20), Watermark(commit_ts=TS + 2, build_ts=0))
+    units = state.resolve()
+    decoded = [(MessageDecoder().decode(r.value), r.location) for r in _stream() if r.offset in (10, 12, 16)]
+    on_driver = [(message, location) for message, location in decoded if isinstance(message, RawDML)]
+    expected = table_changes(TableCodec(SCHEMA), on_driver).changelog
+    assert _orders_changelog(units).equals(expected)
+    kinds = [type(unit).__name__ for unit in units if not isinstance(unit, DeadLetter)]
+    assert kinds == ["RowBatch", "BlockBatch"]  # the untyped row first: its commit ts is the lowest
 
 
-def test_the_row_decoder_names_a_bad_row_by_its_index_in_the_batch() -> None:
-    broken = _dml(SCHEMA, DMLType.INSERT, 2, TS + 3).replace(b'"made":null', b'"made":"not a date"')
-    bad = MessageDecoder().decode(broken)
-    assert isinstance(bad, RawDML)
-    executor_rows = _ExecutorRows()
-    executor_rows.use(_two_segments())
-    rows = [*_orders_rows(_stream(), typed={12, 16}), (bad, RecordLocation("t", 1, 40))]
-    with pytest.raises(ValueDecodeError) as failed:
-        executor_rows(TableCodec(SCHEMA), rows, None)
-    assert failed.value.row == 3
+def test_a_block_straddling_the_watermark_leaves_its_later_rows_unapplied() -> None:
+    state = _fed(_two_segments())  # the stream's WATERMARK (TS + 1) is before the DELETE (TS + 2)
+    units = state.resolve()
+    assert _orders_changelog(units)["_offset"].to_pylist() == [10, 12, 12]
+    for unit in units:
+        state.confirm(unit)
+    assert state.unapplied_offsets() == {("t", 1): [13, 16]}  # the items row waits for its schema
+    assert state.committable() == {("t", 1): 13}
+    state.process(RecordLocation("t", 1, 20), Watermark(commit_ts=TS + 2, build_ts=0))
+    later = state.resolve()
+    assert [type(unit).__name__ for unit in later] == ["BlockBatch"]
+    assert _orders_changelog(later)["_offset"].to_pylist() == [16]
 
 
-def test_the_row_decoder_refuses_a_typed_row_no_segment_holds() -> None:
-    executor_rows = _ExecutorRows()
-    executor_rows.use(_two_segments()[:1])
-    with pytest.raises(RuntimeError, match="in no segment"):
-        executor_rows(TableCodec(SCHEMA), _orders_rows(_stream(), typed={12, 16}), None)
+def test_a_block_teaches_the_state_machine_the_schema_that_typed_it() -> None:
+    schemas = SchemaCache()
+    schemas.add(SCHEMA)
+    typed_alone = Segment.from_row(_segment(_stream()[2:3], schemas).to_row())  # its BOOTSTRAP read before
+    state = ConsumerState()
+    state.assign([("t", 1)])
+    state.process_blocks(typed_alone.blocks())
+    assert state.schemas.get(SCHEMA.key) == SCHEMA
+    without = dataclasses.replace(typed_alone.blocks()[0], typed_by=None)
+    unknowing = ConsumerState()
+    unknowing.assign([("t", 1)])
+    with pytest.raises(ValueError, match=r"shop\.orders version 3"):
+        unknowing.process_blocks([without])
 
 
 def test_the_carry_store_writes_whole_batches_and_keeps_the_newest(tmp_path: Path) -> None:
@@ -364,5 +365,5 @@ def test_consumer_errors_of_tasks_name_the_record_and_keep_its_value_and_key() -
     records = _stream()
     records[4] = msgspec.structs.replace(records[4], key=b"the key")
     segment = Segment.from_row(_segment(records).to_row())  # through the wire form
-    _, message, value, key = list(segment.decoded(MessageDecoder()))[4]
+    _, message, value, key = list(segment.decoded(MessageDecoder()))[2]
     assert isinstance(message, ConsumerError) and (value, key) == (b"\x00garbage", b"the key")
