@@ -5,9 +5,10 @@ A stream has one schema, while every table version has its own typed columns, so
 Arrow IPC streams as binary: `records`, one row per Kafka record in offset order, and `changes`, one typed
 changelog table (`consumer.batches.changes`) per schema version whose rows the task could decode. A task
 knows the schemas the engine recorded before the batch (`consumer.spark.carry`) and those announced in its
-own range; a DML of any other version, a record that does not decode, and every WATERMARK, BOOTSTRAP and DDL
-keep their Kafka value for the driver, whose state machine orders them all (`consumer.spark.engine`): those
-one by one (`Segment.decoded`), the typed rows a block per schema version (`Segment.blocks`).
+own range; a DML of any other version or of a schema `TableCodec` refuses, a record that does not decode or
+verify, and every WATERMARK, BOOTSTRAP and DDL keep their Kafka value for the driver, whose state machine
+orders them all (`consumer.spark.engine`): those one by one (`Segment.decoded`), the typed rows a block per
+schema version (`Segment.blocks`).
 Decoding a row twice is deterministic, so which side decodes it never changes the result.
 """
 
@@ -23,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumer.batches.changes import table_changes
-from consumer.errors import ConsumerError, RecordLocation, ValueDecodeError
+from consumer.errors import ConsumerError, RecordLocation, RejectedRowsError, ValueDecodeError
 from consumer.protocol.base import RecordDecoder
 from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, RawDML, TableSchema
 from consumer.protocol.simple.decoder import MessageDecoder
@@ -258,8 +259,9 @@ def _typed_changes(
     policy: ValuePolicy,
 ) -> tuple[dict[SchemaKey, tuple[pa.Table, TableSchema]], set[int]]:
     """Changelog tables per schema version the task knows (with the schema that typed them), and the indexes
-    of the records they type. A row whose value does not decode is left to the driver (it applies the error
-    policy)."""
+    of the records they type. A task never raises for what a record holds: a row that does not decode or
+    fails verification, and every row of a version whose schema `TableCodec` refuses, are left to the
+    driver, whose state machine and writer apply the error policy to them as the loop engine does."""
     runs: dict[SchemaKey, list[int]] = {}
     for index, message in enumerate(messages):
         if isinstance(message, RawDML):
@@ -270,21 +272,44 @@ def _typed_changes(
         first = messages[indexes[0]]
         assert isinstance(first, RawDML)
         schema = schemas.lookup(key, first.table_id)
-        if schema is None:
+        codec = None if schema is None else _codec(schema, policy)
+        if schema is None or codec is None:
             continue
-        codec = TableCodec(schema, policy)
         rows = [(messages[i], RecordLocation(topic, partition, records[i].offset)) for i in indexes]
         while rows:
             try:
                 changes[key] = (table_changes(codec, rows).changelog, schema)  # type: ignore[arg-type]
-            except ValueDecodeError as exc:
-                if exc.row is None:
+            except ConsumerError as exc:
+                bad = _bad_rows(exc)
+                if not bad:  # which rows is unknown: the driver decodes the run
                     break
-                del rows[exc.row], indexes[exc.row]
+                for row in sorted(bad, reverse=True):
+                    del rows[row], indexes[row]
                 continue
             typed.update(indexes)
             break
     return changes, typed
+
+
+def _codec(schema: TableSchema, policy: ValuePolicy) -> TableCodec | None:
+    """The codec of `schema`, or None when `TableCodec` refuses it. The task's cache holds schemas no
+    decoder checked: a version learned under one name serves a DML naming its table id and version under
+    any other name (`SchemaCache.lookup`), even one no table may have, and the engine's recorded schemas
+    may predate the run's `decode.unknown_types`. The loop engine's writer sets such rows aside
+    (`SchemaRejectedError`); a task raising here would fail the Spark job instead."""
+    try:
+        return TableCodec(schema, policy)
+    except ConsumerError:
+        return None
+
+
+def _bad_rows(error: ConsumerError) -> list[int]:
+    """The indexes, in a run, of the rows `error` names (a value that did not decode, rows that failed
+    verification); none when it names no row."""
+    if isinstance(error, RejectedRowsError):
+        return list(error.rejected)
+    row = error.row if isinstance(error, ValueDecodeError) else None
+    return [] if row is None else [row]
 
 
 def _records_table(
