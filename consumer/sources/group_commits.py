@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
-from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from consumer.kafka_config import create_client, scrubbed, secret_values
-from consumer.sources.commit_metadata import watermark_metadata
 from consumer.sources.errors import SourceError
+from consumer.sources.kafka import commit_position
 from consumer.sources.record import TopicPartition
 
 
@@ -43,12 +42,7 @@ class GroupCommits:
         if not offsets:
             return
         marks = watermarks or {}
-        request = [
-            KafkaTopicPartition(*tp, offset, metadata=watermark_metadata(marks[tp]))
-            if tp in marks
-            else KafkaTopicPartition(*tp, offset)
-            for tp, offset in offsets.items()
-        ]
+        request = [commit_position(tp, offset, marks.get(tp)) for tp, offset in offsets.items()]
         try:
             result = self._client().commit(offsets=request, asynchronous=False)
         except KafkaException as exc:

@@ -247,7 +247,7 @@ class KafkaSource:
         if not offsets:
             return
         marks = watermarks or {}
-        request = [_position(tp, offset, marks.get(tp)) for tp, offset in offsets.items()]
+        request = [commit_position(tp, offset, marks.get(tp)) for tp, offset in offsets.items()]
         try:
             result = self._consumer.commit(offsets=request, asynchronous=False)
         except KafkaException as exc:
@@ -365,7 +365,7 @@ class KafkaSource:
         )
 
 
-def _position(tp: TopicPartition, offset: int, watermark: int | None) -> KafkaTopicPartition:
+def commit_position(tp: TopicPartition, offset: int, watermark: int | None) -> KafkaTopicPartition:
     """A commit's position; with a watermark, carrying it as metadata (the client takes no None there)."""
     topic, partition = tp
     if watermark is None:

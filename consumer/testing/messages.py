@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumer.protocol.model import DML, DMLType, RawDML, TableSchema
+from consumer.protocol.model import DML, Checksum, DMLType, RawDML, TableSchema
 from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.protocol.simple.rows import Encoding
@@ -21,7 +21,24 @@ def raw_dml(
 ) -> RawDML:
     """A DML of `schema`'s table encoded as TiCDC would send it, then decoded to its routing header: the
     values go through the real wire forms, as in production."""
-    dml = DML(
+    dml = table_dml(schema, kind, data, old, commit_ts=commit_ts)
+    raw = MessageDecoder(encoding).decode(MessageEncoder(encoding).encode(dml, schema))
+    if not isinstance(raw, RawDML):
+        raise TypeError(f"a DML decoded as {type(raw).__name__}")
+    return raw
+
+
+def table_dml(
+    schema: TableSchema,
+    kind: DMLType,
+    data: dict[str, Any] | None = None,
+    old: dict[str, Any] | None = None,
+    *,
+    commit_ts: int,
+    checksum: Checksum | None = None,
+) -> DML:
+    """A DML of `schema`'s table, its header taken from the schema, before encoding."""
+    return DML(
         type=kind,
         database=schema.database,
         table=schema.table,
@@ -31,8 +48,5 @@ def raw_dml(
         schema_version=schema.version,
         data=data,
         old=old,
+        checksum=checksum,
     )
-    raw = MessageDecoder(encoding).decode(MessageEncoder(encoding).encode(dml, schema))
-    if not isinstance(raw, RawDML):
-        raise TypeError(f"a DML decoded as {type(raw).__name__}")
-    return raw

@@ -46,6 +46,7 @@ from consumer.spark.segments import Segment, encode_range
 from consumer.state.schema_cache import SchemaCache
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.hostile import hostile_schemas
+from consumer.testing.messages import table_dml
 
 TS = tso_of(time.time())
 TEXT = DataType("varchar", "utf8mb4", "utf8mb4_bin", length=40)
@@ -187,17 +188,7 @@ FRESH_ID = 1_000_000  # above every id the workload gives
 
 
 def _dml(schema: TableSchema, data: dict[str, Any], commit_ts: int, checksum: Checksum | None = None) -> DML:
-    return DML(
-        type=DMLType.INSERT,
-        database=schema.database,
-        table=schema.table,
-        table_id=schema.table_id,
-        commit_ts=commit_ts,
-        build_ts=0,
-        schema_version=schema.version,
-        data=data,
-        checksum=checksum,
-    )
+    return table_dml(schema, DMLType.INSERT, data, commit_ts=commit_ts, checksum=checksum)
 
 
 def _hostile_tail(workload: Workload) -> tuple[list[tuple[int, bytes]], list[tuple[bytes, str]]]:
