@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 from consumer.spark.session import spark_session  # noqa: E402
 from consumer.testing.processes import command_line, parent, wait_gone, with_environment  # noqa: E402
 from consumer.testing.s3 import LocalS3Server  # noqa: E402
+from tests.jvm_archive import JVM_LOG_OFF, ArchiveBuild, archive_path  # noqa: E402
 
 # Property tests check values, never time: no per-example deadline, which a loaded 2-core CI machine can miss.
 settings.register_profile("suite", deadline=None)
@@ -121,9 +122,24 @@ def _work_unit(item: pytest.Item) -> str:
     return f"@{group.args[0]}" if group else item.nodeid
 
 
+_archive_build: ArchiveBuild | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's JVM options, unless the caller chose their own, with the Spark driver archive
+    (`tests/jvm_archive.py`): built in the background by the first process (the xdist controller) when
+    missing; its workers inherit the options."""
+    global _archive_build
+    if "JAVA_TOOL_OPTIONS" in os.environ:
+        return
+    archive = archive_path(TEST_JVM_OPTIONS)
+    if not hasattr(config, "workerinput") and not archive.exists():
+        _archive_build = ArchiveBuild(archive, TEST_JVM_OPTIONS)
+    os.environ["JAVA_TOOL_OPTIONS"] = f"{TEST_JVM_OPTIONS} -XX:SharedArchiveFile={archive} {JVM_LOG_OFF}"
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)
-    os.environ.setdefault("JAVA_TOOL_OPTIONS", TEST_JVM_OPTIONS)
 
 
 _OWN_HELPERS = ("multiprocessing.forkserver import main", "multiprocessing.resource_tracker import main")
@@ -134,6 +150,8 @@ def _own_helper(pid: int) -> bool:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _archive_build is not None:
+        _archive_build.stop()
     started = {
         pid for pid in with_environment(SESSION_MARK, os.environ[SESSION_MARK]) if not _own_helper(pid)
     }
