@@ -155,7 +155,8 @@ class LakeRoot:
 
 
 _derived: dict[tuple[str, str], tuple[tuple[str, int], Any]] = {}
-# a forked child starts afresh: nothing it reads depends on what its parent read
+REMEMBERED = 512  # lookups `by_version` keeps, the oldest dropped first: a process may read many roots
+# a forked child computes its own lookups: it keeps nothing its parent found
 os.register_at_fork(after_in_child=_derived.clear)
 
 
@@ -163,13 +164,15 @@ def by_version(table: DeltaTable, what: str, compute: Callable[[DeltaTable], T])
     """`compute(table)` (named `what`) for the table's loaded version, computed once per version in the
     process: a committed Delta version never changes, so the small tables every as-of read consults (the
     catalog, the DDL log, the progress records) are read again only once they changed, for the cost of
-    updating a handle. The table's id tells a table created again at the same place from the one before.
-    The value is shared: callers must not change it."""
+    loading the table's log. The table's id tells a table created again at the same place from the one
+    before. The value is shared: callers must not change it."""
     key, identity = (table.table_uri, what), (str(table.metadata().id), table.version())
     found = _derived.get(key)
     if found is not None and found[0] == identity:
         return cast(T, found[1])
     value = compute(table)
+    if len(_derived) >= REMEMBERED:
+        _derived.pop(next(iter(_derived)), None)
     _derived[key] = (identity, value)
     return value
 

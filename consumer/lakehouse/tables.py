@@ -376,7 +376,7 @@ def _tries(mirror: DeltaTable, tso: int, changelog: DeltaTable | None) -> list[M
     retained = _retained(changelog)
     usable = [
         v
-        for v in mirror_versions(mirror)
+        for v in by_version(mirror, "mirror versions", mirror_versions)  # history: a read per commit
         if v.newest_ts is not None and v.newest_ts <= tso and v.complete_ts >= retained
     ]
     return list(reversed(usable if retained >= 0 else usable[-1:]))
@@ -415,14 +415,32 @@ def _base(
 def _changes(lake: LakeRoot, changelog: DeltaTable, since: int, tso: int, schema: pa.Schema) -> pa.Table:
     """The changelog's rows in (since, tso], only the columns the read gives and orders changes by. Decoded
     on the calling thread: beside the base's read on Arrow's threads, a thread more on the cores."""
-    dataset = lake.scan(changelog)
+    files, within = _window_files(changelog, since, tso)
+    dataset = lake.scan(changelog, files)
     wanted = [*schema.names, *(f.name for f in ORDER)]
     ts = pc.field("_commit_ts")
     return dataset.to_table(
         columns=[name for name in wanted if name in dataset.schema.names],
-        filter=(ts > since) & (ts <= tso),
+        filter=None if within else (ts > since) & (ts <= tso),
         use_threads=False,
     )
+
+
+def _window_files(changelog: DeltaTable, since: int, tso: int) -> tuple[list[str], bool]:
+    """The changelog's files that may hold changes in (since, tso], by the commit ts bounds the Delta log
+    records for each (no file footer read), and whether those bounds put all of them inside it: filtering
+    rows copies every column, for nothing when the window holds whole files (a tail after the base)."""
+    files = changelog.file_uris()
+    actions = pa.table(changelog.get_add_actions(flatten=True))
+    if not {"min._commit_ts", "max._commit_ts"} <= set(actions.column_names):
+        return files, False
+    low, high = actions["min._commit_ts"], actions["max._commit_ts"]
+    outside = pc.fill_null(pc.or_(pc.less_equal(high, since), pc.greater(low, tso)), False)
+    inside = pc.fill_null(pc.and_(pc.greater(low, since), pc.less_equal(high, tso)), False)
+    kept = pc.invert(outside)
+    within = bool(pc.all(inside.filter(kept)).as_py())
+    names = {path.rsplit("/", 1)[-1] for path in actions["path"].filter(kept).to_pylist()}
+    return [uri for uri in files if uri.rsplit("/", 1)[-1] in names], within  # names: unique, not encoded
 
 
 def _output_schema(names: Sequence[str], sources: Sequence[pa.Schema]) -> pa.Schema:
@@ -512,7 +530,8 @@ def _placed(
     # Taken in key order first, the changes are read in sequence by the take below (strings much faster)
     winners = changes.select(rows.column_names).take(pa.array(latest[added]))
     order = _order(gone - low, at[added] - low - np.searchsorted(gone, at[added]), high - low)
-    middle = pa.concat_tables([rows.slice(low, high - low), winners]).take(pa.array(order))
+    taken = pa.concat_tables([rows.slice(low, high - low), winners])
+    middle = pc.take(taken, pa.array(order), boundscheck=False)  # checked once by `_order`, not per column
     return pa.concat_tables([rows.slice(0, low), middle, rows.slice(high)])
 
 
@@ -532,9 +551,9 @@ def _order(gone: np.ndarray, before: np.ndarray, appended_at: int) -> np.ndarray
     """The rows of a range of `appended_at` rows to take, counted from its first: all but those `gone`
     (sorted), with the changes added (taken after the range's rows, in key order) each where `before` (the
     range's rows kept ahead of it) and the changes before it put it. Built as a running sum of steps,
-    mostly 1 from one kept row to the next, without a pass per mask over the range; in Arrow's memory
-    pool, which keeps its pages for the next read: fresh pages from the system cost more than filling
-    them."""
+    mostly 1 from one kept row to the next, without a pass per mask over the range; checked within bounds
+    once here rather than by the take for every column. In Arrow's memory pool, which keeps its pages for
+    the next read: fresh pages from the system cost more than filling them."""
     length = appended_at - gone.size + before.size
     order = np.frombuffer(pa.allocate_buffer(length * 8), dtype=np.int64)
     order.fill(1)
@@ -550,6 +569,8 @@ def _order(gone: np.ndarray, before: np.ndarray, appended_at: int) -> np.ndarray
         order[0] -= 1
     np.cumsum(order, out=order)
     order[places] = np.arange(appended_at, appended_at + before.size)
+    if length and not 0 <= order.min() <= order.max() < appended_at + before.size:
+        raise AssertionError(f"take order out of bounds: {order.min()}..{order.max()}")
     return order
 
 

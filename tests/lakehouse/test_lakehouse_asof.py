@@ -25,7 +25,7 @@ from consumer.batches.changes import stored_name, table_changes
 from consumer.cli import main, time_tso
 from consumer.errors import RecordLocation
 from consumer.lakehouse.catalog import Catalog
-from consumer.lakehouse.storage import LakeRoot, by_version
+from consumer.lakehouse.storage import REMEMBERED, LakeRoot, by_version
 from consumer.lakehouse.tables import (
     TsoOutOfRangeError,
     mirror_versions,
@@ -239,6 +239,10 @@ def test_a_lookup_is_computed_once_per_version_of_its_table(tmp_path: Path) -> N
     write_deltalake(uri, pa.table({"n": [3, 4, 5]}))
     write_deltalake(uri, pa.table({"n": [6]}), mode="append")
     assert by_version(DeltaTable(uri), "rows", rows) == 4 and computed == [0, 1, 1]
+    table = DeltaTable(uri)
+    for other in range(REMEMBERED):  # the process keeps so many lookups, the oldest dropped first
+        by_version(table, f"other {other}", lambda _: None)
+    assert by_version(table, "rows", rows) == 4 and computed == [0, 1, 1, 1]
 
 
 def test_a_forked_child_computes_its_lookups_afresh(tmp_path: Path) -> None:
