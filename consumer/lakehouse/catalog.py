@@ -45,7 +45,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from consumer.errors import SinkError
 from consumer.lakehouse.layout import segment
-from consumer.lakehouse.storage import LakeRoot, retry_commits
+from consumer.lakehouse.storage import LakeRoot, by_version, retry_commits
 
 CATALOG = "_catalog"
 CATALOG_APP = "ticdc-catalog"  # app transaction every catalog commit sets: concurrent changes conflict
@@ -162,7 +162,8 @@ class Catalog:
 
     def refresh(self) -> list[CatalogEntry]:
         table = self.root.open(self.uri)
-        self._entries = [] if table is None else _read(self.root, table)
+        read = () if table is None else by_version(table, "catalog", lambda t: tuple(_read(self.root, t)))
+        self._entries = list(read)
         return self._entries
 
     def find(self, name: Name, commit_ts: int) -> CatalogEntry | None:

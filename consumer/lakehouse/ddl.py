@@ -17,12 +17,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from consumer.errors import SinkError
 from consumer.lakehouse.catalog import Name
 from consumer.lakehouse.layout import DDL_LOG
-from consumer.lakehouse.storage import LakeRoot, retry_commits
+from consumer.lakehouse.storage import LakeRoot, by_version, retry_commits
 from consumer.protocol.model import DDL
 
 DDL_LOG_SCHEMA = pa.schema(
@@ -97,8 +97,11 @@ class DDLLog:
         log = self.root.open(self.uri)
         if log is None:
             return []
-        rows = self.root.scan(log).to_table().to_pylist()
-        return sorted(rows, key=lambda row: row["commit_ts"])
+        rows = by_version(log, "ddl log", self._sorted)
+        return [dict(row) for row in rows]
+
+    def _sorted(self, log: DeltaTable) -> tuple[dict[str, Any], ...]:
+        return tuple(sorted(self.root.scan(log).to_table().to_pylist(), key=lambda row: row["commit_ts"]))
 
 
 def _app_id(ddl: DDL, database: str | None, table: str | None) -> str:

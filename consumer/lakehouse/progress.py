@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from consumer.lakehouse.storage import LakeRoot, retry_commits
+from consumer.lakehouse.storage import LakeRoot, by_version, retry_commits
 from consumer.sources.record import TopicPartition
 from consumer.state.machine import Unapplied
 
@@ -265,12 +265,20 @@ def consistent_ts(
     `group`: the consumer group; None takes the only group that recorded progress (several: the smallest
     over them). None when nothing is known yet or a partition has no applied ts.
     """
-    progress = ProgressLog(LakeRoot.of(root, storage_options))
-    groups = [group] if group is not None else progress.groups()
-    points = []
-    for name in groups:
-        applied = [p.applied_ts for p in progress.partitions(name).values()]
-        if not applied or None in applied:
-            return None
-        points.append(min(ts for ts in applied if ts is not None))
-    return min(points, default=None)
+    lake = LakeRoot.of(root, storage_options)
+    table = lake.open(lake.join(PROGRESS))
+    if table is None:
+        return None
+    return by_version(table, f"consistent_ts {group}", lambda t: _consistent(lake, t, group))
+
+
+def _consistent(lake: LakeRoot, table: DeltaTable, group: str | None) -> int | None:
+    """`consistent_ts` from the progress table's rows (`group`'s, or every group's: the smallest over them
+    is the smallest over all their partitions)."""
+    rows = lake.scan(table).to_table(
+        columns=["group", "topic", "partition", "applied_ts"],
+        filter=None if group is None else pc.field("group") == group,
+    )
+    keys = ["group", "topic", "partition"]
+    furthest = rows.group_by(keys, use_threads=False).aggregate([("applied_ts", "max")])["applied_ts_max"]
+    return None if not len(furthest) or furthest.null_count else int(pc.min(furthest).as_py())

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -152,6 +152,29 @@ class LakeRoot:
             return _s3_filesystem(self.storage_options), self.uri.split("://", 1)[1]
         filesystem, path = pafs.FileSystem.from_uri(self.uri)
         return filesystem, path
+
+
+_derived: dict[tuple[str, str], tuple[tuple[str, int], Any]] = {}
+REMEMBERED = 512  # lookups `by_version` keeps, the oldest dropped first: a process may read many roots
+# a forked child computes its own lookups: it keeps nothing its parent found
+os.register_at_fork(after_in_child=_derived.clear)
+
+
+def by_version(table: DeltaTable, what: str, compute: Callable[[DeltaTable], T]) -> T:
+    """`compute(table)` (named `what`) for the table's loaded version, computed once per version in the
+    process: a committed Delta version never changes, so the small tables every as-of read consults (the
+    catalog, the DDL log, the progress records) are read again only once they changed, for the cost of
+    loading the table's log. The table's id tells a table created again at the same place from the one
+    before. The value is shared: callers must not change it."""
+    key, identity = (table.table_uri, what), (str(table.metadata().id), table.version())
+    found = _derived.get(key)
+    if found is not None and found[0] == identity:
+        return cast(T, found[1])
+    value = compute(table)
+    if len(_derived) >= REMEMBERED:
+        _derived.pop(next(iter(_derived)), None)
+    _derived[key] = (identity, value)
+    return value
 
 
 def _filesystem_path(uri: str) -> str:

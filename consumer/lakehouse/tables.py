@@ -39,7 +39,7 @@ from consumer.lakehouse.catalog import Catalog, CatalogEntry, MirrorVersion
 from consumer.lakehouse.ddl import DDLLog, table_schema
 from consumer.lakehouse.history import HISTORY_META
 from consumer.lakehouse.progress import consistent_ts
-from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.storage import LakeRoot, by_version
 
 Kind = Literal["changelog", "mirror", "history", "deletes"]
 KINDS: tuple[Kind, ...] = ("changelog", "mirror", "history", "deletes")
@@ -278,21 +278,24 @@ def _earliest(lake: LakeRoot, catalog: Catalog, ddls: list[dict[str, Any]]) -> t
         changelog = lake.open(entry_uri(lake, entry, "changelog"))
         if changelog is None:
             continue
-        readable = changelog.metadata().configuration.get(READABLE_FROM)
-        if readable:
-            floors.append(int(readable))
-        if changelog.file_uris():
-            starts.append(_smallest_ts(lake, changelog))
+        smallest, readable = by_version(changelog, "retained", lambda t: _retained_from(lake, t))
+        starts.extend([] if smallest is None else [smallest])
+        floors.extend([] if readable is None else [readable])
     return min(starts, default=None), max(floors, default=None)
 
 
-def _smallest_ts(lake: LakeRoot, table: DeltaTable) -> int:
-    """From the files' statistics, or their `_commit_ts` column where a file has none."""
-    actions = pa.table(table.get_add_actions(flatten=True))
+def _retained_from(lake: LakeRoot, changelog: DeltaTable) -> tuple[int | None, int | None]:
+    """The changelog's smallest commit ts (None: no rows), from the files' statistics or their `_commit_ts`
+    column where a file has none; and the oldest TSO it answers as of, when `maintain` recorded one."""
+    readable = changelog.metadata().configuration.get(READABLE_FROM)
+    floor = int(readable) if readable else None
+    if not changelog.file_uris():
+        return None, floor
+    actions = pa.table(changelog.get_add_actions(flatten=True))
     column = "min._commit_ts"
     if column in actions.column_names and not actions[column].null_count:
-        return int(pc.min(actions[column]).as_py())
-    return int(pc.min(lake.scan(table).to_table(columns=["_commit_ts"])["_commit_ts"]).as_py())
+        return int(pc.min(actions[column]).as_py()), floor
+    return int(pc.min(lake.scan(changelog).to_table(columns=["_commit_ts"])["_commit_ts"]).as_py()), floor
 
 
 # -- a table as of a TSO -------------------------------------------------------------------------------
@@ -373,7 +376,7 @@ def _tries(mirror: DeltaTable, tso: int, changelog: DeltaTable | None) -> list[M
     retained = _retained(changelog)
     usable = [
         v
-        for v in mirror_versions(mirror)
+        for v in by_version(mirror, "mirror versions", mirror_versions)  # history: a read per commit
         if v.newest_ts is not None and v.newest_ts <= tso and v.complete_ts >= retained
     ]
     return list(reversed(usable if retained >= 0 else usable[-1:]))
@@ -412,14 +415,32 @@ def _base(
 def _changes(lake: LakeRoot, changelog: DeltaTable, since: int, tso: int, schema: pa.Schema) -> pa.Table:
     """The changelog's rows in (since, tso], only the columns the read gives and orders changes by. Decoded
     on the calling thread: beside the base's read on Arrow's threads, a thread more on the cores."""
-    dataset = lake.scan(changelog)
+    files, within = _window_files(changelog, since, tso)
+    dataset = lake.scan(changelog, files)
     wanted = [*schema.names, *(f.name for f in ORDER)]
     ts = pc.field("_commit_ts")
     return dataset.to_table(
         columns=[name for name in wanted if name in dataset.schema.names],
-        filter=(ts > since) & (ts <= tso),
+        filter=None if within else (ts > since) & (ts <= tso),
         use_threads=False,
     )
+
+
+def _window_files(changelog: DeltaTable, since: int, tso: int) -> tuple[list[str], bool]:
+    """The changelog's files that may hold changes in (since, tso], by the commit ts bounds the Delta log
+    records for each (no file footer read), and whether those bounds put all of them inside it: filtering
+    rows copies every column, for nothing when the window holds whole files (a tail after the base)."""
+    files = changelog.file_uris()
+    actions = pa.table(changelog.get_add_actions(flatten=True))
+    if not {"min._commit_ts", "max._commit_ts"} <= set(actions.column_names):
+        return files, False
+    low, high = actions["min._commit_ts"], actions["max._commit_ts"]
+    outside = pc.fill_null(pc.or_(pc.less_equal(high, since), pc.greater(low, tso)), False)
+    inside = pc.fill_null(pc.and_(pc.greater(low, since), pc.less_equal(high, tso)), False)
+    kept = pc.invert(outside)
+    within = bool(pc.all(inside.filter(kept)).as_py())
+    names = {path.rsplit("/", 1)[-1] for path in actions["path"].filter(kept).to_pylist()}
+    return [uri for uri in files if uri.rsplit("/", 1)[-1] in names], within  # names: unique, not encoded
 
 
 def _output_schema(names: Sequence[str], sources: Sequence[pa.Schema]) -> pa.Schema:
@@ -499,18 +520,18 @@ def _placed(
     stored_ts = rows["_commit_ts"].combine_chunks().to_numpy()  # in Arrow's pool (`_order`)
     at = np.searchsorted(stored, keys)
     found, base_loses = _met(stored, stored_ts, at, keys, change_ts)
-    kept = stored_ts >= floor
-    kept[at[base_loses]] = False
+    older, replaced = np.flatnonzero(stored_ts < floor), at[base_loses]  # both sorted
+    gone = np.union1d(older, replaced) if older.size else replaced
     added = np.flatnonzero((~found | base_loses) & upsert & (change_ts >= floor))
-    gone = np.flatnonzero(~kept)
     edges = np.concatenate([gone[:1], gone[-1:], at[added[:1]], at[added[-1:]]])
     if not edges.size:
         return rows
     low, high = int(edges.min()), min(int(edges.max()) + 1, stored.size)
     # Taken in key order first, the changes are read in sequence by the take below (strings much faster)
     winners = changes.select(rows.column_names).take(pa.array(latest[added]))
-    order = _order(kept[low:high], at[added] - low - np.searchsorted(gone, at[added]), high - low)
-    middle = pa.concat_tables([rows.slice(low, high - low), winners]).take(pa.array(order))
+    order = _order(gone - low, at[added] - low - np.searchsorted(gone, at[added]), high - low)
+    taken = pa.concat_tables([rows.slice(low, high - low), winners])
+    middle = pc.take(taken, pa.array(order), boundscheck=False)  # checked once by `_order`, not per column
     return pa.concat_tables([rows.slice(0, low), middle, rows.slice(high)])
 
 
@@ -526,18 +547,30 @@ def _met(
     return found, found & (change_ts >= stored_ts[near])
 
 
-def _order(kept: np.ndarray, before: np.ndarray, appended_at: int) -> np.ndarray:
-    """The rows of a range to take, counted from its first: those `kept`, with the changes added (taken
-    after the range's `appended_at` rows, in key order) each where `before` (the range's rows kept ahead of
-    it) and the changes before it put it. The large arrays come from Arrow's memory pool, which keeps its
-    pages for the next read: fresh pages from the system cost more than filling them."""
-    remaining = pc.indices_nonzero(pa.array(kept)).to_numpy()
-    order = np.frombuffer(pa.allocate_buffer((remaining.size + before.size) * 8), dtype=np.int64)
+def _order(gone: np.ndarray, before: np.ndarray, appended_at: int) -> np.ndarray:
+    """The rows of a range of `appended_at` rows to take, counted from its first: all but those `gone`
+    (sorted), with the changes added (taken after the range's rows, in key order) each where `before` (the
+    range's rows kept ahead of it) and the changes before it put it. Built as a running sum of steps,
+    mostly 1 from one kept row to the next, without a pass per mask over the range; checked within bounds
+    once here rather than by the take for every column. In Arrow's memory pool, which keeps its pages for
+    the next read: fresh pages from the system cost more than filling them."""
+    length = appended_at - gone.size + before.size
+    order = np.frombuffer(pa.allocate_buffer(length * 8), dtype=np.int64)
+    order.fill(1)
     places = before + np.arange(before.size)
-    is_added = np.zeros(order.size, dtype=bool)
-    is_added[places] = True
+    order[places] = 0  # a change does not move on the rows kept: a row after it follows the one before it
+    # each gone row adds a step at the first kept row after it, wherever the changes put that row
+    skips = gone - np.arange(gone.size)  # the kept rows ahead of each gone row
+    skips = skips[skips < appended_at - gone.size]
+    firsts = np.flatnonzero(np.concatenate([[True], skips[1:] != skips[:-1]])) if skips.size else skips
+    counts = np.diff(np.append(firsts, skips.size))
+    order[skips[firsts] + np.searchsorted(before, skips[firsts], side="right")] += counts
+    if length:
+        order[0] -= 1
+    np.cumsum(order, out=order)
     order[places] = np.arange(appended_at, appended_at + before.size)
-    order[~is_added] = remaining
+    if length and not 0 <= order.min() <= order.max() < appended_at + before.size:
+        raise AssertionError(f"take order out of bounds: {order.min()}..{order.max()}")
     return order
 
 

@@ -1,18 +1,22 @@
 """The lakehouse as of any TSO: simulated streams through the real Delta sink, read back as of every commit
-ts and compared with a plain replay of the stream up to it; fresh reads over a lagging mirror; a table whose
-run stopped before its first Delta commit; the `snapshot` command; TSOs outside the retained range."""
+ts and compared with a plain replay of the stream up to it; fresh reads over a lagging mirror; what the
+reads look up, remembered per Delta version; a table whose run stopped before its first Delta commit; the
+`snapshot` command; TSOs outside the retained range."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +25,7 @@ from consumer.batches.changes import stored_name, table_changes
 from consumer.cli import main, time_tso
 from consumer.errors import RecordLocation
 from consumer.lakehouse.catalog import Catalog
-from consumer.lakehouse.storage import LakeRoot
+from consumer.lakehouse.storage import REMEMBERED, LakeRoot, by_version
 from consumer.lakehouse.tables import (
     TsoOutOfRangeError,
     mirror_versions,
@@ -199,6 +203,63 @@ def test_a_fresh_read_is_exact_at_the_consistent_point_when_the_mirror_lags(tmp_
     assert rows is not None and arrow_table_rows(rows, expected.schema) == expected.rows
     mirror = read_mirror(tmp_path, "shop", "t1", as_of_tso=point)
     assert mirror is not None and mirror.equals(rows)
+
+
+# -- what the reads look up, remembered per Delta version ----------------------------------------------
+def test_reads_see_the_commits_made_since_the_last_read(tmp_path: Path) -> None:
+    """The catalog, DDL log and progress records a read looked up are read again once they changed: rows,
+    DDLs and progress committed after a read are in the next one."""
+    config = WorkloadConfig(rows=60, tables=2, partitions=2, seed=5, watermark_every_txns=4)
+    records = sent(Workload(config))
+    driver = _Driver(DeltaSink(tmp_path), config.partitions, 1)
+    driver.feed(records[: len(records) // 2])
+    _, first = retained_range(tmp_path)
+    assert first is not None and _differences(tmp_path, records, first) == []
+    driver.feed(records[len(records) // 2 :])
+    _, point = retained_range(tmp_path)
+    assert point is not None and point > first
+    assert _differences(tmp_path, records, point) == []
+    assert [e.name for e in tables(tmp_path)] == [e.name for e in Catalog(LakeRoot.of(tmp_path)).refresh()]
+
+
+def test_a_lookup_is_computed_once_per_version_of_its_table(tmp_path: Path) -> None:
+    """Once per version; a commit, or a table made again in place (the same version, another table), is
+    computed afresh."""
+    uri, computed = str(tmp_path / "facts"), []
+
+    def rows(table: DeltaTable) -> int:
+        computed.append(table.version())
+        return LakeRoot.of(tmp_path).scan(table).count_rows()
+
+    write_deltalake(uri, pa.table({"n": [1]}))
+    assert [by_version(DeltaTable(uri), "rows", rows) for _ in range(2)] == [1, 1] and computed == [0]
+    write_deltalake(uri, pa.table({"n": [2]}), mode="append")
+    assert by_version(DeltaTable(uri), "rows", rows) == 2 and computed == [0, 1]
+    shutil.rmtree(uri)
+    write_deltalake(uri, pa.table({"n": [3, 4, 5]}))
+    write_deltalake(uri, pa.table({"n": [6]}), mode="append")
+    assert by_version(DeltaTable(uri), "rows", rows) == 4 and computed == [0, 1, 1]
+    table = DeltaTable(uri)
+    for other in range(REMEMBERED):  # the process keeps so many lookups, the oldest dropped first
+        by_version(table, f"other {other}", lambda _: None)
+    assert by_version(table, "rows", rows) == 4 and computed == [0, 1, 1, 1]
+
+
+def test_a_forked_child_computes_its_lookups_afresh(tmp_path: Path) -> None:
+    """A child forked after a lookup (a process pool's fork) does not take its parent's."""
+    write_deltalake(str(tmp_path / "facts"), pa.table({"n": [1]}))
+    table = DeltaTable(str(tmp_path / "facts"))
+    assert by_version(table, "who", lambda _: "parent") == "parent"
+    child = os.fork()
+    if child == 0:  # the child's verdict is its exit code; it never returns into pytest
+        code = 1
+        try:
+            code = 0 if by_version(table, "who", lambda _: "child") == "child" else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert by_version(table, "who", lambda _: "again") == "parent"
 
 
 # -- a table whose run stopped before its first Delta commit --------------------------------------------
