@@ -73,7 +73,7 @@ class UnitOutput:
         for sink in self._sinks:
             with self._watchdog.watching(f"{type(sink).__name__}.write {name}"):
                 sink.write(changes, self._context)
-        tables[name] = tables.get(name, 0) + changes.changelog.num_rows
+        tables[name] = tables.get(name, 0) + changes.row_count
 
     def apply_ddl(self, unit: DDLUnit) -> None:
         ddl = unit.ddl
