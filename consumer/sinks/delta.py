@@ -564,6 +564,9 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         self.mirror_interval_s, self.mirror_interval_rows = mirror_interval_s, mirror_interval_rows
         self.merge_runner: MergeRunner | None = None  # None: MERGEs run in this process
         self.append_runner: AppendRunner | None = None  # None: spooled rows are appended from here
+        # by `id` of the batch (held, so the id is not reused): the files `write_ahead` wrote for it, and
+        # the changelog's location and version they were written for
+        self._written: dict[int, tuple[SpooledChanges, str, int, AppendResult]] = {}
         self.lazy_mirrors = False
         self._lazy(bool(mirror_interval_s or mirror_interval_rows))
         if "mirror" in self.outputs:  # one cadence per lake, recorded by its first writer
@@ -843,17 +846,37 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         else:
             self._append_changelog(uri, changes.changelog, context)
 
+    def write_ahead(self, batches: Sequence[SpooledChanges], context: CommitContext) -> None:
+        """Have the runner write the changelog files of `batches` (about to be written one by one) at once:
+        one Spark job for every table; `write` commits each batch's file when nothing changed in between."""
+        runner = self.append_runner
+        if runner is None or "changelog" not in self.outputs:
+            return
+        jobs: list[tuple[SpooledChanges, int, AppendJob]] = []
+        for changes in batches:
+            if changes.row_count:
+                entry = self.catalog.locate((changes.database, changes.table), changes.newest_commit_ts)
+                table, job = self._append_job(self.root.join(entry.location, "changelog"), changes, context)
+                jobs.append((changes, table.version(), job))
+        results = runner([job for _, _, job in jobs]) if jobs else []
+        for (changes, version, job), result in zip(jobs, results, strict=True):
+            self._written[id(changes)] = (changes, job.uri, version, result)
+
     def _append_elsewhere(
         self, uri: str, changes: SpooledChanges, runner: AppendRunner, context: CommitContext
     ) -> None:
-        """Have `runner` write the files of the rows the changelog lacks, then commit them here with their
-        app transactions; a conflict writes them again (the files of the attempt are orphans)."""
+        """Have `runner` write the files of the rows the changelog lacks (or take those `write_ahead` had
+        written for the same table state), then commit them here with their app transactions; a conflict
+        writes them again (the files of the attempt are orphans)."""
 
         def attempt() -> None:
-            table = self._changelog_with(uri, changes.changelog_schema, context)
-            applied = delta_applied(table, context.group, changes.partitions())
-            job = AppendJob(uri, tuple(changes.pieces), changes.changelog_schema, _schema(table), applied)
-            [result] = runner([job])
+            ahead = self._written.pop(id(changes), None)
+            table = self.root.open(uri)
+            if ahead is not None and table is not None and ahead[1:3] == (uri, table.version()):
+                result = ahead[3]  # written for this very version of the table
+            else:
+                table, job = self._append_job(uri, changes, context)
+                [result] = runner([job])
             if not result.files:
                 return
             kill_point("changelog-files-written")  # tests: files written, not committed
@@ -867,6 +890,15 @@ class DeltaSink(LakehouseSink, MirrorMerges):
 
         self._commit(f"changelog {uri}", attempt)
         kill_point("changelog-files-committed")  # tests: committed, nothing after
+
+    def _append_job(
+        self, uri: str, changes: SpooledChanges, context: CommitContext
+    ) -> tuple[DeltaTable, AppendJob]:
+        """The changelog at `uri` (created or grown for the batch's columns) and the job writing the batch's
+        rows it lacks."""
+        table = self._changelog_with(uri, changes.changelog_schema, context)
+        applied = delta_applied(table, context.group, changes.partitions())
+        return table, AppendJob(uri, tuple(changes.pieces), changes.changelog_schema, _schema(table), applied)
 
     def _changelog_with(self, uri: str, schema: pa.Schema, context: CommitContext) -> DeltaTable:
         """The changelog at `uri`, created or grown (an empty commit) until it has every column of

@@ -3,6 +3,7 @@ and send the driver their index only; executor tasks write the changelog files t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,9 @@ from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.delta import DeltaSink
+from consumer.sinks.delta import AppendJob, AppendResult, DeltaSink
 from consumer.spark import engine
+from consumer.spark.merges import ExecutorAppends
 from consumer.spark.segments import INDEX_SCHEMA
 from consumer.testing.broker import EmbeddedBroker
 
@@ -53,7 +55,7 @@ def test_no_row_reaches_the_driver(
     each typed version's index: four int64 columns per DML, far below
     a row's size. The driver never reads a spooled row (that raises here: tasks run in other processes) and
     appends no changelog rows but those it typed; the lake is exact, and spool files of applied rows are
-    gone."""
+    gone. A batch's tables' changelog files are written by one Spark job."""
     topic = kafka_topic(3)
     workload = Workload(WorkloadConfig(rows=3000, tables=3, partitions=3, dispatch="primary-key"))
     produce_to_kafka(workload, MessageEncoder("json", "none"), kafka_broker.bootstrap_servers, topic)
@@ -73,6 +75,14 @@ def test_no_row_reaches_the_driver(
         appended_here.append(changelog.num_rows)
         append(sink, uri, changelog, context)
 
+    jobs: list[int] = []
+    run_jobs = ExecutorAppends.__call__
+
+    def appends(runner: ExecutorAppends, batch: Sequence[AppendJob]) -> list[AppendResult]:
+        jobs.append(len(batch))
+        return run_jobs(runner, batch)
+
+    monkeypatch.setattr(ExecutorAppends, "__call__", appends)
     monkeypatch.setattr(engine, "_collected", collected)
     monkeypatch.setattr(SpooledRows, "read", refused)
     monkeypatch.setattr(DeltaSink, "_append_changelog", appending)
@@ -81,6 +91,7 @@ def test_no_row_reaches_the_driver(
 
     assert differences(delta_mirror_state(root, (t.schema for t in workload.tables)), truth) == []
     assert changelog_duplicates(root) == 0
+    assert max(jobs) > 1  # the files of several tables of a batch written by one Spark job
     assert changelog_rows(root) == stats.rows == changelog_images(workload.config)
     untyped = {batch: _dmls(_values(rows)) for batch, rows in received.items()}
     dmls = sum(untyped.values())
