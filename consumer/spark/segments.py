@@ -196,7 +196,7 @@ class Segment:
         """The offsets of the records it holds, typed or not (unordered)."""
         columns = [self.records["offset"].to_numpy()]
         columns += [table["_offset"].to_numpy() for table in self.changes.values()]
-        return np.concatenate(columns) if columns else np.empty(0, np.int64)
+        return np.concatenate(columns)
 
     def _where(self, keep: Callable[[pa.ChunkedArray], pa.ChunkedArray], start: int) -> Segment:
         records = self.records.filter(keep(self.records["offset"]))
@@ -358,7 +358,6 @@ def encode_range(
             announced.append(message.table_schema)
         elif isinstance(message, DDL):
             announced += [s for s in (message.table_schema, message.pre_table_schema) if s is not None]
-    announced = list({(schema.key, schema.table_id): schema for schema in announced}.values())
     for schema in announced:
         schemas.add(schema)
     changes, typed = _typed_changes(topic, partition, records, messages, schemas, policy)
@@ -366,7 +365,16 @@ def encode_range(
     cpu = cpu_seconds + time.process_time() - started
     typed_by = {key: schema for key, (_, schema) in changes.items()}
     tables = {key: table for key, (table, _) in changes.items()}
-    return Segment(topic, partition, start, end, table, tables, cpu, typed_by, announced=announced)
+    return Segment(
+        topic, partition, start, end, table, tables, cpu, typed_by, announced=_last_of_each(announced)
+    )
+
+
+def _last_of_each(schemas: list[TableSchema]) -> list[TableSchema]:
+    """`schemas` without repeats (BOOTSTRAPs come again and again): per key the first (a `SchemaCache` keeps
+    the first it learns), placed where its key came last (and keeps it that recent)."""
+    first = {schema.key: schema for schema in reversed(schemas)}
+    return list(reversed(first.values()))
 
 
 def _typed_changes(
