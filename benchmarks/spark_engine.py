@@ -13,11 +13,12 @@ Run: `python benchmarks/spark_engine.py [--rows N] [--batch N] [--cores 1,2] [--
    query over the whole topic, `maxOffsetsPerTrigger` = `--batch`. Timed from the query's start until its
    last batch is applied (planning, every batch, the first batch's Python workers starting); "then" is the
    rate from the first batch applied to the last. CPU per record over the same span, by process (psutil):
-   - driver: the driver's Python process (`ChangeBatches`: collecting each batch, the state machine, the
-     sinks, the record; py4j), its process CPU time;
+   - driver: the driver's Python process (`ChangeBatches`: collecting each batch's index and untyped
+     records, the state machine, the sinks' commits, the record; py4j), its process CPU time;
    - planner: the Python process Spark starts for the source's planning calls (latestOffset, partitions);
    - executors: the executors' Python workers (`pyspark.daemon` and the workers it forks: fetching with
-     librdkafka, decoding, encoding segments), their process CPU, reaped workers included;
+     librdkafka, decoding, spooling the typed rows, writing the changelog's files, MERGEs), their process
+     CPU, reaped workers included;
    - JVM: Spark's JVM (in local mode the driver's and the executors' JVM side in one process).
    Also: the executors alone (a batch read of the whole topic, read and decoded, no driver pipeline), the
    per-batch fixed cost (the median duration of ten tiny batches, 100 records a partition, of a separate

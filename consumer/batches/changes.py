@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from consumer.batches.spool import SpooledPiece, SpooledRows, read_pieces
 from consumer.errors import InternalDecodeError, RecordLocation, RejectedRowsError, ValueDecodeError
 from consumer.protocol.model import TSO_PHYSICAL_SHIFT, RawDML, TableSchema
 from consumer.protocol.simple.checksum import verify_changes
 from consumer.protocol.table import TableCodec
+from consumer.sources.record import TopicPartition
 from consumer.state.units import RowBlock, RowOrigins
 
 META_FIELDS: tuple[pa.Field, ...] = (
@@ -57,6 +60,60 @@ class TableChanges:
     def key_columns(self) -> tuple[str, ...]:
         """The primary key, else the first NOT NULL unique index, as stored; () means changelog only."""
         return tuple(stored_name(name) for name in self.schema.handle_key())
+
+    @property
+    def row_count(self) -> int:
+        return self.changelog.num_rows
+
+    @property
+    def newest_commit_ts(self) -> int:
+        newest: int = pc.max(self.changelog["_commit_ts"]).as_py()
+        return newest
+
+    @property
+    def changelog_schema(self) -> pa.Schema:
+        return self.changelog.schema
+
+
+class SpooledChanges(TableChanges):
+    """A resolved batch whose rows are still in the files Spark tasks spooled them to (`SpooledRows`):
+    a sink that can have them written where they are (the Delta changelog, by executor tasks) takes
+    `pieces`; reading `changelog` reads the files here (any other sink)."""
+
+    def __init__(self, schema: TableSchema, blocks: Sequence[RowBlock], changelog_schema: pa.Schema) -> None:
+        object.__setattr__(self, "schema", schema)
+        object.__setattr__(self, "blocks", tuple(blocks))
+        object.__setattr__(self, "_changelog_schema", changelog_schema)
+
+    blocks: tuple[RowBlock, ...]
+    _changelog_schema: pa.Schema
+
+    @cached_property
+    def changelog(self) -> pa.Table:
+        return ordered_changelog(read_pieces(self.pieces), self._changelog_schema)
+
+    @property
+    def pieces(self) -> list[SpooledPiece]:
+        """Each block's file, and its DMLs to take (None: the whole file)."""
+        return [(block.rows, None if block.whole else block.offsets) for block in self.blocks]
+
+    @property
+    def row_count(self) -> int:
+        return sum(rows.image_count(offsets) for rows, offsets in self.pieces)
+
+    @property
+    def newest_commit_ts(self) -> int:
+        return max(int(block.commit_ts.max()) for block in self.blocks if len(block.commit_ts))
+
+    @property
+    def changelog_schema(self) -> pa.Schema:
+        return self._changelog_schema
+
+    def partitions(self) -> set[TopicPartition]:
+        return {block.tp for block in self.blocks}
+
+    def __repr__(self) -> str:  # not the dataclass's: it would read the files
+        return f"SpooledChanges({self.database}.{self.table}, {len(self.blocks)} blocks)"
 
 
 def stored_name(name: str) -> str:
@@ -130,15 +187,28 @@ def table_changes(
 
 def block_changes(codec: TableCodec, blocks: Sequence[RowBlock]) -> TableChanges:
     """A resolved batch of rows typed elsewhere (`RowBlock.rows`: changelog tables as `table_changes`
-    makes them), in emission order."""
+    makes them, or the files they were spooled to), in emission order."""
+    schema = changelog_schema(codec)
+    if all(isinstance(block.rows, SpooledRows) for block in blocks):
+        return SpooledChanges(codec.schema, blocks, schema)
     pieces = []
     for block in blocks:
-        rows: pa.Table = block.rows
-        if not block.whole:
-            rows = rows.filter(pc.is_in(rows["_offset"], value_set=pa.array(block.offsets, pa.int64())))
-        pieces.append(rows)
+        rows = block.rows
+        if isinstance(rows, SpooledRows):
+            pieces.append(rows.read(None if block.whole else block.offsets))
+        elif block.whole:
+            pieces.append(rows)
+        else:
+            pieces.append(
+                rows.filter(pc.is_in(rows["_offset"], value_set=pa.array(block.offsets, pa.int64())))
+            )
+    return TableChanges(codec.schema, ordered_changelog(pieces, schema))
+
+
+def ordered_changelog(pieces: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
+    """Typed rows of one table version in emission order (see `CHANGE_ORDER`), as `schema` types them."""
     changelog = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
-    return TableChanges(codec.schema, changelog.sort_by(CHANGE_ORDER).cast(changelog_schema(codec)))
+    return changelog.sort_by(CHANGE_ORDER).cast(schema)
 
 
 def _metadata(origins: RowOrigins, source: pa.Array, kinds: pa.Array) -> list[pa.Array]:

@@ -247,8 +247,9 @@ def _maintain(
         return int(metrics.get("numFilesRemoved") or 0)
 
     done.files_rewritten = retry_commits(f"maintenance {done.uri}", rewrite)
-    if vacuum:
-        done.files_vacuumed = len(table.vacuum(retention_hours=retention_hours, dry_run=False))
+    if vacuum:  # a changelog's in full: files the Spark engine's tasks wrote that no commit added go too
+        full = kind == "changelog"
+        done.files_vacuumed = len(table.vacuum(retention_hours=retention_hours, dry_run=False, full=full))
     table.create_checkpoint()
     table.cleanup_metadata()
     current = lake.open(done.uri)

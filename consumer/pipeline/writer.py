@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from consumer.batches.changes import TableChanges, block_changes
+from consumer.batches.changes import SpooledChanges, TableChanges, block_changes
 from consumer.batches.decode_pool import DecodePool, Decoding
 from consumer.errors import DeadLetter, DecodeError
 from consumer.pipeline.bad_rows import BadRowRetry
@@ -23,7 +23,7 @@ from consumer.pipeline.stats import UnitTally
 from consumer.protocol.base import RecordDecoder
 from consumer.protocol.table import TableCodec
 from consumer.protocol.types import DecodeStats, ValuePolicy
-from consumer.sinks.base import CommitContext, DDLEvent, Sink
+from consumer.sinks.base import CommitContext, DDLEvent, Sink, WritesAhead
 from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.state.machine import ConsumerState
 from consumer.state.units import BlockBatch, DDLUnit, RowBatch, Unit
@@ -40,6 +40,7 @@ class _Queued:
     unit: Unit
     resolved_ts: int
     decoding: Decoding | None = None
+    changes: TableChanges | None = None  # a `BlockBatch`'s, once made
 
     def ready(self) -> bool:
         return self.decoding is None or self.decoding.done()
@@ -73,7 +74,7 @@ class UnitOutput:
         for sink in self._sinks:
             with self._watchdog.watching(f"{type(sink).__name__}.write {name}"):
                 sink.write(changes, self._context)
-        tables[name] = tables.get(name, 0) + changes.changelog.num_rows
+        tables[name] = tables.get(name, 0) + changes.row_count
 
     def apply_ddl(self, unit: DDLUnit) -> None:
         ddl = unit.ddl
@@ -174,6 +175,12 @@ class SinkWriter:
         while self._queue and (drain or self._queue[0].ready() or self._queued_rows > self.max_batch_records):
             if until is not None and context is not None and time.monotonic() >= until:
                 break  # the loop pauses intake while the rows left exceed a cycle's (`backlogged`)
+            if (
+                self._writer is None
+                and isinstance(self._queue[0].unit, BlockBatch)
+                and not self._queue[0].changes
+            ):
+                self._write_ahead(context_for)
             queued = self._queue.popleft()
             self._queued_rows -= _rows(queued.unit)
             if context is None or context.resolved_ts != queued.resolved_ts:
@@ -184,6 +191,22 @@ class SinkWriter:
             else:
                 self.count(self._apply(queued, context))
                 self.state.confirm(queued.unit)
+
+    def _write_ahead(self, context_for: Callable[[int], CommitContext]) -> None:
+        """Hand the sinks that write ahead (`WritesAhead`) the spooled batches at the head of the queue, up
+        to the first unit of another kind (a DDL may move a table), at once."""
+        run = []
+        for queued in self._queue:
+            if not isinstance(queued.unit, BlockBatch):
+                break
+            queued.changes = block_changes(self._codec(queued.unit), queued.unit.blocks)
+            if isinstance(queued.changes, SpooledChanges):
+                run.append(queued.changes)
+        ahead = [sink for sink in self.sinks if isinstance(sink, WritesAhead)]
+        if len(run) > 1 and ahead:
+            context = context_for(self._queue[0].resolved_ts)
+            for sink in ahead:
+                sink.write_ahead(run, context)
 
     def confirm_written(self, *, wait: bool) -> None:
         """Confirm, in order, the units the writer has applied, waiting while more than a cycle's records
@@ -241,7 +264,12 @@ class SinkWriter:
         if isinstance(unit, RowBatch):
             self._write_rows(unit, output, queued.decoding)
         elif isinstance(unit, BlockBatch):  # typed where they were decoded, with the same codec
-            output.deliver(block_changes(self._codec(unit), unit.blocks))
+            changes = (
+                queued.changes
+                if queued.changes is not None
+                else block_changes(self._codec(unit), unit.blocks)
+            )
+            output.deliver(changes)
         elif isinstance(unit, DDLUnit):
             output.apply_ddl(unit)
         else:

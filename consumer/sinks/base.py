@@ -6,10 +6,11 @@ state machine, and only confirmed records' offsets are ever committed to Kafka.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from consumer.batches.changes import TableChanges
+from consumer.batches.changes import SpooledChanges, TableChanges
 from consumer.protocol.model import DDL
 from consumer.sources.record import TopicPartition
 from consumer.state.machine import Unapplied
@@ -83,6 +84,15 @@ class MergesWhenDue(Protocol):
     be writing on another: it only reads."""
 
     def merge_due(self) -> bool: ...
+
+
+@runtime_checkable
+class WritesAhead(Protocol):
+    """A sink that writes several batches of spooled rows at once before they are applied one by one (the
+    Delta sink in the Spark engine: one Spark job writes every table's changelog files); nothing it writes
+    here is durable or visible until `write` commits it."""
+
+    def write_ahead(self, batches: Sequence[SpooledChanges], context: CommitContext) -> None: ...
 
 
 @runtime_checkable

@@ -36,6 +36,11 @@ hands them to a runner instead (the Spark engine: one task per due table on the 
 `consumer.spark.merges`), which makes every mirror lazy (MERGEd at each progress record without a cadence).
 A job run twice, or twice at once, commits once: its rows are then in the mirror's app transactions.
 
+Where changelog files are written: a batch whose rows are spooled files (`SpooledChanges`, the Spark engine)
+is written by an `AppendJob` that `append_with(runner)` hands to a runner (a Spark task on the executors,
+`write_changelog_files`); this process commits the file with the batch's app transactions. A file whose
+commit never comes is never committed later (a retry writes a new one): `maintain` vacuums it.
+
 Type mapping: MySQL TIME (an Arrow duration, which Delta lacks) is stored as int64 microseconds, marked in
 the field's metadata so the readers give it back as a duration. User columns are nullable in Delta, so a
 dropped column can be null from then on.
@@ -44,10 +49,12 @@ dropped column can be null from then on.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -56,10 +63,21 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import AddAction, RemoveAction
 
-from consumer.batches.changes import META_COLUMNS, TableChanges, stored_name, stored_schema
+from consumer.batches.changes import (
+    META_COLUMNS,
+    SpooledChanges,
+    TableChanges,
+    ordered_changelog,
+    stored_name,
+    stored_schema,
+)
+from consumer.batches.spool import SpooledPiece, read_pieces
 from consumer.config import sink_outputs
 from consumer.errors import SinkError
 from consumer.kill_points import kill_point
@@ -74,7 +92,7 @@ from consumer.lakehouse.history import (
     rechained,
     to_write,
 )
-from consumer.lakehouse.offsets import delta_applied, next_offsets, transactions, unapplied
+from consumer.lakehouse.offsets import app_id, delta_applied, next_offsets, transactions, unapplied
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.settings import MirrorCadence, require_mirror_cadence
 from consumer.lakehouse.storage import LakeRoot, retry_commits
@@ -194,6 +212,70 @@ def run_merge_job(job: MergeJob) -> MergeResult:
             mirror_buckets=job.mirror_buckets,
         )
     return merger.merge_pending(job)
+
+
+@dataclass(frozen=True)
+class AppendJob:
+    """One table's changelog append of rows Spark tasks spooled, all a process needs to write its file:
+    the changelog's location (local: the files are written with `pyarrow.fs`), the spooled rows to take,
+    the schema they are typed in and the changelog's (`target`, which they are conformed to), and per
+    partition the next offset the changelog lacks (rows before it are dropped). A Spark task's input."""
+
+    uri: str
+    pieces: tuple[SpooledPiece, ...]
+    schema: pa.Schema
+    target: pa.Schema
+    applied: dict[TopicPartition, int]
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """The files an `AppendJob` wrote (path in the table, size, modification time in ms, Delta stats
+    JSON), the app transactions their commit sets (per partition the offset after its last row) and
+    their rows; nothing is committed yet."""
+
+    files: tuple[tuple[str, int, int, str], ...]
+    next_offsets: dict[TopicPartition, int]
+    rows: int
+
+    def actions(self) -> list[AddAction | RemoveAction]:
+        return [
+            AddAction(path, size, {}, modified, True, stats) for path, size, modified, stats in self.files
+        ]
+
+
+AppendRunner = Callable[[Sequence[AppendJob]], Sequence[AppendResult]]
+"""Writes changelog files (`DeltaSink.append_with`): each job as `write_changelog_files` does, the results
+in the jobs' order."""
+_STATS_COLUMNS = ("_commit_ts", "_schema_version", "_topic", "_partition", "_offset")  # data skipping
+
+
+def write_changelog_files(job: AppendJob) -> AppendResult:
+    """Run `job` in this process (a Spark executor's Python worker): the rows sorted as the driver would
+    sort them, conformed to the changelog's columns, in one Parquet file in the table's directory. A file
+    nothing commits (the writer died, or its commit conflicted) is an orphan `maintain`'s vacuum removes."""
+    changelog = unapplied(ordered_changelog(read_pieces(job.pieces), job.schema), job.applied)
+    if changelog.num_rows == 0:
+        return AppendResult((), {}, 0)
+    data = _conform(changelog, job.target)
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    filesystem, directory = pafs.FileSystem.from_uri(job.uri)
+    path = f"{directory}/{name}"
+    pq.write_table(data, path, filesystem=filesystem, compression="snappy")
+    size = filesystem.get_file_info(path).size
+    written = (name, size, int(time.time() * 1000), _file_stats(data))
+    return AppendResult((written,), next_offsets(changelog), changelog.num_rows)
+
+
+def _file_stats(data: pa.Table) -> str:
+    """The Delta stats of a changelog file: its rows, and the bounds of the metadata columns readers
+    filter on (user columns have none: they are optional)."""
+    low, high, nulls = {}, {}, {}
+    for name in _STATS_COLUMNS:
+        bounds = pc.min_max(data[name])
+        low[name], high[name] = bounds["min"].as_py(), bounds["max"].as_py()
+        nulls[name] = data[name].null_count
+    return json.dumps({"numRecords": data.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls})
 
 
 def process_name() -> str:
@@ -481,6 +563,10 @@ class DeltaSink(LakehouseSink, MirrorMerges):
             raise ValueError("mirror_interval_s, mirror_interval_rows and mirror_buckets must be >= 0")
         self.mirror_interval_s, self.mirror_interval_rows = mirror_interval_s, mirror_interval_rows
         self.merge_runner: MergeRunner | None = None  # None: MERGEs run in this process
+        self.append_runner: AppendRunner | None = None  # None: spooled rows are appended from here
+        # by `id` of the batch (held, so the id is not reused): the files `write_ahead` wrote for it, and
+        # the changelog's location and version they were written for
+        self._written: dict[int, tuple[SpooledChanges, str, int, AppendResult]] = {}
         self.lazy_mirrors = False
         self._lazy(bool(mirror_interval_s or mirror_interval_rows))
         if "mirror" in self.outputs:  # one cadence per lake, recorded by its first writer
@@ -500,6 +586,13 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         self._lazy(True)
         self.merge_runner = runner
 
+    def append_with(self, runner: AppendRunner) -> None:
+        """Have `runner` write the changelog files of batches whose rows are spooled (`SpooledChanges`,
+        the Spark engine: a task per table on the executors); this process commits them, with the same app
+        transactions and metadata as its own appends. Local roots only: elsewhere the rows are read and
+        appended here."""
+        self.append_runner = runner if self.root.is_local else None
+
     def _lazy(self, lazy: bool) -> None:
         self.lazy_mirrors = "mirror" in self.outputs and lazy
         if self.lazy_mirrors and "changelog" not in self.outputs:
@@ -512,20 +605,19 @@ class DeltaSink(LakehouseSink, MirrorMerges):
     def write(self, changes: TableChanges, context: CommitContext) -> None:
         """Rows go to the table holding their name at their commit ts (the catalog knows RENAMEs and
         DROPs another member applied already)."""
-        if changes.changelog.num_rows == 0:
+        if changes.row_count == 0:
             return
-        newest = pc.max(changes.changelog["_commit_ts"]).as_py()
-        entry = self.catalog.locate((changes.database, changes.table), newest)
+        entry = self.catalog.locate((changes.database, changes.table), changes.newest_commit_ts)
         lazy = self.lazy_mirrors and bool(changes.key_columns)
         if lazy:  # before the changelog: a restart finds the key of the rows it must still MERGE
             self._lazy_mirror(entry, changes)
         if "changelog" in self.outputs:
-            self._append_changelog(self.root.join(entry.location, "changelog"), changes.changelog, context)
+            self._append(self.root.join(entry.location, "changelog"), changes, context)
         if not changes.key_columns:
             self._warn_keyless(changes)
         if lazy:
             lagging = self._lagging[entry.location]  # MERGEd when due, after progress is recorded
-            lagging.entry, lagging.rows = entry, lagging.rows + changes.changelog.num_rows
+            lagging.entry, lagging.rows = entry, lagging.rows + changes.row_count
         elif "mirror" in self.outputs and changes.key_columns:
             kill_point("mirror-merge")  # tests: the changelog committed, the mirror not MERGEd
             self._catch_up(context)
@@ -654,8 +746,9 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         if entry.location in self._lagging:
             return
         uri = self.root.join(entry.location, "mirror")
-        columns = [*(n for n in changes.changelog.column_names if n not in META_COLUMNS), *MIRROR_META]
-        schema = changes.changelog.select(columns).schema
+        described = changes.changelog_schema
+        columns = [*(n for n in described.names if n not in META_COLUMNS), *MIRROR_META]
+        schema = pa.schema([described.field(name) for name in columns])
 
         def create() -> None:
             self._mirror(uri, schema, changes.key_columns, entry.floor)
@@ -747,6 +840,85 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         return dict(self._metrics)
 
     # -- rows ------------------------------------------------------------------------------------------
+    def _append(self, uri: str, changes: TableChanges, context: CommitContext) -> None:
+        if isinstance(changes, SpooledChanges) and self.append_runner is not None:
+            self._append_elsewhere(uri, changes, self.append_runner, context)
+        else:
+            self._append_changelog(uri, changes.changelog, context)
+
+    def write_ahead(self, batches: Sequence[SpooledChanges], context: CommitContext) -> None:
+        """Have the runner write the changelog files of `batches` (about to be written one by one) at once:
+        one Spark job for every table; `write` commits each batch's file when nothing changed in between."""
+        runner = self.append_runner
+        if runner is None or "changelog" not in self.outputs:
+            return
+        jobs: list[tuple[SpooledChanges, int, AppendJob]] = []
+        for changes in batches:
+            if changes.row_count:
+                entry = self.catalog.locate((changes.database, changes.table), changes.newest_commit_ts)
+                table, job = self._append_job(self.root.join(entry.location, "changelog"), changes, context)
+                jobs.append((changes, table.version(), job))
+        results = runner([job for _, _, job in jobs]) if jobs else []
+        for (changes, version, job), result in zip(jobs, results, strict=True):
+            self._written[id(changes)] = (changes, job.uri, version, result)
+
+    def _append_elsewhere(
+        self, uri: str, changes: SpooledChanges, runner: AppendRunner, context: CommitContext
+    ) -> None:
+        """Have `runner` write the files of the rows the changelog lacks (or take those `write_ahead` had
+        written for the same table state), then commit them here with their app transactions; a conflict
+        writes them again (the files of the attempt are orphans)."""
+
+        def attempt() -> None:
+            ahead = self._written.pop(id(changes), None)
+            table = self.root.open(uri)
+            if ahead is not None and table is not None and ahead[1:3] == (uri, table.version()):
+                result = ahead[3]  # written for this very version of the table
+            else:
+                table, job = self._append_job(uri, changes, context)
+                [result] = runner([job])
+            if not result.files:
+                return
+            kill_point("changelog-files-written")  # tests: files written, not committed
+            offsets = [
+                Transaction(app_id(context.group, *tp), end) for tp, end in result.next_offsets.items()
+            ]
+            properties = _properties(context, offsets)
+            table.create_write_transaction(
+                result.actions(), mode="append", schema=table.schema(), commit_properties=properties
+            )
+
+        self._commit(f"changelog {uri}", attempt)
+        kill_point("changelog-files-committed")  # tests: committed, nothing after
+
+    def _append_job(
+        self, uri: str, changes: SpooledChanges, context: CommitContext
+    ) -> tuple[DeltaTable, AppendJob]:
+        """The changelog at `uri` (created or grown for the batch's columns) and the job writing the batch's
+        rows it lacks."""
+        table = self._changelog_with(uri, changes.changelog_schema, context)
+        applied = delta_applied(table, context.group, changes.partitions())
+        return table, AppendJob(uri, tuple(changes.pieces), changes.changelog_schema, _schema(table), applied)
+
+    def _changelog_with(self, uri: str, schema: pa.Schema, context: CommitContext) -> DeltaTable:
+        """The changelog at `uri`, created or grown (an empty commit) until it has every column of
+        `schema`: files written elsewhere are committed in the table's own schema."""
+        table = self.root.open(uri)
+        target = _arrow_schema(table)
+        if table is not None and target is not None and set(schema.names) <= set(target.names):
+            return table
+        write_deltalake(
+            table if table is not None else uri,
+            _conform(schema.empty_table(), target),
+            mode="append",
+            schema_mode="merge",
+            storage_options=self.root.options(),
+            commit_properties=_properties(context),
+        )
+        created = self.root.open(uri)
+        assert created is not None
+        return created
+
     def _append_changelog(self, uri: str, changelog: pa.Table, context: CommitContext) -> None:
         def attempt() -> None:
             table = self.root.open(uri)

@@ -26,14 +26,17 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from consumer.batches.spool import spool_uri
 from consumer.sources.record import TopicPartition
-from consumer.spark.segments import ARROW_SCHEMA, Segment
+from consumer.spark.segments import ARROW_SCHEMA, SPOOL_DIRECTORY, Segment
 
 KEEP_BATCHES = 3  # the newest files kept: a task or the planner may still be reading the one before
 _SCHEMAS = b"ticdc.schemas"  # a `SchemaCache.snapshot()`
 _PAUSED = b"ticdc.paused"  # JSON [[topic, partition], ...]
 _NAME = re.compile(r"batch-(\d{20})\.arrow")
 _INTENT = re.compile(r"intent-(\d{20})\.json")
+_ANNOUNCED = re.compile(r"announced-(\d{20})\.msgpack")
+_SPOOLED = re.compile(r"(\d+)-(\d+)-[0-9a-f]+-\d+\.arrow")  # `Segment.spool`'s: start, end
 Range = tuple[str, int, int, int]  # topic, partition, first offset, end offset (exclusive)
 
 
@@ -51,6 +54,8 @@ class CarryStore:
         uri = location if "://" in location else os.path.abspath(location)
         self.location = location
         self._fs, self._root = pafs.FileSystem.from_uri(uri)
+        self._spool_dir = f"{spool_uri(location)}/{SPOOL_DIRECTORY}"  # as `Segment.spool` names its files
+        self._spool_fs, self._spool_root = pafs.FileSystem.from_uri(self._spool_dir)
 
     def write(self, batch_id: int, carry: Carry) -> None:
         """Write batch `batch_id`'s file whole, under its final name only once complete; drop older ones."""
@@ -72,6 +77,25 @@ class CarryStore:
             self._fs.delete_file(self._path(old))
         for old in self._ids(_INTENT)[:-KEEP_BATCHES]:
             self._fs.delete_file(self._intent_path(old))
+        for old in self._ids(_ANNOUNCED):
+            if old <= batch_id:  # its schemas are in the batch's record now
+                self._fs.delete_file(self._announced_path(old))
+
+    def remove_spooled(self, read: dict[TopicPartition, int], carried: set[str]) -> None:
+        """Remove the spool files of records before `read` (per partition: the end of the records a batch
+        read) but those `carried` names: their rows are applied, or were read again and spooled anew (a
+        task retried, a batch applied again after a restart). Later batches' files end after `read`."""
+        for (topic, partition), end in read.items():
+            directory = f"{self._spool_root}/{topic}/{partition}"
+            selector = pafs.FileSelector(directory, allow_not_found=True)
+            for info in self._spool_fs.get_file_info(selector):
+                match = _SPOOLED.fullmatch(info.base_name)
+                if (
+                    match
+                    and int(match.group(2)) <= end
+                    and f"{self._spool_dir}/{topic}/{partition}/{info.base_name}" not in carried
+                ):
+                    self._spool_fs.delete_file(info.path)
 
     def write_intent(self, batch_id: int, ranges: list[Range]) -> None:
         """Record the Kafka ranges batch `batch_id` read, before it is applied: if the driver dies while
@@ -81,6 +105,28 @@ class CarryStore:
         with self._fs.open_output_stream(temporary) as out:
             out.write(json.dumps(sorted(ranges)).encode())
         self._fs.move(temporary, self._intent_path(batch_id))
+
+    def write_announced(self, batch_id: int, schemas: bytes) -> None:
+        """Record the schemas batch `batch_id`'s BOOTSTRAPs and DDLs name (a `SchemaCache` snapshot) as it is
+        handed over to be applied: the next batch's tasks, which start before that, type rows with them."""
+        self._fs.create_dir(self._root, recursive=True)
+        temporary = f"{self._root}/.{uuid.uuid4().hex}.tmp"
+        with self._fs.open_output_stream(temporary) as out:
+            out.write(schemas)
+        self._fs.move(temporary, self._announced_path(batch_id))
+
+    def announced_after(self, batch_id: int | None) -> list[tuple[int, bytes]]:
+        """The schemas recorded by `write_announced` for batches after `batch_id`, oldest first. A file
+        deleted under the reader is skipped (its batch's record holds them)."""
+        found = []
+        for announced in self._ids(_ANNOUNCED):
+            if batch_id is None or announced > batch_id:
+                try:
+                    with self._fs.open_input_stream(self._announced_path(announced)) as source:
+                        found.append((announced, source.read()))
+                except FileNotFoundError:
+                    continue
+        return found
 
     def intent(self, batch_id: int) -> list[Range] | None:
         try:
@@ -128,6 +174,9 @@ class CarryStore:
 
     def _path(self, batch_id: int) -> str:
         return f"{self._root}/batch-{batch_id:020d}.arrow"
+
+    def _announced_path(self, batch_id: int) -> str:
+        return f"{self._root}/announced-{batch_id:020d}.msgpack"
 
     def _intent_path(self, batch_id: int) -> str:
         return f"{self._root}/intent-{batch_id:020d}.json"

@@ -4,13 +4,15 @@ Executors read Kafka ranges and decode (`consumer.spark.source`); the stream's f
 `ChangeBatches`, runs in the driver: it feeds each batch's records, in partition offset order, to the same
 `Pipeline` and `ConsumerState` the loop engine uses (schemas from DDLs and BOOTSTRAPs, rows held until their
 schema arrives, ordering by the global watermark, DDL barriers, the pending timeout and the error policy),
-and the pipeline applies the resolved units to the same `Sink` objects. Rows the executors typed reach the
-state machine as blocks, one per partition range and schema version (`Segment.blocks`): it orders them by
-their headers' columns and hands them to the sinks as the executors' Arrow tables, so no per-row object is
-made here; only records the executors could not type are decoded here, one by one. A thread
-applies batch N while the executors read batch N+1. Delta mirrors are not MERGEd here: the sink appends the
-changelog, and as progress is recorded (every micro-batch) the mirrors due are MERGEd from the changelog by
-Spark tasks, one per table (`consumer.spark.merges`); the driver only says which tables and up to which TSO.
+and the pipeline applies the resolved units to the same `Sink` objects. Rows the executors typed stay in
+the files they spooled them to (`Segment.spool`) and reach the state machine as blocks, one per partition
+range and schema version (`Segment.blocks`): it orders them by their index (offsets, commit ts), and the
+Delta sink has Spark tasks write their changelog files, which it commits here (`ExecutorAppends`), so no
+typed row passes through this process; only records the executors could not type are decoded here, one by
+one. A thread applies batch N while the executors read batch N+1; the schemas batch N announces are recorded
+as it is handed over, so batch N+1's tasks type rows with them. Delta mirrors are not MERGEd here: as
+progress is recorded (every micro-batch) the mirrors due are MERGEd from the changelog by Spark tasks, one
+per table (`consumer.spark.merges`); the driver only says which tables and up to which TSO.
 
 Exactly once across a driver killed at any point:
 
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -67,8 +70,8 @@ from consumer.sinks.foreach_batch import BatchFunction, ForeachBatchSink
 from consumer.sources.group_commits import GroupCommits
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import Carry, CarryStore
-from consumer.spark.merges import ExecutorMerges
-from consumer.spark.segments import Segment, merged
+from consumer.spark.merges import ExecutorAppends, ExecutorMerges
+from consumer.spark.segments import Segment
 from consumer.spark.session import spark_session
 from consumer.spark.source import (
     TASK_SETTINGS,
@@ -148,7 +151,9 @@ class ChangeBatches:
     Everything comes from the run configuration `config`, built as the loop engine builds it
     (`consumer.configured`): the decoder (any protocol, with its registry), value policy, state machine,
     sinks, dead letters and the large-message resolver; `sinks`, `dead_letters` and `large_messages`
-    replace the configured ones. The engine's record is kept in `<checkpoint>/ticdc` (`checkpoint_location`).
+    replace the configured ones. The engine's record is kept in `<checkpoint>/ticdc` (`checkpoint_location`),
+    with the typed rows' spool files (`<checkpoint>/ticdc/spool`). A Delta changelog on a local root is
+    written by Spark tasks (`ExecutorAppends`) and committed here.
     Delta mirrors are MERGEd from the changelog by Spark tasks, one per table due (`ExecutorMerges`), as
     progress is recorded (every micro-batch, or at `[sink] mirror_interval_s`/`_rows`): no mirror row
     passes through the driver (`executor_merges=False`: MERGEd here from the batch, as the loop engine
@@ -176,7 +181,9 @@ class ChangeBatches:
         self.large_messages = large_messages or build_large_messages(config, policy)
         self.on_batch = on_batch
         self.merges = ExecutorMerges() if executor_merges else None
-        for sink in self.sinks:  # the mirrors are MERGEd from the changelog, on the executors
+        for sink in self.sinks:  # the changelog written and the mirrors MERGEd from it on the executors
+            if isinstance(sink, DeltaSink) and "changelog" in sink.outputs:
+                sink.append_with(ExecutorAppends())
             if self.merges is not None and isinstance(sink, DeltaSink) and "mirror" in sink.outputs:
                 sink.run_merges_with(self.merges)
         self.failure: BaseException | None = None  # what stopped the query, if this function did
@@ -213,6 +220,9 @@ class ChangeBatches:
             segments = sorted((Segment.from_row(row) for row in rows), key=lambda s: (s.tp, s.start_offset))
             ranges = [(s.topic, s.partition, s.start_offset, s.end_offset) for s in segments]
             self._store.write_intent(batch_id, ranges)
+            announced = [schema for segment in segments for schema in segment.announced]
+            if announced:  # the next batch's tasks start before this one's record: they learn them here
+                self._store.write_announced(batch_id, msgspec.msgpack.encode(announced))
             self._applying = self._applier.submit(self._apply, batch_id, segments)
         except BaseException as exc:
             self._stopped(exc)
@@ -285,7 +295,7 @@ class ChangeBatches:
         log.info("applying batch %d again from Kafka: %s", batch_id, ranges)
         segments = []
         for topic, partition, start, end in ranges:
-            for row in read_range(self.options, OffsetRange(topic, partition, start, end)):
+            for row in read_range(self.options, OffsetRange(topic, partition, start, end), spool=True):
                 segments.append(Segment.from_row(row.to_pylist()[0]))
         return segments
 
@@ -372,7 +382,8 @@ class ChangeBatches:
                 yield record
 
     def _carry(self, batch_id: int, pipeline: Pipeline) -> None:
-        """Record what the batch leaves unapplied; from then on the batch is complete."""
+        """Record what the batch leaves unapplied; from then on the batch is complete, and the spool files
+        of the records it read that nothing carried are removed."""
         unapplied = pipeline.state.unapplied_offsets()
         by_partition: dict[TopicPartition, list[Segment]] = {}
         for segment in self._live:
@@ -380,14 +391,17 @@ class ChangeBatches:
         carried = []
         for tp, segments in by_partition.items():
             offsets = unapplied.get(tp, [])
-            kept = merged([segment.kept([*offsets, *self._marks(tp)]) for segment in segments])
-            missing = set(offsets).difference(kept.records["offset"].to_pylist())
+            wanted = [*offsets, *self._marks(tp)]
+            kept = [held for segment in segments if len((held := segment.kept(wanted)).offsets())]
+            found = np.concatenate([segment.offsets() for segment in kept]) if kept else np.empty(0)
+            missing = set(offsets).difference(found.tolist())
             if missing:
                 raise RuntimeError(f"{tp}: unapplied records {sorted(missing)[:5]} are in no segment")
-            if kept.records.num_rows:
-                carried.append(kept)
+            carried += kept
         snapshot = pipeline.state.schemas.snapshot()
         self._store.write(batch_id, Carry(carried, snapshot, set(self._source.paused)))
+        read = {tp: max(segment.end_offset for segment in segments) for tp, segments in by_partition.items()}
+        self._store.remove_spooled(read, {spool.path for s in carried for spool in s.spooled.values()})
         self._live = carried
         self._next_batch = batch_id + 1
 

@@ -1,4 +1,11 @@
-"""Mirror MERGEs on Spark's executors: the Delta sink's merge runner in the Spark engine.
+"""Delta writes on Spark's executors: the Delta sink's merge runner and changelog append runner in the Spark
+engine.
+
+Changelog appends (`ExecutorAppends`): a batch's rows of a table, spooled by the source's tasks, are read,
+sorted and written as a Parquet file in the changelog's directory by one Spark task (`write_changelog_files`),
+which returns the file's add action; the driver commits it with the batch's app transactions. A file written
+and not committed (the driver died before its commit, or the commit conflicted and was written again) is
+never committed: it is an orphan until `maintain` vacuums it.
 
 The driver decides which lazy mirrors are due and up to which TSO (metadata: locations, offsets, TSOs); each
 due table's MERGE runs as one Spark task (`run_merge_job`, the same code, app transactions and commit
@@ -22,9 +29,17 @@ from pyspark.errors import PySparkException
 
 from consumer.errors import SinkError
 from consumer.kill_points import kill_point
-from consumer.sinks.delta import MergeJob, MergeResult, run_merge_job
+from consumer.sinks.delta import (
+    AppendJob,
+    AppendResult,
+    MergeJob,
+    MergeResult,
+    run_merge_job,
+    write_changelog_files,
+)
 
 JOB_DESCRIPTION = "ticdc: mirror MERGEs"
+APPEND_DESCRIPTION = "ticdc: changelog files"
 
 
 class ExecutorMerges:
@@ -44,6 +59,24 @@ class ExecutorMerges:
             return context.parallelize(list(jobs), len(jobs)).map(run_merge_job).collect()
         except (Py4JJavaError, PySparkException) as exc:
             raise SinkError(f"mirror MERGEs on the executors failed: {_reason(str(exc))}") from exc
+        finally:
+            context.setJobDescription(None)  # type: ignore[arg-type]
+
+
+class ExecutorAppends:
+    """Writes changelog files as Spark tasks, one per job (`DeltaSink.append_with(ExecutorAppends())`), on
+    the active Spark context; a job that fails as often as Spark allows raises `SinkError`."""
+
+    def __init__(self, context: SparkContext | None = None) -> None:
+        self._context = context
+
+    def __call__(self, jobs: Sequence[AppendJob]) -> list[AppendResult]:
+        context = self._context or SparkContext.getOrCreate()
+        context.setJobDescription(APPEND_DESCRIPTION)
+        try:
+            return context.parallelize(list(jobs), len(jobs)).map(write_changelog_files).collect()
+        except (Py4JJavaError, PySparkException) as exc:
+            raise SinkError(f"changelog files on the executors failed: {_reason(str(exc))}") from exc
         finally:
             context.setJobDescription(None)  # type: ignore[arg-type]
 

@@ -10,20 +10,29 @@ verify, and every WATERMARK, BOOTSTRAP and DDL keep their Kafka value for the dr
 orders them all (`consumer.spark.engine`): those one by one (`Segment.decoded`), the typed rows a block per
 schema version (`Segment.blocks`).
 Decoding a row twice is deterministic, so which side decodes it never changes the result.
+
+A stream's tasks spool their typed rows (`Segment.spool`): each schema version's changelog table goes to a
+file beside the checkpoint (`<checkpoint>/ticdc/spool/<topic>/<partition>/<start>-<end>-<id>.arrow`), and
+the segment carries instead its index (`INDEX_SCHEMA`: per DML its offset, commit ts, table id and how many
+changelog rows it made), so no row reaches the driver: the state machine orders the DMLs by the index and
+executor tasks write the rows (`consumer.spark.merges`).
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumer.batches.changes import table_changes
+from consumer.batches.spool import SpooledRows, spool_uri, write_spool_file
 from consumer.errors import ConsumerError, RecordLocation, RejectedRowsError, ValueDecodeError
 from consumer.protocol.base import RecordDecoder
 from consumer.protocol.model import DDL, Bootstrap, DecodedMessage, RawDML, TableSchema
@@ -68,16 +77,42 @@ RECORDS_SCHEMA = pa.schema(
         pa.field("encoding", pa.string()),
     ]
 )
+INDEX_SCHEMA = pa.schema(
+    [
+        pa.field("_offset", pa.int64(), nullable=False),
+        pa.field("_commit_ts", pa.int64(), nullable=False),
+        pa.field("_table_id", pa.int64(), nullable=False),
+        pa.field("_images", pa.int64(), nullable=False),  # the changelog rows the DML made
+    ]
+)
+"""A spooled schema version's rows as a segment carries them: one row per DML, in offset order."""
+SPOOL_DIRECTORY = "spool"  # in the engine's state location
+_SPOOL = b"ticdc.spool"  # IPC schema metadata of an index table: its `SpoolFile`
 _SCHEMA_KEY = b"ticdc.schema_key"  # IPC schema metadata of a changes table: its (database, table, version)
 _TABLE_SCHEMA = b"ticdc.table_schema"  # IPC schema metadata of a changes table: the schema that typed it
 _CPU_NS = b"ticdc.cpu_ns"  # IPC schema metadata of `records`: the task's CPU time on this segment
+_ANNOUNCED = b"ticdc.announced"  # IPC schema metadata of `records`: the schemas its BOOTSTRAPs and DDLs name
 _KEY = msgspec.msgpack.Decoder(tuple[str, str, int])
+_ANNOUNCED_SCHEMAS = msgspec.msgpack.Decoder(list[TableSchema])
 _SCHEMA = msgspec.msgpack.Decoder(TableSchema)
+
+
+class SpoolFile(msgspec.Struct, array_like=True, frozen=True):
+    """A spooled version's file: its path, its rows' size in memory and its DMLs (an index filtered down to
+    fewer no longer takes the whole file)."""
+
+    path: str
+    nbytes: int
+    dmls: int
+
+
+_SPOOL_FILE = msgspec.msgpack.Decoder(SpoolFile)
 
 
 @dataclass
 class Segment:
-    """One partition's records of a range, and the changelog tables of the rows already typed."""
+    """One partition's records of a range, and the changelog tables of the rows already typed (of a
+    spooled version: its index, the rows being in the file `spooled` names, with their size in memory)."""
 
     topic: str
     partition: int
@@ -87,6 +122,8 @@ class Segment:
     changes: dict[SchemaKey, pa.Table] = field(default_factory=dict)
     cpu_seconds: float = 0.0
     schemas: dict[SchemaKey, TableSchema] = field(default_factory=dict)  # the ones that typed `changes`
+    spooled: dict[SchemaKey, SpoolFile] = field(default_factory=dict)
+    announced: list[TableSchema] = field(default_factory=list)  # by its BOOTSTRAPs and DDLs
 
     @property
     def tp(self) -> TopicPartition:
@@ -95,12 +132,15 @@ class Segment:
     @classmethod
     def from_row(cls, row: dict[str, object]) -> Segment:
         records = _read_ipc(row["records"])  # type: ignore[arg-type]
-        changes, schemas = {}, {}
+        changes, schemas, spooled = {}, {}, {}
         for data in row["changes"] or ():  # type: ignore[attr-defined]
             table = _read_ipc(data)
-            key = _KEY.decode(table.schema.metadata[_SCHEMA_KEY])
+            described = table.schema.metadata
+            key = _KEY.decode(described[_SCHEMA_KEY])
             changes[key] = table.replace_schema_metadata()
-            schemas[key] = _SCHEMA.decode(table.schema.metadata[_TABLE_SCHEMA])
+            schemas[key] = _SCHEMA.decode(described[_TABLE_SCHEMA])
+            if _SPOOL in described:
+                spooled[key] = _SPOOL_FILE.decode(described[_SPOOL])
         metadata = records.schema.metadata or {}
         return cls(
             str(row["topic"]),
@@ -111,17 +151,23 @@ class Segment:
             changes,
             int(metadata.get(_CPU_NS, 0)) / 1e9,
             schemas,
+            spooled,
+            _ANNOUNCED_SCHEMAS.decode(metadata[_ANNOUNCED]) if _ANNOUNCED in metadata else [],
         )
 
     def to_row(self) -> dict[str, object]:
         changes = []
         for key, table in self.changes.items():
-            described = {_SCHEMA_KEY: msgspec.msgpack.encode(key)}
-            keyed = table.replace_schema_metadata(
-                described | {_TABLE_SCHEMA: msgspec.msgpack.encode(self.schemas[key])}
-            )
-            changes.append(_ipc(keyed))
+            described = {
+                _SCHEMA_KEY: msgspec.msgpack.encode(key),
+                _TABLE_SCHEMA: msgspec.msgpack.encode(self.schemas[key]),
+            }
+            if key in self.spooled:
+                described[_SPOOL] = msgspec.msgpack.encode(self.spooled[key])
+            changes.append(_ipc(table.replace_schema_metadata(described)))
         cpu = {_CPU_NS: str(round(self.cpu_seconds * 1e9)).encode()}
+        if self.announced:
+            cpu[_ANNOUNCED] = msgspec.msgpack.encode(self.announced)
         return {
             "topic": self.topic,
             "partition": self.partition,
@@ -141,9 +187,16 @@ class Segment:
         """Only the records at `offsets` (what the engine carries to the next batch), from the first."""
         wanted = pa.array(sorted(set(offsets)), pa.int64())
         kept = self._where(lambda column: pc.is_in(column, value_set=wanted), self.start_offset)
-        if kept.records.num_rows:
-            kept.start_offset = kept.records["offset"][0].as_py()
+        held = kept.offsets()
+        if len(held):
+            kept.start_offset = int(held.min())
         return kept
+
+    def offsets(self) -> np.ndarray:
+        """The offsets of the records it holds, typed or not (unordered)."""
+        columns = [self.records["offset"].to_numpy()]
+        columns += [table["_offset"].to_numpy() for table in self.changes.values()]
+        return np.concatenate(columns)
 
     def _where(self, keep: Callable[[pa.ChunkedArray], pa.ChunkedArray], start: int) -> Segment:
         records = self.records.filter(keep(self.records["offset"]))
@@ -153,8 +206,41 @@ class Segment:
             if kept.num_rows:
                 changes[key] = kept
         schemas = {key: self.schemas[key] for key in changes}
+        spooled = {key: self.spooled[key] for key in changes if key in self.spooled}
         return Segment(
-            self.topic, self.partition, start, self.end_offset, records, changes, self.cpu_seconds, schemas
+            self.topic,
+            self.partition,
+            start,
+            self.end_offset,
+            records,
+            changes,
+            self.cpu_seconds,
+            schemas,
+            spooled,
+        )
+
+    def spool(self, location: str) -> Segment:
+        """The segment with its typed rows written to spool files under `location` (the engine's state
+        location), carrying their index instead; the records it keeps are those not typed."""
+        typed = self.records.filter(pc.is_valid(self.records["type"]))
+        directory = f"{spool_uri(location)}/{SPOOL_DIRECTORY}/{self.topic}/{self.partition}"
+        name = f"{self.start_offset}-{self.end_offset}-{uuid.uuid4().hex}"
+        index, spooled = {}, {}
+        for number, (key, rows) in enumerate(self.changes.items()):
+            path = f"{directory}/{name}-{number}.arrow"
+            write_spool_file(path, rows)
+            index[key] = _index(typed, key, rows)
+            spooled[key] = SpoolFile(path, rows.nbytes, index[key].num_rows)
+        untyped = self.records.filter(pc.is_null(self.records["type"]))
+        return Segment(
+            *self.tp,
+            self.start_offset,
+            self.end_offset,
+            untyped,
+            index,
+            self.cpu_seconds,
+            self.schemas,
+            spooled,
         )
 
     def decoded(self, decoder: RecordDecoder) -> Iterator[DecodedRecord]:
@@ -174,10 +260,14 @@ class Segment:
 
     def blocks(self) -> list[RowBlock]:
         """The typed rows, for the state machine: a block per schema version (and table id), read from the
-        records' headers; the rows themselves stay in their changelog table."""
+        records' headers (or a spooled version's index); the rows themselves stay in their changelog table
+        (or spool file)."""
         typed = self.records.filter(pc.is_valid(self.records["type"]))
         blocks = []
         for key, changes in self.changes.items():
+            if key in self.spooled:
+                blocks += self._spooled_blocks(key, changes)
+                continue
             database, table, version = key
             same = pc.and_(
                 pc.and_(pc.equal(typed["database"], database), pc.equal(typed["table"], table)),
@@ -199,20 +289,47 @@ class Segment:
                 blocks.append(block)
         return blocks
 
+    def _spooled_blocks(self, key: SchemaKey, index: pa.Table) -> list[RowBlock]:
+        spool = self.spooled[key]
+        offsets, images = index["_offset"].to_numpy(), index["_images"].to_numpy()
+        rows = SpooledRows(spool.path, offsets, images, spool.nbytes)
+        row_bytes = max(1, spool.nbytes // spool.dmls)
+        ids = index["_table_id"].to_numpy()
+        commit_ts = index["_commit_ts"].to_numpy()
+        distinct = np.unique(ids)
+        whole = len(distinct) == 1 and len(offsets) == spool.dmls
+        blocks = []
+        for table_id in distinct.tolist():
+            mask = slice(None) if whole else ids == table_id
+            blocks.append(
+                RowBlock(
+                    key,
+                    table_id,
+                    *self.tp,
+                    offsets[mask],
+                    commit_ts[mask],
+                    row_bytes,
+                    rows,
+                    whole,
+                    self.schemas.get(key),
+                )
+            )
+        return blocks
 
-def merged(segments: Sequence[Segment]) -> Segment:
-    """Segments of one partition, in offset order, as one."""
-    first, last = segments[0], segments[-1]
-    if len(segments) == 1:
-        return first
-    keys = dict.fromkeys(key for segment in segments for key in segment.changes)
-    changes = {key: pa.concat_tables([s.changes[key] for s in segments if key in s.changes]) for key in keys}
-    records = pa.concat_tables([segment.records for segment in segments])
-    cpu = sum(segment.cpu_seconds for segment in segments)
-    schemas = {key: schema for segment in segments for key, schema in segment.schemas.items()}
-    return Segment(
-        first.topic, first.partition, first.start_offset, last.end_offset, records, changes, cpu, schemas
+
+def _index(typed: pa.Table, key: SchemaKey, rows: pa.Table) -> pa.Table:
+    """The index of a schema version's typed rows: its DMLs' headers, and their changelog rows each."""
+    database, table, version = key
+    same = pc.and_(
+        pc.and_(pc.equal(typed["database"], database), pc.equal(typed["table"], table)),
+        pc.equal(typed["schema_version"], version),
     )
+    headers = typed.filter(same)
+    offsets, images = np.unique(rows["_offset"].to_numpy(), return_counts=True)
+    if not np.array_equal(offsets, headers["offset"].to_numpy()):
+        raise AssertionError(f"{key}: the typed rows and their headers name different records")
+    columns = [offsets, headers["commit_ts"].to_numpy(), headers["table_id"].to_numpy(), images]
+    return pa.Table.from_arrays([pa.array(c, pa.int64()) for c in columns], schema=INDEX_SCHEMA)
 
 
 def encode_range(
@@ -232,22 +349,32 @@ def encode_range(
     driver. `cpu_seconds`: what reading the records cost (the segment reports it with the decoding's)."""
     started = time.process_time()
     messages: list[DecodedMessage | None] = []
+    announced: list[TableSchema] = []
     for decoded in decoder.decode_records(records) if decoder is not None else [None] * len(records):
         # a record that does not decode is decoded again by the driver, which meets the error under its policy
         message = None if isinstance(decoded, ConsumerError) else decoded
         messages.append(message)
         if isinstance(message, Bootstrap):
-            schemas.add(message.table_schema)
+            announced.append(message.table_schema)
         elif isinstance(message, DDL):
-            for schema in (message.table_schema, message.pre_table_schema):
-                if schema is not None:
-                    schemas.add(schema)
+            announced += [s for s in (message.table_schema, message.pre_table_schema) if s is not None]
+    for schema in announced:
+        schemas.add(schema)
     changes, typed = _typed_changes(topic, partition, records, messages, schemas, policy)
     table = _records_table(records, messages, typed)
     cpu = cpu_seconds + time.process_time() - started
     typed_by = {key: schema for key, (_, schema) in changes.items()}
     tables = {key: table for key, (table, _) in changes.items()}
-    return Segment(topic, partition, start, end, table, tables, cpu, typed_by)
+    return Segment(
+        topic, partition, start, end, table, tables, cpu, typed_by, announced=_last_of_each(announced)
+    )
+
+
+def _last_of_each(schemas: list[TableSchema]) -> list[TableSchema]:
+    """`schemas` without repeats (BOOTSTRAPs come again and again): per key the first (a `SchemaCache` keeps
+    the first it learns), placed where its key came last (and keeps it that recent)."""
+    first = {schema.key: schema for schema in reversed(schemas)}
+    return list(reversed(first.values()))
 
 
 def _typed_changes(

@@ -55,7 +55,7 @@ from consumer.sources.kafka import KafkaSource
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import CarryStore
 from consumer.spark.segments import ARROW_SCHEMA, SPARK_SCHEMA, encode_range
-from consumer.state.schema_cache import SchemaCache
+from consumer.state.schema_cache import SchemaCache, snapshot_schemas
 
 NAME = "ticdc"
 SEGMENT_RECORDS = 50_000  # a task emits a segment row per this many records: bounds a task's memory
@@ -339,7 +339,7 @@ class TicdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _tasks(_ranges(_from_json(start), _from_json(end), self.options.min_partitions), self.options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return read_partition(self.options, partition)
+        return read_partition(self.options, partition, spool=bool(self.options.state_location))
 
     def commit(self, end: Offsets) -> None:
         """Nothing to do: Spark's checkpoint holds the offsets, and the engine's record prunes itself."""
@@ -382,20 +382,26 @@ class TicdcBatchReader(DataSourceReader):
 
 
 # -- tasks ------------------------------------------------------------------------------------------------
-_task_schemas: dict[str, tuple[int, SchemaCache]] = {}  # per state location, in a (reused) Python worker
+_task_schemas: dict[
+    str, tuple[tuple[int | None, tuple[int, ...]], SchemaCache]
+] = {}  # per state location, in a (reused) Python worker
 _worker_settled = False  # this Python worker's long-lived objects are frozen out of the collector
 
 
-def read_partition(options: TicdcOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+def read_partition(
+    options: TicdcOptions, partition: InputPartition, *, spool: bool = False
+) -> Iterator[pa.RecordBatch]:
     """A task: its range, or its small ranges one after the other."""
     parts = partition.ranges if isinstance(partition, OffsetRanges) else [partition]
     for part in parts:
         assert isinstance(part, OffsetRange)
-        yield from read_range(options, part)
+        yield from read_range(options, part, spool=spool)
 
 
-def read_range(options: TicdcOptions, part: OffsetRange) -> Iterator[pa.RecordBatch]:
-    """A task: read the range with confluent-kafka, a segment row per `SEGMENT_RECORDS` records."""
+def read_range(options: TicdcOptions, part: OffsetRange, *, spool: bool = False) -> Iterator[pa.RecordBatch]:
+    """A task: read the range with confluent-kafka, a segment row per `SEGMENT_RECORDS` records; `spool`:
+    its typed rows go to spool files in the state location, the segment carries their index
+    (`Segment.spool`)."""
     schemas = _schemas_for(options.state_location)
     policy = build_policy(options.settings)
     decoder = _task_decoder(options.settings, policy)
@@ -418,6 +424,8 @@ def read_range(options: TicdcOptions, part: OffsetRange) -> Iterator[pa.RecordBa
             segment = encode_range(
                 part.topic, part.partition, position, end, records, schemas, decoder, policy, fetched
             )
+            if spool:
+                segment = segment.spool(options.state_location)
             yield pa.RecordBatch.from_pylist([segment.to_row()], schema=ARROW_SCHEMA)
             position = end
     finally:
@@ -478,19 +486,22 @@ def _fetch(source: KafkaSource, part: OffsetRange, position: int, timeout: float
 
 
 def _schemas_for(location: str) -> SchemaCache:
-    """The schemas the engine recorded with its newest batch, kept per worker while that is the newest."""
+    """The schemas the engine recorded with its newest batch and those the batches after it announced (being
+    applied while this task runs), kept per worker while those are the newest."""
     if not location:
         return SchemaCache()
-    latest = CarryStore(location).latest_metadata()
+    store = CarryStore(location)
+    latest = store.latest_metadata()
+    batch_id, snapshot = (latest[0], latest[1]) if latest is not None else (None, b"")
+    announced = store.announced_after(batch_id)
+    version = (batch_id, tuple(announced_id for announced_id, _ in announced))
     cached = _task_schemas.get(location)
-    if latest is None:
-        return cached[1] if cached else SchemaCache()
-    batch_id, snapshot, _ = latest
-    if cached is None or cached[0] != batch_id:
-        cached = _task_schemas[location] = (
-            batch_id,
-            SchemaCache.restore(snapshot) if snapshot else SchemaCache(),
-        )
+    if cached is None or cached[0] != version:
+        schemas = SchemaCache.restore(snapshot) if snapshot else SchemaCache()
+        for _, data in announced:
+            for schema in snapshot_schemas(data):
+                schemas.add(schema)
+        cached = _task_schemas[location] = (version, schemas)
     return cached[1]
 
 

@@ -4,6 +4,8 @@ side tables below the consistent point, checkpoints; the tables' contents never 
 from __future__ import annotations
 
 import itertools
+import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -75,3 +77,19 @@ def test_the_maintain_command_reports_each_table(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "shop/orders/mirror: " in result.output and "_catalog: " in result.output
     assert "tables maintained in" in result.output
+
+
+def test_maintain_vacuums_changelog_files_no_commit_added(tmp_path: Path) -> None:
+    """A file the Spark engine's task wrote whose commit never came (its driver killed) is vacuumed once
+    older than the retention; committed files stay."""
+    _filled(tmp_path)
+    changelog = tmp_path / "shop" / "orders" / "changelog"
+    committed = sorted(changelog.glob("*.parquet"))
+    orphan = changelog / "part-00000-orphan-c000.snappy.parquet"
+    orphan.write_bytes(committed[0].read_bytes())
+    old = time.time() - 8 * 24 * 3600  # past the default retention (a week)
+    os.utime(orphan, (old, old))
+    report = maintain(tmp_path)
+    assert all(done.error is None for done in report.tables)
+    assert not orphan.exists()
+    assert DeltaTable(str(changelog)).to_pyarrow_table().num_rows == 600

@@ -17,10 +17,12 @@ from typing import Any
 
 import psutil
 import pytest
+from deltalake import DeltaTable
 from lakehouse_checks import changelog_duplicates, changelog_rows
 from pyspark.sql import SparkSession
 
 from consumer.config import RunConfig, load_config
+from consumer.kill_points import ENV as KILL_POINT
 from consumer.protocol.model import DDL
 from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
@@ -122,6 +124,21 @@ def _committed_not_applied(checkpoint: Path) -> bool:
     return bool(committed) and max(committed) > max(applied, default=-1)
 
 
+def _killed(process: subprocess.Popen[bytes], log: Path) -> None:
+    """The command reached its kill point (`TICDC_TEST_KILL_POINT`) and SIGKILLed its process group."""
+    assert process.wait(300) == -signal.SIGKILL, log.read_text()[-4000:]
+
+
+def _uncommitted_changelog_files(root: Path) -> set[Path]:
+    """Parquet files in changelog directories that no version of their table adds."""
+    found = set()
+    for log in root.glob("*/*/changelog/_delta_log"):
+        table = log.parent
+        added = {Path(uri) for uri in DeltaTable(str(table)).file_uris()}
+        found |= {path for path in table.glob("*.parquet") if path not in added}
+    return found
+
+
 def _kill_when(process: subprocess.Popen[bytes], log: Path, reached: Callable[[], bool]) -> None:
     deadline = time.monotonic() + 300
     while not reached():
@@ -139,8 +156,9 @@ def test_sigkill_around_a_batch_then_restart_is_exact_and_a_new_checkpoint_adds_
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Commands killed at four points of a batch, then the query restarted from the checkpoint (in this
-    process: a fresh handler, like a fresh driver), then a new checkpoint on the same lake."""
+    """Commands killed at several points of a batch (around its changelog files: written by executor
+    tasks, committed by the driver), then the query restarted from the checkpoint (in this process: a
+    fresh handler, like a fresh driver), then a new checkpoint on the same lake."""
     topic = kafka_topic(3)
     workload = _produce(kafka_broker, topic, "json", "none", rows=4000)
     truth = write_ground_truth(workload, tmp_path / "truth.json")
@@ -171,9 +189,18 @@ def test_sigkill_around_a_batch_then_restart_is_exact_and_a_new_checkpoint_adds_
     before = merges.count()
     _kill_when(process, log, lambda: merges.count() > before)
 
+    # a changelog file written by an executor task, the driver dead before committing it: an orphan
+    _killed(*_start(kafka_broker, topic, root, checkpoint, env={KILL_POINT: "changelog-files-written:1"}))
+    orphans = _uncommitted_changelog_files(root)
+    assert orphans
+
+    # a changelog file committed by the driver, nothing after
+    _killed(*_start(kafka_broker, topic, root, checkpoint, env={KILL_POINT: "changelog-files-committed:1"}))
+
     with caplog.at_level(logging.INFO, logger="consumer.spark.engine"):
         engine.run(_config(kafka_broker, topic, root, checkpoint), until_idle=1.0, spark=spark)
     assert "again from Kafka" in caplog.text  # the committed batch was read again and applied
+    assert orphans <= _uncommitted_changelog_files(root)  # never committed later
     schemas = [table.schema for table in workload.tables]
     assert differences(delta_mirror_state(root, schemas), truth) == []
     assert changelog_duplicates(root) == 0

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.batches.changes import block_changes, table_changes
+from consumer.batches.changes import SpooledChanges, block_changes, table_changes
+from consumer.batches.spool import SpooledRows
 from consumer.errors import ConsumerError, DeadLetter, RecordLocation
 from consumer.protocol.model import (
     DML,
@@ -33,8 +34,9 @@ from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ValuePolicy
 from consumer.sources.record import SourceRecord
+from consumer.spark import source
 from consumer.spark.carry import KEEP_BATCHES, Carry, CarryStore
-from consumer.spark.segments import Segment, encode_range, merged
+from consumer.spark.segments import Segment, encode_range
 from consumer.spark.source import (
     SMALL_TASK_RECORDS,
     OffsetRange,
@@ -134,7 +136,7 @@ def test_a_task_types_rows_of_schemas_the_engine_recorded() -> None:
     assert set(segment.changes) == {SCHEMA.key, OTHER.key}
 
 
-def test_segments_filter_merge_and_keep_their_typed_rows() -> None:
+def test_segments_filter_and_keep_their_typed_rows() -> None:
     segment = _segment()
     kept = segment.kept([12, 15, 13])
     assert kept.records["offset"].to_pylist() == [12, 13, 15]
@@ -143,9 +145,6 @@ def test_segments_filter_merge_and_keep_their_typed_rows() -> None:
     later = segment.from_offset(14)
     assert later.records["offset"].to_pylist() == [14, 15, 16]
     assert later.changes[SCHEMA.key]["_offset"].to_pylist() == [16]
-    both = merged([kept, later])
-    assert both.records["offset"].to_pylist() == [12, 13, 15, 14, 15, 16]
-    assert both.changes[SCHEMA.key]["_offset"].to_pylist() == [12, 12, 16]
 
 
 def _two_segments() -> list[Segment]:
@@ -222,6 +221,60 @@ def test_a_block_teaches_the_state_machine_the_schema_that_typed_it() -> None:
     unknowing.assign([("t", 1)])
     with pytest.raises(ValueError, match=r"shop\.orders version 3"):
         unknowing.process_blocks([without])
+
+
+def test_a_spooled_segment_carries_an_index_and_its_rows_read_back_as_the_inline_ones(tmp_path: Path) -> None:
+    """Spooled: the typed rows go to a file, the segment (on the wire and in the carry) holds per DML its
+    offset, commit ts, table id and images; the blocks resolve to the very changelog of the inline rows."""
+    inline = _segment()
+    spooled = Segment.from_row(inline.spool(str(tmp_path / "state")).to_row())
+    assert spooled.records["offset"].to_pylist() == [11, 13, 14, 15]  # the untyped records only
+    index = spooled.changes[SCHEMA.key]
+    assert index.column_names == ["_offset", "_commit_ts", "_table_id", "_images"]
+    assert index["_offset"].to_pylist() == [10, 12, 16] and index["_images"].to_pylist() == [1, 2, 1]
+    [path] = [spool.path for spool in spooled.spooled.values()]
+    assert Path(path).is_file() and Path(path).is_relative_to(tmp_path / "state" / "spool" / "t" / "1")
+    [block] = spooled.blocks()
+    assert isinstance(block.rows, SpooledRows) and block.offsets.tolist() == [10, 12, 16]
+    changes = block_changes(TableCodec(SCHEMA), [block])
+    assert isinstance(changes, SpooledChanges) and changes.row_count == 4
+    assert changes.changelog.equals(block_changes(TableCodec(SCHEMA), inline.blocks()).changelog)
+    kept = spooled.kept([12, 15])
+    assert kept.start_offset == 12 and kept.offsets().tolist() == [15, 12]
+    [part] = kept.blocks()
+    assert not part.whole and block_changes(TableCodec(SCHEMA), [part]).row_count == 2
+    assert spooled.from_offset(13).changes[SCHEMA.key]["_offset"].to_pylist() == [16]
+
+
+def test_spool_files_go_once_read_and_not_carried(tmp_path: Path) -> None:
+    location = str(tmp_path / "state")
+    store = CarryStore(location)
+    segment = _segment()
+    old, carried, later = (
+        dataclasses.replace(segment, start_offset=start, end_offset=end).spool(location)
+        for start, end in ((0, 10), (10, 17), (17, 30))
+    )
+    keep = {spool.path for spool in carried.spooled.values()}
+    store.remove_spooled({("t", 1): 17, ("t", 2): 5}, keep)
+    left = {str(path) for path in (tmp_path / "state" / "spool").rglob("*.arrow")}
+    assert left == keep | {spool.path for spool in later.spooled.values()}
+    assert not {spool.path for spool in old.spooled.values()} & left
+
+
+def test_tasks_learn_the_schemas_the_batch_being_applied_announced(tmp_path: Path) -> None:
+    """The driver records the schemas a batch's BOOTSTRAPs and DDLs name as it hands the batch over; the
+    next batch's tasks (which start before the batch's record) type rows with them, until the record holds
+    them."""
+    location = str(tmp_path / "state")
+    segment = Segment.from_row(_segment().to_row())
+    assert [schema.key for schema in segment.announced] == [SCHEMA.key]
+    store = CarryStore(location)
+    assert SCHEMA.key not in source._schemas_for(location)
+    store.write_announced(0, msgspec.msgpack.encode(segment.announced))
+    assert store.announced_after(None) == [(0, msgspec.msgpack.encode([SCHEMA]))]
+    assert SCHEMA.key in source._schemas_for(location)
+    store.write(0, Carry([], msgspec.msgpack.encode([SCHEMA]), set()))
+    assert store.announced_after(None) == [] and SCHEMA.key in source._schemas_for(location)
 
 
 def test_the_carry_store_writes_whole_batches_and_keeps_the_newest(tmp_path: Path) -> None:

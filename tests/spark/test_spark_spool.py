@@ -1,0 +1,119 @@
+"""Rows never pass through the Spark engine's driver: tasks spool the rows they type beside the checkpoint
+and send the driver their index only; executor tasks write the changelog files the driver commits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from lakehouse_checks import changelog_duplicates, changelog_rows
+from pyspark.sql import DataFrame, SparkSession
+
+from consumer.batches.spool import SpooledRows
+from consumer.config import RunConfig, load_config
+from consumer.protocol.model import RawDML
+from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.simple.encoder import MessageEncoder
+from consumer.simulate.output import produce_to_kafka, write_ground_truth
+from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
+from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sinks.delta import AppendJob, AppendResult, DeltaSink
+from consumer.spark import engine
+from consumer.spark.merges import ExecutorAppends
+from consumer.spark.segments import INDEX_SCHEMA
+from consumer.testing.broker import EmbeddedBroker
+
+pytestmark = [pytest.mark.spark, pytest.mark.e2e]
+
+
+def _config(broker: EmbeddedBroker, topic: str, root: Path, checkpoint: Path) -> RunConfig:
+    return load_config(
+        environ={},
+        overrides={
+            "source": {"url": f"kafka://{broker.bootstrap_servers}/{topic}", "group": f"{topic}.spool"},
+            "sink": {"url": f"delta:{root}"},
+            "engine": {"kind": "spark", "checkpoint": str(checkpoint)},
+            "budget": {"max_batch_records": 1500},
+        },
+    )
+
+
+def test_no_row_reaches_the_driver(
+    spark: SparkSession,
+    kafka_broker: EmbeddedBroker,
+    kafka_topic: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the foreachBatch function receives is the records tasks could not type (WATERMARKs, BOOTSTRAPs,
+    DDLs, and in the first batch rows of tables whose BOOTSTRAP another partition's task read: the driver
+    types those; later tasks know every schema, from the engine's record and the batch being applied) and
+    each typed version's index: four int64 columns per DML, far below
+    a row's size. The driver never reads a spooled row (that raises here: tasks run in other processes) and
+    appends no changelog rows but those it typed; the lake is exact, and spool files of applied rows are
+    gone. A batch's tables' changelog files are written by one Spark job."""
+    topic = kafka_topic(3)
+    workload = Workload(WorkloadConfig(rows=3000, tables=3, partitions=3, dispatch="primary-key"))
+    produce_to_kafka(workload, MessageEncoder("json", "none"), kafka_broker.bootstrap_servers, topic)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    received: dict[int, list[dict[str, Any]]] = {}
+    appended_here: list[int] = []
+    collect, append = engine._collected, DeltaSink._append_changelog
+
+    def collected(frame: DataFrame, batch_id: int) -> list[dict[str, Any]]:
+        received[batch_id] = collect(frame, batch_id)
+        return received[batch_id]
+
+    def refused(*args: object) -> None:
+        raise AssertionError("a spooled row was read on the driver")
+
+    def appending(sink: DeltaSink, uri: str, changelog: pa.Table, context: Any) -> None:
+        appended_here.append(changelog.num_rows)
+        append(sink, uri, changelog, context)
+
+    jobs: list[int] = []
+    run_jobs = ExecutorAppends.__call__
+
+    def appends(runner: ExecutorAppends, batch: Sequence[AppendJob]) -> list[AppendResult]:
+        jobs.append(len(batch))
+        return run_jobs(runner, batch)
+
+    monkeypatch.setattr(ExecutorAppends, "__call__", appends)
+    monkeypatch.setattr(engine, "_collected", collected)
+    monkeypatch.setattr(SpooledRows, "read", refused)
+    monkeypatch.setattr(DeltaSink, "_append_changelog", appending)
+    root, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
+    stats = engine.run(_config(kafka_broker, topic, root, checkpoint), until_idle=1.0, spark=spark)
+
+    assert differences(delta_mirror_state(root, (t.schema for t in workload.tables)), truth) == []
+    assert changelog_duplicates(root) == 0
+    assert max(jobs) > 1  # the files of several tables of a batch written by one Spark job
+    assert changelog_rows(root) == stats.rows == changelog_images(workload.config)
+    untyped = {batch: _dmls(_values(rows)) for batch, rows in received.items()}
+    dmls = sum(untyped.values())
+    assert sum(appended_here) <= 2 * dmls  # only the rows it typed itself (an UPDATE makes two rows)
+    assert not any(untyped[batch] for batch in untyped if batch > min(untyped))  # schemas known by then
+    indexed = dmls_indexed = 0
+    for data in (data for rows in received.values() for row in rows for data in row["changes"]):
+        index = pa.ipc.open_stream(data).read_all()
+        assert index.schema.remove_metadata() == INDEX_SCHEMA
+        indexed, dmls_indexed = indexed + len(data), dmls_indexed + index.num_rows
+    assert dmls_indexed + dmls == workload.config.rows
+    changelogs = [DeltaTable(str(path)).to_pyarrow_table() for path in root.rglob("changelog")]
+    per_row = sum(t.nbytes for t in changelogs) / sum(t.num_rows for t in changelogs)  # in memory, as sent
+    per_dml = indexed / dmls_indexed  # an index row, and its share of the table's schema in the metadata
+    assert per_dml < 80 and per_dml < per_row / 2, (per_dml, per_row)
+    assert not list((checkpoint / "ticdc" / "spool").rglob("*.arrow"))
+
+
+def _dmls(values: list[bytes]) -> int:
+    return sum(isinstance(MessageDecoder().decode(value), RawDML) for value in values)
+
+
+def _values(rows: list[dict[str, Any]]) -> list[bytes]:
+    """The Kafka values of the records tasks did not type."""
+    return [v for row in rows for v in pa.ipc.open_stream(row["records"]).read_all()["value"].to_pylist()]
