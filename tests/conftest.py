@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 from consumer.spark.session import spark_session  # noqa: E402
 from consumer.testing.processes import command_line, parent, wait_gone, with_environment  # noqa: E402
 from consumer.testing.s3 import LocalS3Server  # noqa: E402
-from tests.jvm_archive import JVM_LOG_OFF, ArchiveBuild, archive_path  # noqa: E402
+from tests.jvm_archive import JVM_LOG_OFF, ArchiveBuild, archive_path, build_in_background  # noqa: E402
 
 # Property tests check values, never time: no per-example deadline, which a loaded 2-core CI machine can miss.
 settings.register_profile("suite", deadline=None)
@@ -133,8 +133,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if "JAVA_TOOL_OPTIONS" in os.environ:
         return
     archive = archive_path(TEST_JVM_OPTIONS)
-    if not hasattr(config, "workerinput") and not archive.exists():
-        _archive_build = ArchiveBuild(archive, TEST_JVM_OPTIONS)
+    if not hasattr(config, "workerinput"):
+        _archive_build = build_in_background(archive, TEST_JVM_OPTIONS)
     os.environ["JAVA_TOOL_OPTIONS"] = f"{TEST_JVM_OPTIONS} -XX:SharedArchiveFile={archive} {JVM_LOG_OFF}"
 
 

@@ -3,13 +3,14 @@
 Every `run --engine spark`, the notebook and each worker's session fixture start a Spark driver JVM, and
 loading Spark's classes is most of the ~7.5 s of CPU such a start costs; with an archive of those classes
 mapped at start (`-XX:SharedArchiveFile`) it measured ~4.4 s. The archive is only valid for one JDK and one
-class path (the Spark jars where this environment has them), so it is kept per combination under the user's
-cache directory and built once, in the background, by a Spark driver that exits normally: the JVM writes it
-as it exits. JVMs started before it exists, or with another class path (Spark's launcher, a standalone
-cluster's daemons), run as before: the archive's log is silenced, and a missing archive costs only what it
-would have saved.
+class path (the Spark jars where this environment has them), so it is kept per combination in the Python
+environment the suite runs in (`<sys.prefix>/ticdc-consumer-tests/`, ~160 MB, gone with the environment)
+and built once, in the background, by a Spark driver that exits normally: the JVM writes it as it exits.
+An environment that cannot be written to runs without it. JVMs started before it exists, or with another
+class path (Spark's launcher, a standalone cluster's daemons), run as before: the archive's log is
+silenced, and a missing archive costs only what it would have saved.
 
-Run as a script (`python tests/jvm_archive.py TARGET`) it is the builder.
+Run as a script (`python tests/jvm_archive.py PARTIAL TARGET`) it is the builder.
 """
 
 from __future__ import annotations
@@ -30,15 +31,14 @@ def archive_path(jvm_options: str) -> Path:
     """Where the archive for this JDK, this Spark installation and these JVM options is kept."""
     java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False).stderr
     key = "\n".join([java, pyspark.__version__, str(Path(pyspark.__file__).parent), jvm_options])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ticdc-consumer-tests"
-    return cache / f"spark-driver-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(sys.prefix) / "ticdc-consumer-tests" / f"spark-driver-{digest}.jsa"
 
 
 class ArchiveBuild:
     """The archive being built in the background, in a process group of its own (the builder and its JVM)."""
 
     def __init__(self, target: Path, jvm_options: str) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
         self.partial = target.with_suffix(f".{os.getpid()}.partial")
         self.process = subprocess.Popen(
             [sys.executable, __file__, str(self.partial), str(target)],
@@ -54,6 +54,17 @@ class ArchiveBuild:
             os.killpg(self.process.pid, signal.SIGKILL)  # SIGKILL: a JVM exiting otherwise writes the archive
             self.process.wait()
             self.partial.unlink(missing_ok=True)
+
+
+def build_in_background(target: Path, jvm_options: str) -> ArchiveBuild | None:
+    """Start building `target` unless it exists or its directory cannot be written."""
+    if target.exists():
+        return None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return ArchiveBuild(target, jvm_options)
 
 
 def _build(partial: Path, target: Path) -> None:

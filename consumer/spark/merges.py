@@ -21,7 +21,8 @@ finds its rows applied and commits nothing.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
 from pyspark import SparkContext
@@ -40,6 +41,8 @@ from consumer.sinks.delta import (
 
 JOB_DESCRIPTION = "ticdc: mirror MERGEs"
 APPEND_DESCRIPTION = "ticdc: changelog files"
+Job = TypeVar("Job")
+Result = TypeVar("Result")
 
 
 class ExecutorMerges:
@@ -53,14 +56,7 @@ class ExecutorMerges:
         if not jobs:
             return []
         kill_point("executor-merges")  # tests: progress recorded, the MERGEs not run
-        context = self._context or SparkContext.getOrCreate()
-        context.setJobDescription(JOB_DESCRIPTION)
-        try:
-            return context.parallelize(list(jobs), len(jobs)).map(run_merge_job).collect()
-        except (Py4JJavaError, PySparkException) as exc:
-            raise SinkError(f"mirror MERGEs on the executors failed: {_reason(str(exc))}") from exc
-        finally:
-            context.setJobDescription(None)  # type: ignore[arg-type]
+        return _as_tasks(self._context, JOB_DESCRIPTION, run_merge_job, jobs, "mirror MERGEs")
 
 
 class ExecutorAppends:
@@ -71,14 +67,28 @@ class ExecutorAppends:
         self._context = context
 
     def __call__(self, jobs: Sequence[AppendJob]) -> list[AppendResult]:
-        context = self._context or SparkContext.getOrCreate()
-        context.setJobDescription(APPEND_DESCRIPTION)
-        try:
-            return context.parallelize(list(jobs), len(jobs)).map(write_changelog_files).collect()
-        except (Py4JJavaError, PySparkException) as exc:
-            raise SinkError(f"changelog files on the executors failed: {_reason(str(exc))}") from exc
-        finally:
-            context.setJobDescription(None)  # type: ignore[arg-type]
+        return _as_tasks(self._context, APPEND_DESCRIPTION, write_changelog_files, jobs, "changelog files")
+
+
+def _as_tasks(
+    context: SparkContext | None,
+    description: str,
+    run: Callable[[Job], Result],
+    jobs: Sequence[Job],
+    what: str,
+) -> list[Result]:
+    """Each job run by `run` in a Spark task of its own, as one Spark job named `description`; the
+    results in the jobs' order."""
+    if not jobs:
+        return []
+    spark = context or SparkContext.getOrCreate()
+    spark.setJobDescription(description)
+    try:
+        return spark.parallelize(list(jobs), len(jobs)).map(run).collect()
+    except (Py4JJavaError, PySparkException) as exc:
+        raise SinkError(f"{what} on the executors failed: {_reason(str(exc))}") from exc
+    finally:
+        spark.setJobDescription(None)  # type: ignore[arg-type]
 
 
 def _reason(text: str) -> str:
