@@ -97,11 +97,11 @@ class SpooledChanges(TableChanges):
         """Each block's file, and its DMLs to take (None: the whole file)."""
         return [(block.rows, None if block.whole else block.offsets) for block in self.blocks]
 
-    @property
-    def row_count(self) -> int:
+    @cached_property
+    def row_count(self) -> int:  # asked by each sink and the writer: once, not a set lookup per block each
         return sum(rows.image_count(offsets) for rows, offsets in self.pieces)
 
-    @property
+    @cached_property
     def newest_commit_ts(self) -> int:
         return max(int(block.commit_ts.max()) for block in self.blocks if len(block.commit_ts))
 

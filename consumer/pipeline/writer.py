@@ -178,7 +178,7 @@ class SinkWriter:
             if (
                 self._writer is None
                 and isinstance(self._queue[0].unit, BlockBatch)
-                and not self._queue[0].changes
+                and self._queue[0].changes is None
             ):
                 self._write_ahead(context_for)
             queued = self._queue.popleft()

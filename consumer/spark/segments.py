@@ -268,12 +268,7 @@ class Segment:
             if key in self.spooled:
                 blocks += self._spooled_blocks(key, changes)
                 continue
-            database, table, version = key
-            same = pc.and_(
-                pc.and_(pc.equal(typed["database"], database), pc.equal(typed["table"], table)),
-                pc.equal(typed["schema_version"], version),
-            )
-            rows = typed.filter(same)
+            rows = _headers_of(typed, key)
             if not rows.num_rows:
                 continue
             ids = pc.unique(rows["table_id"]).to_pylist()
@@ -317,14 +312,19 @@ class Segment:
         return blocks
 
 
-def _index(typed: pa.Table, key: SchemaKey, rows: pa.Table) -> pa.Table:
-    """The index of a schema version's typed rows: its DMLs' headers, and their changelog rows each."""
+def _headers_of(typed: pa.Table, key: SchemaKey) -> pa.Table:
+    """The typed records' headers of one schema version (`key`: database, table, version)."""
     database, table, version = key
     same = pc.and_(
         pc.and_(pc.equal(typed["database"], database), pc.equal(typed["table"], table)),
         pc.equal(typed["schema_version"], version),
     )
-    headers = typed.filter(same)
+    return typed.filter(same)
+
+
+def _index(typed: pa.Table, key: SchemaKey, rows: pa.Table) -> pa.Table:
+    """The index of a schema version's typed rows: its DMLs' headers, and their changelog rows each."""
+    headers = _headers_of(typed, key)
     offsets, images = np.unique(rows["_offset"].to_numpy(), return_counts=True)
     if not np.array_equal(offsets, headers["offset"].to_numpy()):
         raise AssertionError(f"{key}: the typed rows and their headers name different records")
