@@ -9,10 +9,15 @@ import sys
 
 import pytest
 
-# pandas comes with `pyarrow.dataset`, and with pyarrow's first Arrow array built from Python objects.
-ENGINE_EXTRAS = ("pandas", "pyarrow.dataset", "pymysql", "rich", "prometheus_client")
+# pandas comes with `pyarrow.dataset`, and with pyarrow's first Arrow array built from Python objects;
+# importlib.metadata with `consumer.__version__`, which only the CLI asks for.
+ENGINE_EXTRAS = ("pandas", "pyarrow.dataset", "pymysql", "rich", "prometheus_client", "importlib.metadata")
 CLI_EXTRAS = (
-    *ENGINE_EXTRAS,
+    "pandas",
+    "pyarrow.dataset",
+    "pymysql",
+    "rich",
+    "prometheus_client",
     "confluent_kafka.schema_registry",
     "consumer.app",
     "consumer.lakehouse",
