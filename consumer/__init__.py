@@ -18,10 +18,10 @@ Spark nor hypothesis:
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    __version__: str
     from consumer.app import run
     from consumer.config import RunConfig, load_config
     from consumer.errors import ConfigError, ConsumerError, DecodeError, SinkError
@@ -67,11 +67,6 @@ __all__ = [
     "strategies",
 ]
 
-try:
-    __version__ = version("ticdc-consumer")
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
-
 _HOMES = {  # public name -> the module defining it
     "MessageDecoder": "consumer.protocol.simple.decoder",
     "MessageEncoder": "consumer.protocol.simple.encoder",
@@ -100,7 +95,9 @@ _MODULES = {"strategies": "consumer.testing.strategies"}  # public name -> a mod
 
 
 def __getattr__(name: str) -> Any:
-    if name in _MODULES:
+    if name == "__version__":
+        value: Any = _installed_version()
+    elif name in _MODULES:
         value = importlib.import_module(_MODULES[name])
     elif name in _HOMES:
         value = getattr(importlib.import_module(_HOMES[name]), name)
@@ -112,3 +109,14 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return list(__all__)
+
+
+def _installed_version() -> str:
+    """The installed distribution's version: looked up when asked for (importlib.metadata and the lookup
+    take ~15 ms, which every Spark worker and decode process would pay for nothing)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ticdc-consumer")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"

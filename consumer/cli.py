@@ -8,26 +8,19 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import msgspec
 from msgspec import inspect
-from rich.console import Console
-from rich.table import Table
 
-from consumer import __version__, app
-from consumer.config import DecodeConfig, RunConfig, load_config
+from consumer import __version__
+from consumer.config import DecodeConfig, RunConfig, kafka_source_parts, load_config
 from consumer.config_fields import FLAGS, ConfigField, config_overrides, default_text
-from consumer.configured import build_decoder, lake_status
 from consumer.errors import ConfigError, ConsumerError
-from consumer.lakehouse.status import LakeStatus
 from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import DEFAULT_MAX_MESSAGE_BYTES, LargeMessageEncoder
-from consumer.pipeline import PipelineStats
-from consumer.progress import ProgressReporter
 from consumer.protocol.base import RecordDecoder
-from consumer.protocol.debezium.encoder import DebeziumEncoder, DebeziumOptions
 from consumer.protocol.model import (
     DDL,
     TSO_PHYSICAL_SHIFT,
@@ -41,24 +34,19 @@ from consumer.protocol.plain import message_object
 from consumer.protocol.protocols import PROTOCOLS
 from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.protocol.table import TableCodec
-from consumer.protocol.ticdc_avro.encoder import ConfluentAvroEncoder
-from consumer.protocol.ticdc_avro.registry import SchemaRegistry
-from consumer.protocol.ticdc_avro.schemas import AvroOptions
 from consumer.protocol.types import ValuePolicy
-from consumer.redrive import LetterState, letter_states, replay
-from consumer.simulate.output import (
-    AvroStream,
-    DebeziumStream,
-    StreamWriter,
-    produce_to_kafka,
-    write_capture_file,
-    write_ground_truth,
-)
-from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.errors import SourceAuthenticationError, SourceUnreachableError
-from consumer.sources.kafka import capture_topic
 from consumer.testing.extra import MissingExtraError
 from consumer.watchdog import Watchdog
+
+# What one command needs is imported by that command: `--help` loads no engine, and `run` (what most
+# processes start for) neither the simulator, the encoders and the schema registry's HTTP stack, nor the
+# status and dead-letter readers, nor rich.
+if TYPE_CHECKING:
+    from consumer.lakehouse.status import DeadLetterStatus, LakeStatus
+    from consumer.pipeline import PipelineStats
+    from consumer.redrive import LetterState
+    from consumer.simulate.output import StreamWriter
 
 T = TypeVar("T")
 
@@ -145,6 +133,8 @@ def decode(paths: tuple[Path, ...], **flags: Any) -> None:
     """Decode raw record values (one per file, in order, as one stream) to JSON lines.
 
     Files hold record values only: an Avro key-only DELETE (a tombstone) needs `run`, which reads keys."""
+    from consumer.configured import build_decoder
+
     settings = config_overrides(flags)["decode"]
     try:
         config = msgspec.convert({k: v for k, v in settings.items() if v is not None}, DecodeConfig)
@@ -269,6 +259,9 @@ class _DecodeStream:
 @click.option("--debezium-disable-schema", is_flag=True, help="debezium: debezium-disable-schema = true")
 def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | None, **options: Any) -> None:
     """Produce a TiCDC-like stream (Simple, Avro or Debezium protocol) and write its ground truth."""
+    from consumer.simulate.output import produce_to_kafka, write_capture_file, write_ground_truth
+    from consumer.simulate.workload import Workload, WorkloadConfig
+
     if not brokers and not out:
         raise click.UsageError("give --brokers (produce to Kafka) or --out (write a capture file)")
     encoder = _with_large_messages(_stream_writer(options, topic), options)
@@ -316,11 +309,19 @@ def _stream_writer(options: dict[str, Any], topic: str) -> StreamWriter:
     disable_schema = options.pop("debezium_disable_schema")
     encoding, compression = options.pop("encoding"), options.pop("compression")
     if protocol == "avro":
+        from consumer.protocol.ticdc_avro.encoder import ConfluentAvroEncoder
+        from consumer.protocol.ticdc_avro.registry import SchemaRegistry
+        from consumer.protocol.ticdc_avro.schemas import AvroOptions
+        from consumer.simulate.output import AvroStream
+
         if not registry:
             raise click.UsageError("--protocol avro needs --schema-registry URL")
         avro = AvroOptions(tidb_extension=extension, watermark=watermark and extension)
         return AvroStream(ConfluentAvroEncoder(SchemaRegistry(registry), avro), topic)
     if protocol == "debezium":
+        from consumer.protocol.debezium.encoder import DebeziumEncoder, DebeziumOptions
+        from consumer.simulate.output import DebeziumStream
+
         options_ = DebeziumOptions(
             tidb_extension=extension, disable_schema=disable_schema, compression=compression
         )
@@ -340,6 +341,8 @@ def _stream_writer(options: dict[str, Any], topic: str) -> StreamWriter:
 )
 def capture(brokers: str, topic: str, out: Path, idle_seconds: float, from_group: str | None) -> None:
     """Write a topic's records (all partitions) to a JSON-lines capture file, for offline replay."""
+    from consumer.sources.kafka import capture_topic
+
     count = capture_topic(brokers, topic, out, idle_seconds=idle_seconds, from_committed_group=from_group)
     click.echo(f"captured {count} records of {topic} to {out}")
 
@@ -358,6 +361,9 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
 
     Settings come from the --config file, then TICDC_CONSUMER_<SECTION>_<FIELD> environment variables,
     then these flags (the README's Configuration table)."""
+    from consumer import app
+    from consumer.progress import ProgressReporter
+
     try:
         config = load_config(config_path, overrides=config_overrides(flags))
     except ConfigError as exc:
@@ -422,7 +428,9 @@ def _report_unassigned(config: RunConfig, seconds: float) -> None:
     """Idle without a partition proves nothing applied: say so, and who holds the group's partitions."""
     group = config.source.group
     click.echo(f"no partitions assigned to group {group} within {seconds:.0f} seconds", err=True)
-    click.echo(app.describe_consumer_group(config).summary(), err=True)
+    from consumer.app import describe_consumer_group
+
+    click.echo(describe_consumer_group(config).summary(), err=True)
 
 
 def _report_unapplied(stats: PipelineStats) -> None:
@@ -627,7 +635,47 @@ def status(
         sys.exit(EXIT_BEHIND)
 
 
+def lake_status(
+    config: RunConfig, *, group: str | None = None, brokers: str | None = None, topic: str | None = None
+) -> LakeStatus:
+    """The configured sink root's status (`consumer.lakehouse.status`): with each group's Kafka offsets in
+    `topic` when `brokers` and `topic` are given (`group`, else every group the lake recorded), and the
+    dead letters wherever the configuration sends them."""
+    from consumer.lakehouse.status import read_status, with_kafka
+    from consumer.sources.lookups import group_offsets
+
+    root = config.sink.url.partition(":")[2]
+    status = read_status(root, config.sink.storage_options, group=group)
+    if brokers and topic:
+        groups = [group] if group else sorted({p.group for p in status.partitions})
+        status = with_kafka(status, group_offsets(brokers, topic, groups, config=config.source.kafka))
+    return msgspec.structs.replace(status, dead_letters=_dead_letter_status(config))
+
+
+def _dead_letter_status(config: RunConfig) -> DeadLetterStatus:
+    from consumer.configured import dead_letter_target
+    from consumer.lakehouse.status import DeadLetterStatus
+    from consumer.sinks.dead_letter import count_letters
+    from consumer.sources.lookups import count_by_header
+
+    target = dead_letter_target(config)
+    if target.startswith("kafka://"):
+        servers, topics = kafka_source_parts(target)
+        counts = count_by_header(
+            servers, topics[0], "ticdc.reason_code", distinct_by="ticdc.source", config=config.errors.kafka
+        )
+    else:
+        where = target if "://" in target else target.partition(":")[2]
+        counts = count_letters(where, config.sink.storage_options)
+    return DeadLetterStatus(
+        destination=target, total=sum(counts.values()), by_reason_code=dict(sorted(counts.items()))
+    )
+
+
 def _show_status(report: LakeStatus) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     age = "unknown" if report.consistent_age_s is None else f"{report.consistent_age_s:.1f} s ago"
     console = Console()
     console.print(f"[bold]{report.root}[/bold]: consistent at TSO {report.consistent_ts} ({age})")
@@ -717,6 +765,8 @@ def list_letters(
     config_path: Path | None, sink_url: str | None, reason_code: str | None, as_json: bool, **flags: Any
 ) -> None:
     """The letters (origin, reason, whether a replay applied them), each record once."""
+    from consumer.redrive import letter_states
+
     config = _dead_letter_config(config_path, sink_url, flags)
     letters = _exiting_on_errors(lambda: letter_states(config, reason_code))
     if as_json:
@@ -733,6 +783,8 @@ def replay_letters(
 ) -> None:
     """Apply the unresolved letters to the lake with the current configuration, exactly once; a letter
     that fails again keeps its new reason (exit 3)."""
+    from consumer.redrive import replay
+
     config = _dead_letter_config(config_path, sink_url, flags)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     report = _exiting_on_errors(lambda: replay(config, reason_code))
@@ -761,6 +813,9 @@ def _exiting_on_errors(job: Callable[[], T], said: str = "error") -> T:
 
 
 def _show_letters(letters: Sequence[LetterState], summary: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
     if letters:
         table = Table("origin", "reason code", "resolved", "reason")

@@ -19,8 +19,8 @@ from urllib.parse import urlparse
 import msgspec
 
 from consumer.errors import ConfigError, ConsumerError
+from consumer.large_messages.dsn import connection_options
 from consumer.large_messages.storage import parse_location
-from consumer.large_messages.upstream import connection_options
 from consumer.protocol.limits import DecodeLimits
 from consumer.protocol.protocols import resolves_by_watermark
 from consumer.watchdog import DEFAULT_STALL_AFTER_S

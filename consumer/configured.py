@@ -1,19 +1,16 @@
 """What a `RunConfig` names, built: the decoder, the large-message resolver, the sinks and the dead-letter
-queue. One construction for both engines (the loop in `consumer.app`, Spark in `consumer.spark.engine`);
-and the status of what they wrote (`lake_status`), read where the configuration says it went."""
+queue. One construction for both engines (the loop in `consumer.app`, Spark in `consumer.spark.engine`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import msgspec
 import pyarrow as pa
 
 from consumer.config import ConfigError, DecodeConfig, RunConfig, kafka_source_parts
-from consumer.lakehouse.status import DeadLetterStatus, LakeStatus, read_status, with_kafka
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
-from consumer.large_messages.upstream import UpstreamLookup
 from consumer.protocol.base import DecoderSettings, RecordDecoder
 from consumer.protocol.protocols import record_decoder
 from consumer.protocol.simple.decoder import MessageDecoder
@@ -24,10 +21,11 @@ from consumer.sinks.dead_letter import (
     DeadLetterObjects,
     DeadLetterQueue,
     DeadLetterTopic,
-    count_letters,
 )
-from consumer.sources.lookups import count_by_header, group_offsets
 from consumer.state.machine import ConsumerState
+
+if TYPE_CHECKING:
+    from consumer.large_messages.upstream import UpstreamLookup
 
 
 def build_sinks(config: RunConfig) -> list[Sink]:
@@ -81,35 +79,6 @@ def build_dead_letters(config: RunConfig) -> DeadLetterQueue:
     if "://" in target:
         return DeadLetterObjects(target, config.sink.storage_options)
     return DeadLetterFile(target.partition(":")[2])
-
-
-def lake_status(
-    config: RunConfig, *, group: str | None = None, brokers: str | None = None, topic: str | None = None
-) -> LakeStatus:
-    """The configured sink root's status (`consumer.lakehouse.status`): with each group's Kafka offsets in
-    `topic` when `brokers` and `topic` are given (`group`, else every group the lake recorded), and the
-    dead letters wherever the configuration sends them."""
-    root = config.sink.url.partition(":")[2]
-    status = read_status(root, config.sink.storage_options, group=group)
-    if brokers and topic:
-        groups = [group] if group else sorted({p.group for p in status.partitions})
-        status = with_kafka(status, group_offsets(brokers, topic, groups, config=config.source.kafka))
-    return msgspec.structs.replace(status, dead_letters=_dead_letter_status(config))
-
-
-def _dead_letter_status(config: RunConfig) -> DeadLetterStatus:
-    target = dead_letter_target(config)
-    if target.startswith("kafka://"):
-        servers, topics = kafka_source_parts(target)
-        counts = count_by_header(
-            servers, topics[0], "ticdc.reason_code", distinct_by="ticdc.source", config=config.errors.kafka
-        )
-    else:
-        where = target if "://" in target else target.partition(":")[2]
-        counts = count_letters(where, config.sink.storage_options)
-    return DeadLetterStatus(
-        destination=target, total=sum(counts.values()), by_reason_code=dict(sorted(counts.items()))
-    )
 
 
 def build_policy(config: RunConfig) -> ValuePolicy:
@@ -166,6 +135,15 @@ def build_large_messages(config: RunConfig, policy: ValuePolicy) -> LargeMessage
         MessageDecoder(config.decode.encoding, config.decode.compression, policy=policy),
         store,
         raw_value=settings.claim_check_raw_value,
-        upstream=UpstreamLookup(settings.upstream_dsn) if settings.upstream_dsn else None,
+        upstream=_upstream_lookup(settings.upstream_dsn),
         concurrency=settings.fetch_concurrency,
     )
+
+
+def _upstream_lookup(dsn: str | None) -> UpstreamLookup | None:
+    """Upstream TiDB when `large_messages.upstream_dsn` names it; only then is the MySQL client loaded."""
+    if not dsn:
+        return None
+    from consumer.large_messages.upstream import UpstreamLookup
+
+    return UpstreamLookup(dsn)

@@ -8,114 +8,19 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
-
-from consumer.protocol.model import TSO_PHYSICAL_SHIFT
+from consumer.protocol.model import watermark_lag_seconds
 from consumer.watchdog import Watchdog
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # rich and the Prometheus client load only for a terminal and a metrics port
+    from rich.live import Live
+    from rich.table import Table
+
+    from consumer.metrics import Metrics
     from consumer.pipeline import Pipeline
 
 log = logging.getLogger("consumer.progress")
-
-
-_TOTALS = {
-    "verified_images": "Row images whose checksum matched",
-    "integrity_failures": "Rows set aside: checksum mismatch or TiCDC's corrupted flag",
-    "claim_check_fetches": "Claim-check objects fetched",
-    "claim_check_bytes": "Bytes of claim-check objects fetched",
-    "claim_check_seconds": "Time spent fetching claim-checks (with retries)",
-    "upstream_lookups": "Row images of handle-key-only messages read from upstream TiDB",
-}
-
-
-def watermark_lag_seconds(watermark: int | None, now: float | None = None) -> float | None:
-    if not watermark:
-        return None
-    return max(0.0, (now or time.time()) - (watermark >> TSO_PHYSICAL_SHIFT) / 1000)
-
-
-class _Stalls(Collector):
-    """The watchdog's stalls as gauges, as they are when scraped."""
-
-    def __init__(self, watchdog: Watchdog) -> None:
-        self.watchdog = watchdog
-
-    def collect(self) -> Iterable[Metric]:
-        longest: dict[str, float] = {}
-        for stall in self.watchdog.stalls():  # longest first: one sample per operation, its longest
-            longest.setdefault(stall.operation, stall.seconds)
-        overall = GaugeMetricFamily(
-            "ticdc_stall_seconds",
-            "How long the longest sink or store operation in progress past watchdog.stall_after_s has "
-            "waited (0: none)",
-            value=max(longest.values(), default=0.0),
-        )
-        each = GaugeMetricFamily(
-            "ticdc_stalled_operation_seconds",
-            "Each stalled operation (e.g. DeltaSink.write db.table) and how long it has waited",
-            labels=["operation"],
-        )
-        for operation, seconds in longest.items():
-            each.add_metric([operation], seconds)
-        return [overall, each]
-
-
-class _Metrics:
-    def __init__(self, port: int, watchdog: Watchdog | None) -> None:
-        self.registry = CollectorRegistry()
-        if watchdog is not None:
-            self.registry.register(_Stalls(watchdog))
-        self.rows = Counter("ticdc_rows", "Changelog rows written", ["table"], registry=self.registry)
-        self.records = Counter("ticdc_records", "Kafka records consumed", registry=self.registry)
-        self.dead_letters = Counter(
-            "ticdc_dead_letters", "Records sent to dead letters", registry=self.registry
-        )
-        self.held = Gauge("ticdc_held_rows", "DMLs waiting for their schema", registry=self.registry)
-        self.watermark = Gauge("ticdc_global_watermark", "Global watermark (TSO)", registry=self.registry)
-        self.lag = Gauge(
-            "ticdc_watermark_lag_seconds", "Now minus the watermark's time", registry=self.registry
-        )
-        self.totals = {  # counters mirroring a PipelineStats field each
-            name: Counter(f"ticdc_{name}", text, registry=self.registry) for name, text in _TOTALS.items()
-        }
-        self.sink = Counter(
-            "ticdc_sink_operations",
-            "Sink operation counters, e.g. delta-rs MERGE metrics (files scanned/skipped/rewritten, rows)",
-            ["metric"],
-            registry=self.registry,
-        )
-        start_http_server(port, registry=self.registry)
-        self._seen: dict[str, float] = {}
-        self._seen_sink: dict[str, int] = {}
-
-    def update(self, pipeline: Pipeline) -> None:
-        stats, state = pipeline.stats, pipeline.state.stats()
-        for table, rows in stats.rows_by_table.items():
-            self.rows.labels(table).inc(rows - self._seen.get(table, 0))
-            self._seen[table] = rows
-        self.records.inc(stats.records - self._seen.get("\0records", 0))
-        self._seen["\0records"] = stats.records
-        self.dead_letters.inc(stats.dead_letters - self._seen.get("\0dead", 0))
-        self._seen["\0dead"] = stats.dead_letters
-        for name, counter in self.totals.items():
-            total = getattr(stats, name)
-            counter.inc(total - self._seen.get(name, 0))
-            self._seen[name] = total
-        for name, value in stats.sink_metrics.items():
-            self.sink.labels(name).inc(value - self._seen_sink.get(name, 0))
-            self._seen_sink[name] = value
-        self.held.set(state.held_rows)
-        self.watermark.set(state.global_watermark or 0)
-        self.lag.set(watermark_lag_seconds(state.global_watermark) or 0)
 
 
 class ProgressReporter:
@@ -132,10 +37,8 @@ class ProgressReporter:
     ) -> None:
         self.interactive = sys.stderr.isatty() if interactive is None else interactive
         self.every = every
-        self.metrics = _Metrics(metrics_port, watchdog) if metrics_port else None
-        self._live = Live(console=Console(stderr=True), auto_refresh=False) if self.interactive else None
-        if self._live:
-            self._live.start()
+        self.metrics = _metrics(metrics_port, watchdog) if metrics_port else None
+        self._live = _live_display() if self.interactive else None
         self._last = 0.0
         self._last_rows: dict[str, int] = {}
 
@@ -177,6 +80,8 @@ class ProgressReporter:
         }
 
     def _table(self, pipeline: Pipeline, rates: dict[str, float]) -> Table:
+        from rich.table import Table
+
         summary = self._summary(pipeline, rates)
         lag = summary["watermark_lag_s"]
         table = Table(
@@ -195,3 +100,19 @@ class ProgressReporter:
             f"{summary['dead_letters']} dead letters"
         )
         return table
+
+
+def _metrics(port: int, watchdog: Watchdog | None) -> Metrics:
+    from consumer.metrics import Metrics
+
+    return Metrics(port, watchdog)
+
+
+def _live_display() -> Live:
+    """The live table on the terminal's stderr, started."""
+    from rich.console import Console
+    from rich.live import Live
+
+    live = Live(console=Console(stderr=True), auto_refresh=False)
+    live.start()
+    return live

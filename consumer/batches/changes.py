@@ -35,8 +35,9 @@ META_FIELDS: tuple[pa.Field, ...] = (
 META_COLUMNS = tuple(f.name for f in META_FIELDS)
 # Every name the SDK writes beside user columns: the changelog's metadata, the mirror's and the history's.
 METADATA_NAMES = frozenset((*META_COLUMNS, "_deleted", "_valid_from_ts", "_valid_to_ts"))
-# `_change_type` of each `ImageKind`, indexed by it.
-CHANGE_TYPES = pa.array(["insert", "update_preimage", "update_postimage", "delete"], pa.string())
+# `_change_type` of each `ImageKind`, indexed by it (a tuple: an Arrow array built from Python objects
+# imports pandas, which a process that never builds a changelog, e.g. Spark's planner, should not pay).
+CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
 # A batch's rows in emission order (a sort is stable: an UPDATE's two images keep theirs).
 CHANGE_ORDER = [(name, "ascending") for name in ("_commit_ts", "_topic", "_partition", "_offset")]
 
@@ -176,7 +177,7 @@ def table_changes(
             raise RejectedRowsError(rejected)
         codec.stats.verified += verified
     source = pa.array(images.source, pa.int64())
-    kinds = CHANGE_TYPES.take(pa.array(images.kinds, pa.int8()))
+    kinds = pa.array(CHANGE_TYPES, pa.string()).take(pa.array(images.kinds, pa.int8()))
     try:
         meta = _metadata(origins or RowOrigins.of(rows), source, kinds)
     except (pa.ArrowException, OverflowError, ValueError) as exc:  # a header out of int64's range

@@ -85,7 +85,9 @@ class DecodePool:
         if workers < 1:
             raise ValueError(f"a decode pool needs at least one worker, not {workers}")
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__])  # workers fork with pyarrow and msgspec imported
+        # workers fork with pyarrow and msgspec imported, and pandas, which pyarrow imports (when installed)
+        # with its first array built from Python objects: else each worker would import it for itself
+        context.set_forkserver_preload([__name__, "pandas"])
         self.policy = policy
         self.stats = DecodeStats() if stats is None else stats
         self._executor = ProcessPoolExecutor(

@@ -6,7 +6,7 @@ log (row counts from its add actions, the newest change's commit ts from their s
 commit's time), `_progress` (per group and partition: the resume offset, the applied ts, what the last stop
 left unapplied) and `consistent_ts`. Kafka's side of a partition (committed and end offsets: the lag) is
 merged in with `with_kafka`, the dead letters by the caller that knows where they go
-(`consumer.configured.lake_status`).
+(`consumer.cli.lake_status`, the `status` command).
 """
 
 from __future__ import annotations

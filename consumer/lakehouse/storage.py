@@ -23,16 +23,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from consumer.errors import SinkError
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as pads
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,8 @@ class LakeRoot:
         """The table's current rows as an Arrow dataset of exactly the files its log lists (or of `files`,
         some of those), with the table's schema (columns older files lack read as null). Read through
         `pyarrow.fs`: delta-rs's own Arrow readers make short processes abort at exit here (#2184)."""
+        import pyarrow.dataset as pads  # with the pandas it imports, 0.1 s a process: only readers pay it
+
         filesystem, _ = self.filesystem()
         files = [_filesystem_path(uri) for uri in (table.file_uris() if files is None else files)]
         schema = pa.schema(table.schema().to_arrow())

@@ -1,12 +1,21 @@
 """Key-only DMLs (docs/protocols/simple.md §7) made whole between the decoder and the state machine:
 claim-checks read from storage under configured roots, handle-key-only rows looked up in upstream TiDB; and
-the producer side (TiCDC's large-message handling) for simulators and tests."""
+the producer side (TiCDC's large-message handling) for simulators and tests.
 
-from consumer.large_messages.claim_check import ClaimCheckWriter, full_message, unwrap
-from consumer.large_messages.encoder import LargeMessageEncoder, key_only_dml
-from consumer.large_messages.resolver import LargeMessageResolver
-from consumer.large_messages.storage import ClaimCheckRoot, ClaimCheckStore, parse_location
-from consumer.large_messages.upstream import UpstreamLookup
+Each name is imported on first use: the configuration, which only parses locations and DSNs here, and Spark's
+tasks load neither the encoders nor the MySQL client."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from consumer.large_messages.claim_check import ClaimCheckWriter, full_message, unwrap
+    from consumer.large_messages.encoder import LargeMessageEncoder, key_only_dml
+    from consumer.large_messages.resolver import LargeMessageResolver
+    from consumer.large_messages.storage import ClaimCheckRoot, ClaimCheckStore, parse_location
+    from consumer.large_messages.upstream import UpstreamLookup
 
 __all__ = [
     "ClaimCheckRoot",
@@ -20,3 +29,27 @@ __all__ = [
     "parse_location",
     "unwrap",
 ]
+_HOMES = {  # public name -> the module defining it
+    "ClaimCheckWriter": "consumer.large_messages.claim_check",
+    "full_message": "consumer.large_messages.claim_check",
+    "unwrap": "consumer.large_messages.claim_check",
+    "LargeMessageEncoder": "consumer.large_messages.encoder",
+    "key_only_dml": "consumer.large_messages.encoder",
+    "LargeMessageResolver": "consumer.large_messages.resolver",
+    "ClaimCheckRoot": "consumer.large_messages.storage",
+    "ClaimCheckStore": "consumer.large_messages.storage",
+    "parse_location": "consumer.large_messages.storage",
+    "UpstreamLookup": "consumer.large_messages.upstream",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'consumer.large_messages' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)

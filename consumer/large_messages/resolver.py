@@ -13,14 +13,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
+from typing import TYPE_CHECKING
 
 from consumer.errors import ConsumerError, HandleKeyOnlyError, LargeMessageUnavailableError
 from consumer.large_messages.claim_check import RawValueSetting, full_message
 from consumer.large_messages.storage import ClaimCheckStore
-from consumer.large_messages.upstream import UpstreamLookup
 from consumer.protocol.model import KeyOnlyDML, RawDML, TableSchema
 from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.watchdog import Watchdog
+
+if TYPE_CHECKING:  # only a run that configures an upstream DSN loads the MySQL client
+    from consumer.large_messages.upstream import UpstreamLookup
 
 DEFAULT_CONCURRENCY = 16
 SchemaLookup = Callable[[KeyOnlyDML], TableSchema | None]

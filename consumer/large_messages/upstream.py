@@ -17,7 +17,6 @@ import json
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
 import pymysql
@@ -28,6 +27,7 @@ from consumer.errors import (
     UpstreamLookupError,
     UpstreamUnavailableError,
 )
+from consumer.large_messages.dsn import connection_options
 from consumer.protocol.model import TSO_PHYSICAL_SHIFT, KeyOnlyDML, RawDML, TableSchema
 from consumer.protocol.simple import json_messages
 from consumer.protocol.table import TableCodec
@@ -51,31 +51,6 @@ def select_sql(schema: TableSchema, key: tuple[str, ...]) -> str:
     columns = ", ".join(quoted(column.name) for column in schema.columns)
     where = " AND ".join(f"{quoted(name)} = %s" for name in key)
     return f"SELECT {columns} FROM {quoted(schema.database)}.{quoted(schema.table)} WHERE {where}"
-
-
-def connection_options(dsn: str) -> dict[str, Any]:
-    """`mysql://user:password@host:port/?ssl_ca=PATH&connect_timeout=S` -> PyMySQL connect arguments."""
-    parts = urlsplit(dsn)
-    if parts.scheme not in ("mysql", "tidb") or not parts.hostname:
-        raise ValueError(f"upstream_dsn {dsn!r}: expected mysql://USER:PASSWORD@HOST:PORT")
-    query = {name: values[-1] for name, values in parse_qs(parts.query).items()}
-    options: dict[str, Any] = {
-        "host": parts.hostname,
-        "port": parts.port or 4000,
-        "user": unquote(parts.username or "root"),
-        "password": unquote(parts.password or ""),
-        "connect_timeout": float(query.pop("connect_timeout", 10)),
-        "read_timeout": float(query.pop("read_timeout", 60)),
-        "charset": "utf8mb4",
-        "autocommit": True,
-        "init_command": "SET time_zone = '+00:00'",
-    }
-    ssl = {name.removeprefix("ssl_"): query.pop(name) for name in list(query) if name.startswith("ssl_")}
-    if ssl:
-        options["ssl"] = ssl
-    if query:
-        raise ValueError(f"upstream_dsn: unknown options {sorted(query)}")
-    return options
 
 
 class UpstreamLookup:

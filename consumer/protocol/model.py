@@ -8,12 +8,20 @@ directly; the Avro codec maps its few differing names itself. DML row values are
 from __future__ import annotations
 
 import enum
+import time
 from typing import Any
 
 import msgspec
 
 TSO_PHYSICAL_SHIFT = 18
 """A TiDB timestamp (TSO) is physical milliseconds << 18 | an 18-bit logical counter."""
+
+
+def watermark_lag_seconds(watermark: int | None, now: float | None = None) -> float | None:
+    """How far `watermark` (a TSO) is behind `now` (default: the clock), in seconds; None without one."""
+    if not watermark:
+        return None
+    return max(0.0, (now or time.time()) - (watermark >> TSO_PHYSICAL_SHIFT) / 1000)
 
 
 class DDLType(enum.StrEnum):

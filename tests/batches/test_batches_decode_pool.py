@@ -143,6 +143,18 @@ def test_a_batch_larger_than_a_piece_comes_back_whole_and_in_order(pool: DecodeP
     assert pool.stats.unrepresentable == before + len(rows)
 
 
+def test_a_worker_starts_with_pandas_imported_once_for_all() -> None:
+    """pyarrow imports pandas with its first array built from Python objects: the forkserver imports it
+    before the workers fork, so a fresh worker, before any batch, already holds it."""
+    pytest.importorskip("pandas")
+    fresh = DecodePool(1, ValuePolicy())
+    try:
+        imported = fresh._executor.submit(eval, "'pandas' in __import__('sys').modules").result(timeout=60)
+    finally:
+        fresh.close()
+    assert imported
+
+
 def test_a_dead_worker_costs_no_batch(caplog: pytest.LogCaptureFixture) -> None:
     doomed = DecodePool(1, ValuePolicy())
     try:

@@ -29,10 +29,11 @@ from mysql_mimic.variables import GlobalVariables, SessionVariables
 from sqlglot import expressions as exp
 
 from consumer.errors import HandleKeyOnlyError, SnapshotTooOldError, UpstreamLookupError
+from consumer.large_messages.dsn import connection_options
 from consumer.large_messages.encoder import key_only_dml
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
-from consumer.large_messages.upstream import UpstreamLookup, connection_options, select_sql
+from consumer.large_messages.upstream import UpstreamLookup, select_sql
 from consumer.protocol.model import (
     DML,
     Checksum,

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from consumer import app, cli
+from consumer import app, cli, progress
 from consumer.config import RunConfig
 from consumer.config_fields import FIELDS, FLAGS, ConfigField, table_cells
 from consumer.pipeline import PipelineStats
@@ -112,7 +112,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[RunConfig]:
             pass
 
     monkeypatch.setattr(app, "run", run)
-    monkeypatch.setattr(cli, "ProgressReporter", Reporter)
+    monkeypatch.setattr(progress, "ProgressReporter", Reporter)  # `run` imports it when it runs
     for name in [name for name in os.environ if name.startswith("TICDC_CONSUMER_")]:
         monkeypatch.delenv(name)
     return seen

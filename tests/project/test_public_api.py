@@ -50,3 +50,17 @@ def test_the_spark_surface_is_one_import_and_tasks_load_no_engine() -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_large_message_names_load_on_first_use() -> None:
+    script = (
+        "import sys, consumer.large_messages as large\n"
+        "assert 'consumer.large_messages.upstream' not in sys.modules  # nor the MySQL client\n"
+        "assert dir(large) == sorted(large.__all__), dir(large)\n"
+        "for name in large.__all__:\n"
+        "    assert getattr(large, name).__name__ == name, name\n"
+        "from consumer.large_messages import UpstreamLookup\n"
+        "assert UpstreamLookup.__module__ == 'consumer.large_messages.upstream'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
