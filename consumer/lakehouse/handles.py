@@ -45,11 +45,10 @@ class Handles:
     (the root) is gone; nothing here refers to the root, so it goes once its last user lets it go."""
 
     def __init__(self, owner: object, options: dict[str, str] | None) -> None:
-        self._options = options
+        self._options, self._sorted_options = options, tuple(sorted((options or {}).items()))
         self._held: dict[str, Held] = {}
-        key = tuple(sorted((options or {}).items()))
         # not at exit: the process is ending, and a handle given back then is never used again
-        weakref.finalize(owner, _give_back, os.getpid(), key, self._held).atexit = False
+        weakref.finalize(owner, _give_back, os.getpid(), self._sorted_options, self._held).atexit = False
 
     def open(self, uri: str, read: Read) -> DeltaTable | None:
         """The table at `uri` brought up to date: the handle this root holds, an idle one still loading
@@ -59,8 +58,7 @@ class Handles:
         if held is not None:
             held.table.update_incremental()
             return held.table
-        key: Key = (uri, tuple(sorted((self._options or {}).items())))
-        found = _reused(_idle_handle(key), uri, read) or self._fresh(uri, read)
+        found = _reused(_idle_handle((uri, self._sorted_options)), uri, read) or self._fresh(uri, read)
         if found is not None:
             self._held[uri] = found
         return None if found is None else found.table
