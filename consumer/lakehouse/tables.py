@@ -604,26 +604,19 @@ def _met(
 
 
 def _order(gone: np.ndarray, before: np.ndarray, appended: np.ndarray, size: int) -> np.ndarray:
-    """The rows of a part of `size` rows to take, counted from its first: all but those `gone` (sorted),
+    """The rows of a part of `size` rows to take, counted from its first: all but those `gone`, in order,
     with the changes added (`appended`: their rows in the table taken, after the part's, in key order)
-    each where `before` (the part's rows kept ahead of it) and the changes before it put it. Built as a
-    running sum of steps, mostly 1 from one kept row to the next, without a pass per mask over the part.
-    In Arrow's memory pool, which keeps its pages for the next read: fresh pages from the system cost more
-    than filling them."""
-    length = size - gone.size + before.size
-    order = np.frombuffer(pa.allocate_buffer(length * 8), dtype=np.int64)
-    order.fill(1)
-    places = before + np.arange(before.size)
-    order[places] = 0  # a change does not move on the rows kept: a row after it follows the one before it
-    # each gone row adds a step at the first kept row after it, wherever the changes put that row
-    skips = gone - np.arange(gone.size)  # the kept rows ahead of each gone row
-    skips = skips[skips < size - gone.size]
-    firsts = np.flatnonzero(np.concatenate([[True], skips[1:] != skips[:-1]])) if skips.size else skips
-    counts = np.diff(np.append(firsts, skips.size))
-    order[skips[firsts] + np.searchsorted(before, skips[firsts], side="right")] += counts
-    if length:
-        order[0] -= 1
-    np.cumsum(order, out=order)
+    each where `before` (the part's rows kept ahead of it) and the changes before it put it. In Arrow's
+    memory pool, which keeps its pages for the next read: fresh pages from the system cost more than
+    filling them."""
+    keep = np.ones(size, dtype=bool)
+    keep[gone] = False
+    kept = np.flatnonzero(keep)
+    places = before + np.arange(before.size)  # the changes' places among the rows taken
+    order = np.frombuffer(pa.allocate_buffer((kept.size + places.size) * 8), dtype=np.int64)
+    slots = np.ones(order.size, dtype=bool)
+    slots[places] = False
+    order[slots] = kept
     order[places] = appended
     return order
 
