@@ -29,9 +29,10 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError
 
 from consumer.errors import SinkError
+from consumer.lakehouse.handles import Handles
 
 if TYPE_CHECKING:
     import pyarrow.dataset as pads
@@ -89,18 +90,10 @@ class LakeRoot:
 
     def open(self, uri: str) -> DeltaTable | None:
         """The Delta table at `uri` at its latest version, or None when there is none (yet). Handles are
-        kept and brought up to date incrementally: on an object store a fresh load reads every commit
-        since the last checkpoint, an update only the new ones. One thread at a time."""
-        table = self._tables.get(uri)
-        if table is not None:
-            table.update_incremental()
-            return table
-        try:
-            table = DeltaTable(uri, storage_options=self.options())
-        except TableNotFoundError:
-            return None
-        self._tables[uri] = table
-        return table
+        kept, by this root and once it is gone by the process (`handles`), and brought up to date
+        incrementally: on an object store a fresh load reads every commit since the last checkpoint, an
+        update only the new ones. One thread at a time; a handle is this root's while the root lives."""
+        return self._handles.open(uri, self.read)
 
     def existing(self, uri: str) -> DeltaTable:
         """The Delta table at `uri`, which this process just saw or created: gone means someone removed it."""
@@ -129,8 +122,16 @@ class LakeRoot:
         return self.existing(uri)
 
     @cached_property
-    def _tables(self) -> dict[str, DeltaTable]:
-        return {}
+    def _handles(self) -> Handles:
+        return Handles(self, self.options())
+
+    def read(self, uri: str) -> bytes:
+        """The bytes of the file at `uri`, under the root, through `pyarrow.fs`."""
+        filesystem, base = self.filesystem()
+        if uri != self.uri and not uri.startswith(f"{self.uri}/"):
+            raise FileNotFoundError(f"{uri} is not under the lakehouse root {self.uri}")
+        with filesystem.open_input_stream(base + uri.removeprefix(self.uri)) as stream:
+            return stream.read()
 
     def scan(self, table: DeltaTable, files: list[str] | None = None) -> pads.Dataset:
         """The table's current rows as an Arrow dataset of exactly the files its log lists (or of `files`,

@@ -25,6 +25,7 @@ import os
 import zlib
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import cache
 from itertools import pairwise
 from typing import Any, Literal
@@ -63,7 +64,6 @@ ORDER = (  # what orders a key's changes besides `_commit_ts`
 )
 LATEST = 2**63 - 1
 RootLike = str | os.PathLike[str] | LakeRoot
-Latest = tuple[pa.Table, np.ndarray | None]  # changes, and each key's latest's row number in key order
 
 
 def tables(root: RootLike, storage_options: Mapping[str, str] | None = None) -> list[CatalogEntry]:
@@ -453,12 +453,46 @@ def _output_schema(names: Sequence[str], sources: Sequence[pa.Schema]) -> pa.Sch
     return pa.schema(fields)
 
 
+@dataclass(frozen=True)
+class Winners:
+    """Each key's latest change in a window with one integer key column, in key order (`_latest_rows`):
+    their row numbers in the window, their rows in the output's columns, taken once (on the window's
+    thread, beside the base's read), and their keys, commit ts and whether each upserts, as numpy, which
+    place them in the base."""
+
+    picked: np.ndarray
+    rows: pa.Table
+    keys: np.ndarray
+    commit_ts: np.ndarray
+    upsert: np.ndarray
+
+    @classmethod
+    def of(cls, changes: pa.Table, picked: np.ndarray, key: str, columns: list[str]) -> Winners:
+        rows = changes.select(columns).take(pa.array(picked))
+        upsert = pc.not_equal(changes["_change_type"], "delete").to_numpy(zero_copy_only=False)[picked]
+        return cls(picked, rows, _numpy(rows[key]), _numpy(rows["_commit_ts"]), upsert)
+
+    def slice(self, start: int, stop: int) -> Winners:
+        return Winners(
+            self.picked[start:stop],
+            self.rows.slice(start, stop - start),
+            self.keys[start:stop],
+            self.commit_ts[start:stop],
+            self.upsert[start:stop],
+        )
+
+
+Latest = tuple[pa.Table, Winners | None]  # a window's changes, and each key's latest when `Winners` fits
+
+
 def _latest(window: pa.Table | None, schema: pa.Schema, key: list[str]) -> Latest:
     """The window's changes conformed to `schema` and, for one integer key column, each key's latest
-    change (`_latest_rows`): None for other keys, `latest_per_key` picks theirs."""
+    change (`Winners`): None for other keys, `latest_per_key` picks theirs."""
     changes = _conformed(window if window is not None else schema.empty_table(), schema)
     one = len(key) == 1 and pa.types.is_integer(changes.schema.field(key[0]).type)
-    return changes, _latest_rows(changes, key[0]) if one and not changes[key[0]].null_count else None
+    if not one or changes[key[0]].null_count:
+        return changes, None
+    return changes, Winners.of(changes, _latest_rows(changes, key[0]), key[0], schema.names)
 
 
 def _applied(
@@ -469,70 +503,92 @@ def _applied(
     than the last TRUNCATE (`floor`) stays. Only the window's keys are ordered: the base holds one row per
     key, kept unless a change of its key is as new or newer."""
     rows = _shaped(base if base is not None else schema.empty_table(), schema)
-    changes, picked = latest
+    changes, winners = latest
     if not rows.num_rows and not changes.num_rows:
         return schema.empty_table()
-    stored = None if picked is None else _integer_keys_in_order(rows, key)
-    if stored is not None and picked is not None:
-        return _merged_in_order(rows, stored, changes, picked, key[0], floor)
-    if picked is not None:
-        return _sorted_merge(rows, changes.take(pa.array(picked)), key, floor)
+    parts = None if winners is None else _parts_in_key_order(rows, key[0])
+    if parts is not None and winners is not None:
+        return _merged_in_order(parts, winners, floor)
+    if winners is not None:
+        return _sorted_merge(rows, changes.take(pa.array(winners.picked)), key, floor)
     return _sorted_merge(rows, latest_per_key(changes, key) if changes.num_rows else changes, key, floor)
 
 
-def _integer_keys_in_order(rows: pa.Table, key: list[str]) -> np.ndarray | None:
-    """The rows' one integer key column when they are in strictly increasing key order (a clustered
-    mirror, or none), else None."""
-    if len(key) != 1 or not pa.types.is_integer(rows.schema.field(key[0]).type) or rows[key[0]].null_count:
+Part = tuple[pa.Table, np.ndarray]  # a piece of the base (batches as read), and its keys
+PART_ROWS = 2**16  # the fewest rows a part of the base has (but the last): fewer calls, still in cache
+
+
+def _parts_in_key_order(rows: pa.Table, key: str) -> list[Part] | None:
+    """The rows as read, in parts of consecutive batches (not copied), with their keys, when the key
+    column is an integer one in strictly increasing order over all of them (a clustered mirror, or none);
+    else None."""
+    if not pa.types.is_integer(rows.schema.field(key).type) or rows[key].null_count:
         return None
-    stored = rows[key[0]].combine_chunks().to_numpy()  # in Arrow's pool (`_order`)
-    return stored if stored.size < 2 or bool(np.all(stored[1:] > stored[:-1])) else None
+    tables = [pa.Table.from_batches(batches) for batches in _grouped(rows.to_batches())] or [rows]
+    parts = [(table, _numpy(table[key])) for table in tables]
+    if not all(bool(np.all(keys[1:] > keys[:-1])) for _, keys in parts):
+        return None
+    return parts if all(before[-1] < after[0] for (_, before), (_, after) in pairwise(parts)) else None
 
 
-def _merged_in_order(
-    rows: pa.Table, stored: np.ndarray, changes: pa.Table, latest: np.ndarray, key: str, floor: int
-) -> pa.Table:
-    """`_applied` for a base in key order (`stored`: its keys): each key's latest change, in key order,
-    (`latest`: their row numbers) finds its key's place by binary search, so the base is neither joined
-    nor sorted. The base is cut in key ranges, one a core, merged on threads (numpy and Arrow release the
-    GIL): the merge is one take of every row, the plain read's decode runs on every core."""
-    parts = max(1, min(os.cpu_count() or 1, stored.size // 2**16))
-    cuts = [stored.size * part // parts for part in range(parts + 1)]
-    splits = [0, *np.searchsorted(changes[key].to_numpy()[latest], stored[cuts[1:-1]]).tolist(), latest.size]
-
-    def merged(part: tuple[tuple[int, int], tuple[int, int]]) -> pa.Table:
-        (low, high), (start, stop) = part
-        return _placed(rows.slice(low, high - low), stored[low:high], latest[start:stop], changes, key, floor)
-
-    first, *others = zip(pairwise(cuts), pairwise(splits), strict=True)
-    rest = [_workers().submit(merged, part) for part in others]
-    return pa.concat_tables([merged(first), *(part.result() for part in rest)])
+def _grouped(batches: list[pa.RecordBatch]) -> list[list[pa.RecordBatch]]:
+    """The non-empty batches, consecutive ones together until they hold PART_ROWS rows."""
+    groups: list[list[pa.RecordBatch]] = [[]]
+    for batch in (batch for batch in batches if batch.num_rows):
+        if sum(each.num_rows for each in groups[-1]) >= PART_ROWS:
+            groups.append([])
+        groups[-1].append(batch)
+    return groups if groups[0] else []
 
 
-def _placed(
-    rows: pa.Table, stored: np.ndarray, latest: np.ndarray, changes: pa.Table, key: str, floor: int
-) -> pa.Table:
-    """`rows` (keys `stored`) with the `latest` changes (row numbers, in key order) of their key range
-    applied. Only the rows from the first place a change touches to the last are taken anew; those before
-    and after stay as they are."""
-    keys, change_ts = changes[key].to_numpy()[latest], changes["_commit_ts"].to_numpy()[latest]
-    upsert = pc.not_equal(changes["_change_type"], "delete").to_numpy(zero_copy_only=False)[latest]
-    stored_ts = rows["_commit_ts"].combine_chunks().to_numpy()  # in Arrow's pool (`_order`)
-    at = np.searchsorted(stored, keys)
-    found, base_loses = _met(stored, stored_ts, at, keys, change_ts)
+def _numpy(column: pa.ChunkedArray) -> np.ndarray:
+    """A column as numpy: its one chunk's buffer, not copied (no nulls), else its chunks joined."""
+    return column.chunk(0).to_numpy(zero_copy_only=False) if column.num_chunks == 1 else column.to_numpy()
+
+
+def _merged_in_order(parts: list[Part], winners: Winners, floor: int) -> pa.Table:
+    """`_applied` for a base in key order, in its parts as read: each key's latest change finds its place
+    by binary search in the part whose key range holds it (the base is neither joined nor sorted); a part
+    no change touches is kept as it is, any other rebuilt by one take of its rows and its changes (a few
+    MiB, in cache: a take of the whole base would first copy all of it to fresh memory). Runs of parts are
+    merged on threads, one a core (numpy and Arrow release the GIL)."""
+    firsts = [int(keys[0]) for _, keys in parts[1:]]
+    cuts = [0, *np.searchsorted(winners.keys, firsts).tolist(), winners.keys.size]
+
+    def merged(run: range) -> list[pa.Table]:
+        return [_placed(*parts[i], winners.slice(cuts[i], cuts[i + 1]), floor) for i in run]
+
+    first, *others = _runs([table.num_rows for table, _ in parts])
+    rest = [_workers().submit(merged, run) for run in others]
+    return pa.concat_tables([*merged(first), *(table for run in rest for table in run.result())])
+
+
+def _runs(sizes: list[int]) -> list[range]:
+    """Consecutive runs of the parts (of `sizes` rows), about as many rows each, one a core (one run for
+    a small base)."""
+    ends = np.cumsum(sizes)
+    count = max(1, min(os.cpu_count() or 1, int(ends[-1]) // PART_ROWS))
+    targets = [int(ends[-1]) * run // count for run in range(1, count)]
+    bounds = [0, *np.searchsorted(ends, targets, side="right").tolist(), len(sizes)]
+    return [range(start, stop) for start, stop in pairwise(bounds)]
+
+
+def _placed(rows: pa.Table, stored: np.ndarray, winners: Winners, floor: int) -> pa.Table:
+    """`rows` (keys `stored`) with the `winners` of their key range applied: as they are when none touches
+    them (nor is any row older than `floor`), else the rows kept and the changes added, in key order."""
+    stored_ts = _numpy(rows["_commit_ts"])
+    at = np.searchsorted(stored, winners.keys)
+    found, base_loses = _met(stored, stored_ts, at, winners.keys, winners.commit_ts)
     older, replaced = np.flatnonzero(stored_ts < floor), at[base_loses]  # both sorted
     gone = np.union1d(older, replaced) if older.size else replaced
-    added = np.flatnonzero((~found | base_loses) & upsert & (change_ts >= floor))
-    edges = np.concatenate([gone[:1], gone[-1:], at[added[:1]], at[added[-1:]]])
-    if not edges.size:
+    added = np.flatnonzero((~found | base_loses) & winners.upsert & (winners.commit_ts >= floor))
+    if not gone.size and not added.size:
         return rows
-    low, high = int(edges.min()), min(int(edges.max()) + 1, stored.size)
-    # Taken in key order first, the changes are read in sequence by the take below (strings much faster)
-    winners = changes.select(rows.column_names).take(pa.array(latest[added]))
-    order = _order(gone - low, at[added] - low - np.searchsorted(gone, at[added]), high - low)
-    taken = pa.concat_tables([rows.slice(low, high - low), winners])
-    middle = pc.take(taken, pa.array(order), boundscheck=False)  # checked once by `_order`, not per column
-    return pa.concat_tables([rows.slice(0, low), middle, rows.slice(high)])
+    order = _order(gone, at[added] - np.searchsorted(gone, at[added]), stored.size + added, stored.size)
+    taken = pa.concat_tables([rows, winners.rows])
+    if order.size and not 0 <= order.min() <= order.max() < taken.num_rows:
+        raise AssertionError(f"take order out of bounds: {order.min()}..{order.max()}")
+    return pc.take(taken, pa.array(order), boundscheck=False)  # checked once here, not for every column
 
 
 def _met(
@@ -547,30 +603,21 @@ def _met(
     return found, found & (change_ts >= stored_ts[near])
 
 
-def _order(gone: np.ndarray, before: np.ndarray, appended_at: int) -> np.ndarray:
-    """The rows of a range of `appended_at` rows to take, counted from its first: all but those `gone`
-    (sorted), with the changes added (taken after the range's rows, in key order) each where `before` (the
-    range's rows kept ahead of it) and the changes before it put it. Built as a running sum of steps,
-    mostly 1 from one kept row to the next, without a pass per mask over the range; checked within bounds
-    once here rather than by the take for every column. In Arrow's memory pool, which keeps its pages for
-    the next read: fresh pages from the system cost more than filling them."""
-    length = appended_at - gone.size + before.size
-    order = np.frombuffer(pa.allocate_buffer(length * 8), dtype=np.int64)
-    order.fill(1)
-    places = before + np.arange(before.size)
-    order[places] = 0  # a change does not move on the rows kept: a row after it follows the one before it
-    # each gone row adds a step at the first kept row after it, wherever the changes put that row
-    skips = gone - np.arange(gone.size)  # the kept rows ahead of each gone row
-    skips = skips[skips < appended_at - gone.size]
-    firsts = np.flatnonzero(np.concatenate([[True], skips[1:] != skips[:-1]])) if skips.size else skips
-    counts = np.diff(np.append(firsts, skips.size))
-    order[skips[firsts] + np.searchsorted(before, skips[firsts], side="right")] += counts
-    if length:
-        order[0] -= 1
-    np.cumsum(order, out=order)
-    order[places] = np.arange(appended_at, appended_at + before.size)
-    if length and not 0 <= order.min() <= order.max() < appended_at + before.size:
-        raise AssertionError(f"take order out of bounds: {order.min()}..{order.max()}")
+def _order(gone: np.ndarray, before: np.ndarray, appended: np.ndarray, size: int) -> np.ndarray:
+    """The rows of a part of `size` rows to take, counted from its first: all but those `gone`, in order,
+    with the changes added (`appended`: their rows in the table taken, after the part's, in key order)
+    each where `before` (the part's rows kept ahead of it) and the changes before it put it. In Arrow's
+    memory pool, which keeps its pages for the next read: fresh pages from the system cost more than
+    filling them."""
+    keep = np.ones(size, dtype=bool)
+    keep[gone] = False
+    kept = np.flatnonzero(keep)
+    places = before + np.arange(before.size)  # the changes' places among the rows taken
+    order = np.frombuffer(pa.allocate_buffer((kept.size + places.size) * 8), dtype=np.int64)
+    slots = np.ones(order.size, dtype=bool)
+    slots[places] = False
+    order[slots] = kept
+    order[places] = appended
     return order
 
 
@@ -633,7 +680,7 @@ def latest_per_key(changelog: pa.Table, key_columns: Sequence[str]) -> pa.Table:
 def _latest_rows(changes: pa.Table, key: str) -> np.ndarray:
     """The row numbers of each key's last change, in key order, as `latest_per_key` picks them: for one
     integer key column a numpy argsort of the keys and a maximum per run of equal keys replace the hash
-    grouping and the take (the caller takes the rows once, with the base's)."""
+    grouping and the take (`Winners.of` takes the rows once)."""
     images = _images_in_change_order(changes, [key])
     if not images.num_rows:
         return np.empty(0, dtype=np.int64)
