@@ -230,7 +230,7 @@ def test_a_third_claim_checked_on_s3_through_kafka_into_delta_equals_the_ground_
     s3_server.create_bucket("ticdc-claims")
     topic = kafka_topic(3)
     workload = Workload(
-        WorkloadConfig(rows=3000, tables=3, partitions=3, dispatch="primary-key", checksums=True)
+        WorkloadConfig(rows=ROWS, tables=3, partitions=3, dispatch="primary-key", checksums=True)
     )
     writer = ClaimCheckWriter(f"s3://ticdc-claims/{topic}/cc?allow_delayed_open=true")  # one PUT an object
     limit = MAX_MESSAGE_BYTES[("json", "lz4")]
@@ -247,6 +247,6 @@ def test_a_third_claim_checked_on_s3_through_kafka_into_delta_equals_the_ground_
     )  # fmt: skip
     assert "0 dead letters" in ran.stdout, ran.stdout + ran.stderr[-2000:]
     fetched = int(ran.stdout.split("large messages: ")[1].split(" ")[0])
-    assert 0.25 * 3000 < fetched < 0.45 * 3000
+    assert 0.25 * ROWS < fetched < 0.45 * ROWS
     state = delta_mirror_state(root, (table.schema for table in workload.tables))
     assert differences(state, truth) == []
