@@ -24,7 +24,6 @@ the same (`kafka.bootstrap.servers`, `subscribe`, `startingOffsets`, `endingOffs
 
 from __future__ import annotations
 
-import gc
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,7 +33,6 @@ import msgspec
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaPartition
-from pyspark import TaskContext
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -55,6 +53,7 @@ from consumer.sources.kafka import KafkaSource
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import CarryStore
 from consumer.spark.segments import ARROW_SCHEMA, SPARK_SCHEMA, encode_range
+from consumer.spark.workers import settle_worker
 from consumer.state.schema_cache import SchemaCache, snapshot_schemas
 
 NAME = "ticdc"
@@ -385,7 +384,6 @@ class TicdcBatchReader(DataSourceReader):
 _task_schemas: dict[
     str, tuple[tuple[int | None, tuple[int, ...]], SchemaCache]
 ] = {}  # per state location, in a (reused) Python worker
-_worker_settled = False  # this Python worker's long-lived objects are frozen out of the collector
 
 
 def read_partition(
@@ -430,20 +428,7 @@ def read_range(options: TicdcOptions, part: OffsetRange, *, spool: bool = False)
             position = end
     finally:
         source.close()
-        _settle_worker()
-
-
-def _settle_worker() -> None:
-    """After a Python worker's first task, take what it holds by then (the imported modules: ~100k objects)
-    out of the cyclic garbage collector for good (`gc.freeze`). PySpark's daemon runs a full `gc.collect()`
-    after every task of a reused worker, before it takes the next: over those objects that took 0.15-0.3 s
-    each time. Only in tasks (a driver reading a range is left alone)."""
-    global _worker_settled
-    if _worker_settled or TaskContext.get() is None:
-        return
-    _worker_settled = True
-    gc.collect()
-    gc.freeze()
+        settle_worker()
 
 
 def _task_decoder(settings: RunConfig, policy: ValuePolicy) -> MessageDecoder | None:
