@@ -472,13 +472,18 @@ def _fetch(source: KafkaSource, part: OffsetRange, position: int, timeout: float
 
 def _schemas_for(location: str) -> SchemaCache:
     """The schemas the engine recorded with its newest batch and those the batches after it announced (being
-    applied while this task runs), kept per worker while those are the newest."""
+    applied while this task runs), kept per worker while those are the newest. A record written meanwhile
+    (the batch being applied completed) removes the announcements it holds: then both are read again, else
+    its schemas would be in neither."""
     if not location:
         return SchemaCache()
     store = CarryStore(location)
-    latest = store.latest_metadata()
-    batch_id, snapshot = (latest[0], latest[1]) if latest is not None else (None, b"")
-    announced = store.announced_after(batch_id)
+    while True:
+        latest = store.latest_metadata()
+        batch_id, snapshot = (latest[0], latest[1]) if latest is not None else (None, b"")
+        announced = store.announced_after(batch_id)
+        if store.latest() == batch_id:
+            break
     version = (batch_id, tuple(announced_id for announced_id, _ in announced))
     cached = _task_schemas.get(location)
     if cached is None or cached[0] != version:
