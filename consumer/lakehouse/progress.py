@@ -167,15 +167,16 @@ class ProgressLog:
         return sorted(set(self.root.scan(table).to_table(columns=["group"])["group"].to_pylist()))
 
     def _append(self, uri: str, rows: pa.Table, compacted: _Compaction) -> None:
-        def attempt() -> None:  # conflicts only with a compaction that removed files this handle saw
+        def attempt() -> DeltaTable | None:  # conflicts only with a compaction that removed files it saw
             table = self.root.open(uri)
             target = table if table is not None else uri
             write_deltalake(
                 target, rows, mode="append", schema_mode="merge", storage_options=self.root.options()
             )
+            return table  # a handle written through is at the version its write made
 
-        retry_commits(f"progress {uri}", attempt)
-        table = self.root.open(uri)
+        written = retry_commits(f"progress {uri}", attempt)
+        table = written if written is not None else self.root.open(uri)
         if table is not None and table.version() % COMPACT_EVERY == 0:
             self._compact(table, compacted)
 

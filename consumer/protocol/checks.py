@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import time
 
+from cachetools import LRUCache
+
 from consumer.errors import ImplausibleTimestampError, SchemaRejectedError
 from consumer.protocol.limits import MAX_TSO, DecodeLimits, tso_of
 from consumer.protocol.model import DDL, Bootstrap, TableSchema, Watermark
 from consumer.protocol.validation import UnknownTypePolicy, validate_schema
+
+VALIDATED_SCHEMAS = 4096  # schemas a decoder remembers as valid (the least recently seen are dropped)
 
 
 class MessageChecks:
@@ -28,6 +32,9 @@ class MessageChecks:
         self.ahead_s = limits.max_commit_ts_ahead_s
         self.unknown_types: UnknownTypePolicy = unknown_types
         self.ceiling = 0
+        # per schema key, the schema last found valid: TiCDC sends a table's BOOTSTRAP again and again, and
+        # comparing it with the one validated before is cheaper than validating it again
+        self._valid: LRUCache[tuple[str, str, int], TableSchema] = LRUCache(VALIDATED_SCHEMAS)
 
     def commit_ts(self, commit_ts: int, what: str) -> None:
         """Raise unless `commit_ts` is positive and at most `ahead_s` past this machine's clock."""
@@ -57,11 +64,13 @@ class MessageChecks:
     def _schemas(self, *schemas: TableSchema | None) -> None:
         rejected: list[SchemaRejectedError] = []
         for schema in schemas:
-            if schema is not None:
+            if schema is not None and self._valid.get(schema.key) != schema:
                 try:
                     validate_schema(schema, self.unknown_types)
                 except SchemaRejectedError as error:
                     rejected.append(error)
+                else:
+                    self._valid[schema.key] = schema
         if rejected:
             raise SchemaRejectedError(
                 "; ".join(error.reason for error in rejected),

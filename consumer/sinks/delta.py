@@ -81,7 +81,7 @@ from consumer.batches.spool import SpooledPiece, read_pieces
 from consumer.config import sink_outputs
 from consumer.errors import SinkError
 from consumer.kill_points import kill_point
-from consumer.lakehouse.catalog import CatalogEntry, Name
+from consumer.lakehouse.catalog import CatalogEntry, MirrorVersion, Name
 from consumer.lakehouse.history import (
     CLOSED_PROPERTY,
     HISTORY_FIELDS,
@@ -180,7 +180,9 @@ class MergeJob:
 class MergeResult:
     """What a `MergeJob` gives back: `gone` (the table has no lazy mirror any more: emptied by a TRUNCATE
     or DROP), the TSO the mirror now holds every change up to, how many changelog rows still await it,
-    the MERGE's delta-rs metrics and the process that ran it (`process_name`)."""
+    the MERGE's delta-rs metrics, the process that ran it (`process_name`) and, when it committed, what the
+    mirror's version after its commit holds (`latest_mirror_version`: the sink records it in the catalog
+    without loading the mirror's log again)."""
 
     location: str
     gone: bool = False
@@ -188,6 +190,7 @@ class MergeResult:
     left: int = 0
     metrics: dict[str, int] = dataclasses.field(default_factory=dict)
     process: str = ""
+    version: MirrorVersion | None = None
 
 
 MergeRunner = Callable[[Sequence[MergeJob]], Sequence[MergeResult]]
@@ -333,7 +336,12 @@ class MirrorMerges:
         if merged.num_rows:
             self._merge_changes(entry, merged, tuple(keys.split(",")), context, complete)
         metrics = {name: value - before.get(name, 0) for name, value in self._metrics.items()}
-        return MergeResult(entry.location, False, max(since, complete), left, metrics, process_name())
+        version = None
+        if metrics.get("merges"):
+            merged_mirror = self.root.open(self.root.join(entry.location, "mirror"))
+            version = None if merged_mirror is None else latest_mirror_version(merged_mirror, entry.mirror)
+        complete_ts = max(since, complete)
+        return MergeResult(entry.location, False, complete_ts, left, metrics, process_name(), version)
 
     # -- MERGE -----------------------------------------------------------------------------------------
     def _merge_changes(
@@ -574,7 +582,9 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         self._lagging: dict[str, _Lagging] = {}  # lazy mirrors by location: what awaits their next MERGE
         self._merged_ts: dict[str, int] = {}  # lazy mirrors by location: a TSO they hold every change up to
         self._caught_up = False  # lazy mirrors: MERGEd what a run before this sink left in the changelog
-        self._committed_mirrors: set[str] = set()  # locations: mirrors it committed to since its last record
+        # by location, the mirrors it committed to since its last record, and what the version its commit
+        # made holds where a MERGE elsewhere said (None: read from the mirror's log)
+        self._committed_mirrors: dict[str, MirrorVersion | None] = {}
         self._unordered = False  # the last progress recorded had no watermark: no consistent point
         self._warned_keyless: set[tuple[str, str]] = set()
 
@@ -675,15 +685,18 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         recorded = {entry.location: entry.mirror for entry in self.catalog.entries()}
         point = 0 if self.lazy_mirrors else self._complete_ts  # a lazy mirror lags the point by design
         versions = {}
-        for location in sorted(self._committed_mirrors):
-            mirror = self.root.open(self.root.join(location, "mirror"))  # opened after the point was read
+        for location, merged in sorted(self._committed_mirrors.items()):
             known = recorded.get(location)
-            latest = None if mirror is None else latest_mirror_version(mirror, known)
+            latest = merged if merged is not None else self._latest_mirror_version(location, known)
             if latest is not None and (known is None or latest.version > known.version):
                 versions[location] = dataclasses.replace(latest, complete_ts=max(latest.complete_ts, point))
         self._committed_mirrors.clear()
         if versions:
             self.catalog.record_mirrors(versions)
+
+    def _latest_mirror_version(self, location: str, known: MirrorVersion | None) -> MirrorVersion | None:
+        mirror = self.root.open(self.root.join(location, "mirror"))  # opened after the point was read
+        return None if mirror is None else latest_mirror_version(mirror, known)
 
     # -- lazy mirrors ----------------------------------------------------------------------------------
     def _catch_up(self, context: CommitContext) -> None:
@@ -798,7 +811,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
                 self._lagging.pop(location, None)
                 continue
             if found.metrics.get("merges"):
-                self._committed_mirrors.add(location)
+                self._committed_mirrors[location] = found.version
             self._merged_ts[location] = found.merged_ts
             lagging.rows, lagging.merged_at, lagging.left = found.left, time.monotonic(), found.left
 
@@ -941,7 +954,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         upsert of a key the mirror lacks inserts it (a consumer that joined mid-stream never saw its INSERT);
         a MERGE that changes nothing commits nothing (delta-rs)."""
         self._merge_changes(entry, changes.changelog, changes.key_columns, context)
-        self._committed_mirrors.add(entry.location)
+        self._committed_mirrors[entry.location] = None
 
     # -- history ---------------------------------------------------------------------------------------
     def _merge_history(self, entry: CatalogEntry, changes: TableChanges, context: CommitContext) -> None:
@@ -1093,7 +1106,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
             )
 
         self._commit(f"emptying {uri}", attempt)
-        self._committed_mirrors.add(entry.location)
+        self._committed_mirrors[entry.location] = None
 
 
 def _prefix_up_to(rows: pa.Table, upto: int, point: int) -> tuple[pa.Table, int, int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TypeVar
 
 from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
@@ -38,9 +39,14 @@ from consumer.sinks.delta import (
     run_merge_job,
     write_changelog_files,
 )
+from consumer.spark.workers import settle_worker
 
 JOB_DESCRIPTION = "ticdc: mirror MERGEs"
 APPEND_DESCRIPTION = "ticdc: changelog files"
+# Spark SQL runs Python tasks (the `ticdc` source's reads) with this variable set; Spark keeps a pool of
+# Python workers per environment, so RDD tasks with it too run in the same workers, which imported the SDK
+# already, instead of a second daemon's workers importing it (and deltalake) again
+SHARED_WORKERS = ("SPARK_SIMPLIFIED_TRACEBACK", "1")
 Job = TypeVar("Job")
 Result = TypeVar("Result")
 
@@ -82,13 +88,22 @@ def _as_tasks(
     if not jobs:
         return []
     spark = context or SparkContext.getOrCreate()
+    spark.environment.setdefault(*SHARED_WORKERS)
     spark.setJobDescription(description)
     try:
-        return spark.parallelize(list(jobs), len(jobs)).map(run).collect()
+        return spark.parallelize(list(jobs), len(jobs)).map(partial(_task, run)).collect()
     except (Py4JJavaError, PySparkException) as exc:
         raise SinkError(f"{what} on the executors failed: {_reason(str(exc))}") from exc
     finally:
         spark.setJobDescription(None)  # type: ignore[arg-type]
+
+
+def _task(run: Callable[[Job], Result], job: Job) -> Result:
+    """A task: `run(job)`, then its worker settled (`settle_worker`: the Delta writer it imported)."""
+    try:
+        return run(job)
+    finally:
+        settle_worker()
 
 
 def _reason(text: str) -> str:

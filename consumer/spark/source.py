@@ -24,7 +24,6 @@ the same (`kafka.bootstrap.servers`, `subscribe`, `startingOffsets`, `endingOffs
 
 from __future__ import annotations
 
-import gc
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,7 +33,6 @@ import msgspec
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaPartition
-from pyspark import TaskContext
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -55,6 +53,7 @@ from consumer.sources.kafka import KafkaSource
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import CarryStore
 from consumer.spark.segments import ARROW_SCHEMA, SPARK_SCHEMA, encode_range
+from consumer.spark.workers import settle_worker
 from consumer.state.schema_cache import SchemaCache, snapshot_schemas
 
 NAME = "ticdc"
@@ -385,7 +384,6 @@ class TicdcBatchReader(DataSourceReader):
 _task_schemas: dict[
     str, tuple[tuple[int | None, tuple[int, ...]], SchemaCache]
 ] = {}  # per state location, in a (reused) Python worker
-_worker_settled = False  # this Python worker's long-lived objects are frozen out of the collector
 
 
 def read_partition(
@@ -430,20 +428,7 @@ def read_range(options: TicdcOptions, part: OffsetRange, *, spool: bool = False)
             position = end
     finally:
         source.close()
-        _settle_worker()
-
-
-def _settle_worker() -> None:
-    """After a Python worker's first task, take what it holds by then (the imported modules: ~100k objects)
-    out of the cyclic garbage collector for good (`gc.freeze`). PySpark's daemon runs a full `gc.collect()`
-    after every task of a reused worker, before it takes the next: over those objects that took 0.15-0.3 s
-    each time. Only in tasks (a driver reading a range is left alone)."""
-    global _worker_settled
-    if _worker_settled or TaskContext.get() is None:
-        return
-    _worker_settled = True
-    gc.collect()
-    gc.freeze()
+        settle_worker()
 
 
 def _task_decoder(settings: RunConfig, policy: ValuePolicy) -> MessageDecoder | None:
@@ -487,13 +472,18 @@ def _fetch(source: KafkaSource, part: OffsetRange, position: int, timeout: float
 
 def _schemas_for(location: str) -> SchemaCache:
     """The schemas the engine recorded with its newest batch and those the batches after it announced (being
-    applied while this task runs), kept per worker while those are the newest."""
+    applied while this task runs), kept per worker while those are the newest. A record written meanwhile
+    (the batch being applied completed) removes the announcements it holds: then both are read again, else
+    its schemas would be in neither."""
     if not location:
         return SchemaCache()
     store = CarryStore(location)
-    latest = store.latest_metadata()
-    batch_id, snapshot = (latest[0], latest[1]) if latest is not None else (None, b"")
-    announced = store.announced_after(batch_id)
+    while True:
+        latest = store.latest_metadata()
+        batch_id, snapshot = (latest[0], latest[1]) if latest is not None else (None, b"")
+        announced = store.announced_after(batch_id)
+        if store.latest() == batch_id:
+            break
     version = (batch_id, tuple(announced_id for announced_id, _ in announced))
     cached = _task_schemas.get(location)
     if cached is None or cached[0] != version:

@@ -17,12 +17,24 @@ from consumer.errors import (
     UnrepresentableValueError,
     ValueDecodeError,
 )
+from consumer.protocol import checks as checks_module
+from consumer.protocol.checks import MessageChecks
 from consumer.protocol.compression import compress
-from consumer.protocol.model import DML, Column, DataType, DMLType, RawDML, TableSchema, Watermark
+from consumer.protocol.model import (
+    DML,
+    Bootstrap,
+    Column,
+    DataType,
+    DMLType,
+    RawDML,
+    TableSchema,
+    Watermark,
+)
 from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.protocol.table import TableCodec
 from consumer.protocol.types import ValuePolicy
+from consumer.protocol.validation import UnknownTypePolicy, validate_schema
 
 SCHEMA = TableSchema(
     database="d",
@@ -179,3 +191,26 @@ def test_unknown_mysql_type_is_kept_as_its_text_or_refused_on_request() -> None:
     with pytest.raises(SchemaRejectedError, match=r"'shape'.*'geometry'") as caught:
         TableCodec(schema, ValuePolicy(unknown_types="error"))
     assert caught.value.keys == (("d", "t", 7),)
+
+
+def test_a_repeated_schema_is_validated_once_and_a_rejected_one_every_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    valid = TableSchema("d", "t", 1, 7, (Column("id", DataType("int")),))
+    refused = TableSchema("d", "t", 1, 8, (Column("shape", DataType("geometry")),))
+    checks = MessageChecks(unknown_types="error")
+    validated: list[int] = []
+
+    def counted(schema: TableSchema, unknown_types: UnknownTypePolicy = "lossless") -> None:
+        validated.append(schema.version)
+        validate_schema(schema, unknown_types)
+
+    monkeypatch.setattr(checks_module, "validate_schema", counted)
+    for _ in range(3):  # TiCDC sends a table's BOOTSTRAP again and again
+        checks.message(Bootstrap(table_schema=valid, build_ts=1))
+    changed = TableSchema("d", "t", 1, 7, (Column("id", DataType("bigint")),))  # same key, other columns
+    checks.message(Bootstrap(table_schema=changed, build_ts=1))
+    for _ in range(2):
+        with pytest.raises(SchemaRejectedError, match="geometry"):
+            checks.message(Bootstrap(table_schema=refused, build_ts=1))
+    assert validated == [7, 7, 8, 8]

@@ -277,6 +277,25 @@ def test_tasks_learn_the_schemas_the_batch_being_applied_announced(tmp_path: Pat
     assert store.announced_after(None) == [] and SCHEMA.key in source._schemas_for(location)
 
 
+def test_a_task_reading_as_the_batch_being_applied_is_recorded_still_learns_its_schemas(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch's record is written (and its announcement removed) between a task reading the record
+    before it and reading the announcements: the task reads both again, and learns the batch's schemas."""
+    location = str(tmp_path / "state")
+    store = CarryStore(location)
+    store.write_announced(0, msgspec.msgpack.encode([SCHEMA]))
+    read_announced = CarryStore.announced_after
+
+    def recorded_meanwhile(self: CarryStore, batch_id: int | None) -> list[tuple[int, bytes]]:
+        if store.latest() is None:
+            store.write(0, Carry([], msgspec.msgpack.encode([SCHEMA]), set()))
+        return read_announced(self, batch_id)
+
+    monkeypatch.setattr(CarryStore, "announced_after", recorded_meanwhile)
+    assert SCHEMA.key in source._schemas_for(location)
+
+
 def test_the_carry_store_writes_whole_batches_and_keeps_the_newest(tmp_path: Path) -> None:
     store = CarryStore(str(tmp_path / "state"))
     assert store.latest() is None and store.latest_metadata() is None
