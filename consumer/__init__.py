@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from consumer.exports import exported
+
 if TYPE_CHECKING:
     __version__: str
     from consumer.app import run
@@ -99,10 +101,8 @@ def __getattr__(name: str) -> Any:
         value: Any = _installed_version()
     elif name in _MODULES:
         value = importlib.import_module(_MODULES[name])
-    elif name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
     else:
-        raise AttributeError(f"module 'consumer' has no attribute {name!r}")
+        return exported(__name__, _HOMES, globals(), name)
     globals()[name] = value
     return value
 

@@ -7,8 +7,9 @@ tasks load neither the encoders nor the MySQL client."""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from consumer.exports import exported
 
 if TYPE_CHECKING:
     from consumer.large_messages.claim_check import ClaimCheckWriter, full_message, unwrap
@@ -44,11 +45,7 @@ _HOMES = {  # public name -> the module defining it
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'consumer.large_messages' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOMES[name]), name)
-    globals()[name] = value
-    return value
+    return exported(__name__, _HOMES, globals(), name)
 
 
 def __dir__() -> list[str]:

@@ -14,8 +14,9 @@ Each name is imported on first use: tasks import `consumer.spark.source` without
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from consumer.exports import exported
 
 if TYPE_CHECKING:
     from consumer.sinks.foreach_batch import BatchInfo, TableName
@@ -71,11 +72,7 @@ _HOMES = {  # public name -> the module defining it
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'consumer.spark' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOMES[name]), name)
-    globals()[name] = value
-    return value
+    return exported(__name__, _HOMES, globals(), name)
 
 
 def __dir__() -> list[str]:

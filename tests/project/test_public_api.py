@@ -20,8 +20,7 @@ def test_import_consumer_loads_no_heavy_dependency_and_shows_exactly_all() -> No
         "exec('from consumer import *', namespace)\n"
         "assert set(namespace) - {'__builtins__'} == set(consumer.__all__), sorted(namespace)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
+    _passes_in_a_fresh_interpreter(script)
 
 
 def test_every_public_name_resolves_to_its_home() -> None:
@@ -48,8 +47,7 @@ def test_the_spark_surface_is_one_import_and_tasks_load_no_engine() -> None:
         "for name in consumer.spark.__all__:\n"
         "    assert getattr(consumer.spark, name).__name__ == name, name\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
+    _passes_in_a_fresh_interpreter(script)
 
 
 def test_the_large_message_names_load_on_first_use() -> None:
@@ -61,6 +59,17 @@ def test_the_large_message_names_load_on_first_use() -> None:
         "    assert getattr(large, name).__name__ == name, name\n"
         "from consumer.large_messages import UpstreamLookup\n"
         "assert UpstreamLookup.__module__ == 'consumer.large_messages.upstream'\n"
+        "try:\n"
+        "    large.Missing\n"
+        "except AttributeError as exc:\n"
+        "    assert str(exc) == \"module 'consumer.large_messages' has no attribute 'Missing'\", exc\n"
+        "else:\n"
+        "    raise AssertionError('an unknown name resolved')\n"
     )
+    _passes_in_a_fresh_interpreter(script)
+
+
+def _passes_in_a_fresh_interpreter(script: str) -> None:
+    """Imports are process-wide: what a module loads is only seen in an interpreter that loaded nothing."""
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
