@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -232,16 +232,7 @@ class Segment:
             index[key] = _index(typed, key, rows)
             spooled[key] = SpoolFile(path, rows.nbytes, index[key].num_rows)
         untyped = self.records.filter(pc.is_null(self.records["type"]))
-        return Segment(
-            *self.tp,
-            self.start_offset,
-            self.end_offset,
-            untyped,
-            index,
-            self.cpu_seconds,
-            self.schemas,
-            spooled,
-        )
+        return replace(self, records=untyped, changes=index, spooled=spooled)
 
     def decoded(self, decoder: RecordDecoder) -> Iterator[DecodedRecord]:
         """The records the task did not type, for the state machine, in offset order, decoded here (a

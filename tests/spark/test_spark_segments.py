@@ -229,6 +229,7 @@ def test_a_spooled_segment_carries_an_index_and_its_rows_read_back_as_the_inline
     inline = _segment()
     spooled = Segment.from_row(inline.spool(str(tmp_path / "state")).to_row())
     assert spooled.records["offset"].to_pylist() == [11, 13, 14, 15]  # the untyped records only
+    assert [schema.key for schema in spooled.announced] == [SCHEMA.key]  # the next batch's tasks learn it
     index = spooled.changes[SCHEMA.key]
     assert index.column_names == ["_offset", "_commit_ts", "_table_id", "_images"]
     assert index["_offset"].to_pylist() == [10, 12, 16] and index["_images"].to_pylist() == [1, 2, 1]
