@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any
 
 import pyarrow as pa
@@ -177,7 +177,7 @@ def table_changes(
             raise RejectedRowsError(rejected)
         codec.stats.verified += verified
     source = pa.array(images.source, pa.int64())
-    kinds = pa.array(CHANGE_TYPES, pa.string()).take(pa.array(images.kinds, pa.int8()))
+    kinds = _change_types().take(pa.array(images.kinds, pa.int8()))
     try:
         meta = _metadata(origins or RowOrigins.of(rows), source, kinds)
     except (pa.ArrowException, OverflowError, ValueError) as exc:  # a header out of int64's range
@@ -224,3 +224,9 @@ def _metadata(origins: RowOrigins, source: pa.Array, kinds: pa.Array) -> list[pa
         pa.array(origins.offsets, pa.int64()),
     ]
     return [kinds, ts, commit_time, *(column.take(source) for column in per_dml)]
+
+
+@cache
+def _change_types() -> pa.Array:
+    """`CHANGE_TYPES` as an Arrow array, built on a process's first changelog, not at import."""
+    return pa.array(CHANGE_TYPES, pa.string())

@@ -534,10 +534,13 @@ def _parts_in_key_order(rows: pa.Table, key: str) -> list[Part] | None:
 def _grouped(batches: list[pa.RecordBatch]) -> list[list[pa.RecordBatch]]:
     """The non-empty batches, consecutive ones together until they hold PART_ROWS rows."""
     groups: list[list[pa.RecordBatch]] = [[]]
+    rows = 0  # in the last group
     for batch in (batch for batch in batches if batch.num_rows):
-        if sum(each.num_rows for each in groups[-1]) >= PART_ROWS:
+        if rows >= PART_ROWS:
             groups.append([])
+            rows = 0
         groups[-1].append(batch)
+        rows += batch.num_rows
     return groups if groups[0] else []
 
 
