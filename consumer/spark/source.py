@@ -389,10 +389,13 @@ _task_schemas: dict[
 def read_partition(
     options: TicdcOptions, partition: InputPartition, *, spool: bool = False
 ) -> Iterator[pa.RecordBatch]:
-    """A task: its range, or its small ranges one after the other."""
-    parts = partition.ranges if isinstance(partition, OffsetRanges) else [partition]
+    """A task: its range, or its small ranges one after the other (none: Spark plans one task of no
+    range when `partitions` found nothing to read)."""
+    if isinstance(partition, OffsetRanges):
+        parts = partition.ranges
+    else:
+        parts = [partition] if isinstance(partition, OffsetRange) else []
     for part in parts:
-        assert isinstance(part, OffsetRange)
         yield from read_range(options, part, spool=spool)
 
 

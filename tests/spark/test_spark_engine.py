@@ -369,6 +369,13 @@ def test_batch_read_applies_the_rows_its_ranges_resolve(
     delivered = _offsets_of(_delivered(out))
     assert sorted(delivered) == sorted(expected)
     assert handler.stats.records == end + cut + 1
+    # ranges that hold nothing (ending where they start): an empty frame, not a failed task
+    nothing = _options(
+        config,
+        startingOffsets=json.dumps({topic: {"0": end, "1": cut + 1}}),
+        endingOffsets=json.dumps({topic: {"0": end, "1": cut + 1}}),
+    )
+    assert spark.read.format("ticdc").options(**nothing).load().count() == 0
 
 
 @pytest.mark.slow
