@@ -230,6 +230,10 @@ class AppendJob:
     target: pa.Schema
     applied: dict[TopicPartition, int]
 
+    def rows(self) -> int:
+        """The changelog rows the job's pieces hold (an UPDATE two), before dropping those it has."""
+        return sum(rows.image_count(offsets) for rows, offsets in self.pieces)
+
 
 @dataclass(frozen=True)
 class AppendResult:

@@ -43,6 +43,7 @@ from consumer.spark.workers import settle_worker
 
 JOB_DESCRIPTION = "ticdc: mirror MERGEs"
 APPEND_DESCRIPTION = "ticdc: changelog files"
+APPEND_TASK_ROWS = 50_000  # changelog rows one task writes at most, unless one table's batch is larger
 # Spark SQL runs Python tasks (the `ticdc` source's reads) with this variable set; Spark keeps a pool of
 # Python workers per environment, so RDD tasks with it too run in the same workers, which imported the SDK
 # already, instead of a second daemon's workers importing it (and deltalake) again
@@ -62,7 +63,9 @@ class ExecutorMerges:
         if not jobs:
             return []
         kill_point("executor-merges")  # tests: progress recorded, the MERGEs not run
-        return _as_tasks(self._context, JOB_DESCRIPTION, run_merge_job, jobs, "mirror MERGEs")
+        return _as_tasks(
+            self._context, JOB_DESCRIPTION, run_merge_job, [[job] for job in jobs], "mirror MERGEs"
+        )
 
 
 class ExecutorAppends:
@@ -73,35 +76,55 @@ class ExecutorAppends:
         self._context = context
 
     def __call__(self, jobs: Sequence[AppendJob]) -> list[AppendResult]:
-        return _as_tasks(self._context, APPEND_DESCRIPTION, write_changelog_files, jobs, "changelog files")
+        return _as_tasks(
+            self._context, APPEND_DESCRIPTION, write_changelog_files, _packed(jobs), "changelog files"
+        )
+
+
+def _packed(jobs: Sequence[AppendJob]) -> list[list[AppendJob]]:
+    """The jobs in tasks of up to `APPEND_TASK_ROWS` rows, in order (a job larger alone): a small batch's
+    tables share one task, as a small batch's Kafka ranges share one read task."""
+    tasks: list[list[AppendJob]] = []
+    size = 0
+    for job in jobs:
+        rows = job.rows()
+        if not tasks or size + rows > APPEND_TASK_ROWS:
+            tasks.append([])
+            size = 0
+        tasks[-1].append(job)
+        size += rows
+    return tasks
 
 
 def _as_tasks(
     context: SparkContext | None,
     description: str,
     run: Callable[[Job], Result],
-    jobs: Sequence[Job],
+    tasks: Sequence[Sequence[Job]],
     what: str,
 ) -> list[Result]:
-    """Each job run by `run` in a Spark task of its own, as one Spark job named `description`; the
-    results in the jobs' order."""
-    if not jobs:
+    """Each task's jobs run by `run` in a Spark task, one after the other, as one Spark job named
+    `description`; the results in the jobs' order."""
+    if not tasks:
         return []
     spark = context or SparkContext.getOrCreate()
     spark.environment.setdefault(*SHARED_WORKERS)
     spark.setJobDescription(description)
     try:
-        return spark.parallelize(list(jobs), len(jobs)).map(partial(_task, run)).collect()
+        done = (
+            spark.parallelize([list(jobs) for jobs in tasks], len(tasks)).map(partial(_task, run)).collect()
+        )
+        return [result for results in done for result in results]
     except (Py4JJavaError, PySparkException) as exc:
         raise SinkError(f"{what} on the executors failed: {_reason(str(exc))}") from exc
     finally:
         spark.setJobDescription(None)  # type: ignore[arg-type]
 
 
-def _task(run: Callable[[Job], Result], job: Job) -> Result:
-    """A task: `run(job)`, then its worker settled (`settle_worker`: the Delta writer it imported)."""
+def _task(run: Callable[[Job], Result], jobs: list[Job]) -> list[Result]:
+    """A task: `run` on each job, then its worker settled (`settle_worker`: the Delta writer it imported)."""
     try:
-        return run(job)
+        return [run(job) for job in jobs]
     finally:
         settle_worker()
 

@@ -30,6 +30,7 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from cachetools import LRUCache, cached
 
 from consumer.batches.changes import table_changes
 from consumer.batches.spool import SpooledRows, spool_uri, write_spool_file
@@ -409,6 +410,7 @@ def _typed_changes(
     return changes, typed
 
 
+@cached(LRUCache(maxsize=256))  # per worker: building one takes ~0.4 ms, and every task types its tables
 def _codec(schema: TableSchema, policy: ValuePolicy) -> TableCodec | None:
     """The codec of `schema`, or None when `TableCodec` refuses it. The task's cache holds schemas no
     decoder checked: a version learned under one name serves a DML naming its table id and version under

@@ -389,49 +389,117 @@ _task_schemas: dict[
 def read_partition(
     options: TicdcOptions, partition: InputPartition, *, spool: bool = False
 ) -> Iterator[pa.RecordBatch]:
-    """A task: its range, or its small ranges one after the other (none: Spark plans one task of no
-    range when `partitions` found nothing to read)."""
+    """A task: its range, or its small ranges (none: Spark plans one task of no range when `partitions`
+    found nothing to read)."""
     if isinstance(partition, OffsetRanges):
-        parts = partition.ranges
-    else:
-        parts = [partition] if isinstance(partition, OffsetRange) else []
-    for part in parts:
-        yield from read_range(options, part, spool=spool)
+        yield from read_ranges(options, partition.ranges, spool=spool)
+    elif isinstance(partition, OffsetRange):
+        yield from read_ranges(options, [partition], spool=spool)
 
 
 def read_range(options: TicdcOptions, part: OffsetRange, *, spool: bool = False) -> Iterator[pa.RecordBatch]:
-    """A task: read the range with confluent-kafka, a segment row per `SEGMENT_RECORDS` records; `spool`:
-    its typed rows go to spool files in the state location, the segment carries their index
-    (`Segment.spool`)."""
+    """One range, as a task reads it (`read_ranges`)."""
+    return read_ranges(options, [part], spool=spool)
+
+
+def read_ranges(
+    options: TicdcOptions, parts: Sequence[OffsetRange], *, spool: bool = False
+) -> Iterator[pa.RecordBatch]:
+    """A task: read the ranges (of distinct partitions) with one confluent-kafka consumer, a segment row per
+    `SEGMENT_RECORDS` records of a range; `spool`: its typed rows go to spool files in the state location,
+    the segment carries their index (`Segment.spool`)."""
     schemas = _schemas_for(options.state_location)
     policy = build_policy(options.settings)
     decoder = _task_decoder(options.settings, policy)
-    source = KafkaSource(
-        options.bootstrap_servers,
-        [part.topic],
-        options.client_group,
-        partitions=[(part.topic, part.partition)],
-        config=options.kafka,
-        listener=FixedStarts({(part.topic, part.partition): part.start}),
-        unreachable_timeout=options.settings.source.unreachable_timeout_s,
-    )
+    fetcher = _RangeFetcher(options, parts)
     try:
-        position = part.start
-        while position < part.end:
-            started = time.process_time()  # the process's: librdkafka's threads fetch for this task
-            records = _fetch(source, part, position, options.poll_timeout_ms / 1000)
-            end = records[-1].offset + 1
-            fetched = time.process_time() - started
-            segment = encode_range(
-                part.topic, part.partition, position, end, records, schemas, decoder, policy, fetched
-            )
-            if spool:
-                segment = segment.spool(options.state_location)
-            yield pa.RecordBatch.from_pylist([segment.to_row()], schema=ARROW_SCHEMA)
-            position = end
+        for part in parts:
+            position = part.start
+            while position < part.end:
+                started = time.process_time()  # the process's: librdkafka's threads fetch for this task
+                records = fetcher.fetch(part, position)
+                end = records[-1].offset + 1
+                fetched = time.process_time() - started
+                segment = encode_range(
+                    part.topic, part.partition, position, end, records, schemas, decoder, policy, fetched
+                )
+                if spool:
+                    segment = segment.spool(options.state_location)
+                yield pa.RecordBatch.from_pylist([segment.to_row()], schema=ARROW_SCHEMA)
+                position = end
     finally:
-        source.close()
+        fetcher.close()
         settle_worker()
+
+
+class _RangeFetcher:
+    """One consumer for a task's ranges, each partition assigned at its range's start, so that librdkafka
+    fetches them together (a consumer per range cost a client's start and a fetch's round trip each).
+    Records of a range other than the one being read wait in a buffer: ranges that share a task are small
+    (`SMALL_TASK_RECORDS`)."""
+
+    def __init__(self, options: TicdcOptions, parts: Sequence[OffsetRange]) -> None:
+        self._ranges = {(part.topic, part.partition): part for part in parts}
+        if len(self._ranges) != len(parts):
+            raise ValueError(f"a task's ranges must be of distinct partitions: {parts}")
+        self._timeout = options.poll_timeout_ms / 1000
+        self._waiting: dict[TopicPartition, list[SourceRecord]] = {tp: [] for tp in self._ranges}
+        self._source = KafkaSource(
+            options.bootstrap_servers,
+            sorted({part.topic for part in parts}),
+            options.client_group,
+            partitions=list(self._ranges),
+            config=options.kafka,
+            listener=FixedStarts({tp: part.start for tp, part in self._ranges.items()}),
+            unreachable_timeout=options.settings.source.unreachable_timeout_s,
+        )
+
+    def fetch(self, part: OffsetRange, position: int) -> list[SourceRecord]:
+        """Up to `SEGMENT_RECORDS` records of the range from `position`; a range Kafka no longer (or not
+        yet) holds is an error, never a silent gap."""
+        wanted = min(SEGMENT_RECORDS, part.end - position)
+        tp = (part.topic, part.partition)
+        records: list[SourceRecord] = []
+        waited_since = time.monotonic()
+        expected = position
+        while len(records) < wanted:
+            fresh = [r for r in self._take(tp, wanted - len(records)) if expected <= r.offset < part.end]
+            if fresh:
+                if fresh[0].offset != expected or fresh[-1].offset - expected + 1 != len(fresh):
+                    raise SourceError(  # e.g. deleted by retention before this batch read them
+                        f"{part.topic}[{part.partition}]: records missing between offsets {expected} and "
+                        f"{fresh[-1].offset}: they are no longer in Kafka"
+                    )
+                records += fresh
+                expected = fresh[-1].offset + 1
+                waited_since = time.monotonic()
+            elif time.monotonic() - waited_since > self._timeout:
+                raise SourceError(
+                    f"{part.topic}[{part.partition}]: offsets {expected}..{part.end - 1} did not arrive "
+                    f"within {self._timeout:.0f} s (kafkaConsumer.pollTimeoutMs)"
+                )
+        return records
+
+    def _take(self, tp: TopicPartition, count: int) -> list[SourceRecord]:
+        """Up to `count` waiting records of `tp`, polling once when none wait; the other ranges' records
+        polled wait for their turn (records past a range's end are dropped)."""
+        waiting = self._waiting[tp]
+        if not waiting:
+            complete = []
+            for record in self._source.poll_batch(count, _POLL_S):
+                key = (record.topic, record.partition)
+                part = self._ranges.get(key)
+                if part is not None and record.offset < part.end:
+                    self._waiting[key].append(record)
+                    if record.offset == part.end - 1:
+                        complete.append(key)
+            if complete:  # nothing more of these is wanted: librdkafka stops fetching past their ends
+                self._source.pause(complete)
+        taken, self._waiting[tp] = waiting[:count], waiting[count:]
+        return taken
+
+    def close(self) -> None:
+        self._source.close()
 
 
 def _task_decoder(settings: RunConfig, policy: ValuePolicy) -> MessageDecoder | None:
@@ -442,35 +510,6 @@ def _task_decoder(settings: RunConfig, policy: ValuePolicy) -> MessageDecoder | 
     decoder = build_decoder(settings.decode, policy)
     assert isinstance(decoder, MessageDecoder)
     return decoder
-
-
-def _fetch(source: KafkaSource, part: OffsetRange, position: int, timeout: float) -> list[SourceRecord]:
-    """Up to `SEGMENT_RECORDS` records of the range from `position`; a range Kafka no longer (or not yet)
-    holds is an error, never a silent gap."""
-    wanted = min(SEGMENT_RECORDS, part.end - position)
-    records: list[SourceRecord] = []
-    waited_since = time.monotonic()
-    expected = position
-    while len(records) < wanted:
-        polled = source.poll_batch(wanted - len(records), _POLL_S)
-        fresh = [r for r in polled if expected <= r.offset < part.end]
-        if fresh:
-            if fresh[0].offset != expected or fresh[-1].offset - expected + 1 != len(fresh):
-                raise SourceError(  # e.g. deleted by retention before this batch read them
-                    f"{part.topic}[{part.partition}]: records missing between offsets {expected} and "
-                    f"{fresh[-1].offset}: they are no longer in Kafka"
-                )
-            records += fresh
-            expected = fresh[-1].offset + 1
-            waited_since = time.monotonic()
-            if expected >= part.end:
-                break
-        elif time.monotonic() - waited_since > timeout:
-            raise SourceError(
-                f"{part.topic}[{part.partition}]: offsets {expected}..{part.end - 1} did not arrive within "
-                f"{timeout:.0f} s (kafkaConsumer.pollTimeoutMs)"
-            )
-    return records
 
 
 def _schemas_for(location: str) -> SchemaCache:

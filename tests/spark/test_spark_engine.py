@@ -51,7 +51,15 @@ from consumer.spark import engine, start_lakehouse
 from consumer.spark.engine import ChangeBatches
 from consumer.spark.merges import ExecutorMerges
 from consumer.spark.readers import read_changelog
-from consumer.spark.source import OffsetRange, TicdcOptions, read_range, register
+from consumer.spark.segments import Segment
+from consumer.spark.source import (
+    OffsetRange,
+    OffsetRanges,
+    TicdcOptions,
+    read_partition,
+    read_range,
+    register,
+)
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.messages import raw_dml
 
@@ -441,6 +449,37 @@ def test_a_task_fails_on_a_range_kafka_does_not_deliver(
     )
     with pytest.raises(SourceError, match=r"offsets 5\.\.7 did not arrive within"):
         list(read_range(options, OffsetRange(topic, 0, 0, 8)))
+
+
+def test_a_task_of_small_ranges_reads_each_exactly_with_one_consumer(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any
+) -> None:
+    """A task's small ranges share one consumer: each range yields exactly its records, while the others'
+    arrive in between and records past a range's end (the stream goes on) are not taken; a range whose
+    records never come still fails the task, naming its partition."""
+    topic = kafka_topic(3)
+    kafka_broker.produce(topic, [(p, None, f"{p}-{i}".encode()) for i in range(40) for p in range(3)])
+    options = TicdcOptions.parse(
+        {
+            "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+            "subscribe": topic,
+            "kafkaConsumer.pollTimeoutMs": "500",
+            "decode.protocol": "debezium",  # the driver decodes: the segments carry the raw records
+        }
+    )
+    parts = [OffsetRange(topic, 0, 5, 12), OffsetRange(topic, 1, 0, 40), OffsetRange(topic, 2, 30, 31)]
+    segments = [
+        Segment.from_row(batch.to_pylist()[0]) for batch in read_partition(options, OffsetRanges(parts))
+    ]
+    assert [(s.partition, s.start_offset, s.end_offset) for s in segments] == [
+        (0, 5, 12),
+        (1, 0, 40),
+        (2, 30, 31),
+    ]
+    assert [s.offsets().tolist() for s in segments] == [list(range(5, 12)), list(range(40)), [30]]
+    late = [OffsetRange(topic, 0, 38, 40), OffsetRange(topic, 2, 39, 43)]
+    with pytest.raises(SourceError, match=rf"{topic}\[2\]: offsets 40\.\.42 did not arrive within"):
+        list(read_partition(options, OffsetRanges(late)))
 
 
 @pytest.mark.slow
