@@ -272,7 +272,8 @@ def file_stats(data: pa.Table, columns: Sequence[str]) -> str:
 def commit_split(mirror: DeltaTable, split: Split, outcomes: Sequence[BucketOutcome]) -> None:
     """Commit every part's files at once with the MERGE's properties (`mirror`: the table's latest version).
     Raises CommitFailedError when another commit changed the touched buckets' files or the schema since
-    the split's version, or lands before this one (delta-rs would rebase over it unchecked)."""
+    the split's version, or lands before this one (delta-rs would rebase over it unchecked). Commits
+    nothing when no part changed a file, as a delta-rs MERGE does."""
     actions = pa.table(mirror.get_add_actions(flatten=True))
     touched = pc.is_in(actions[f"partition.{BUCKET}"].cast(pa.int64()), pa.array(split.buckets, pa.int64()))
     if frozenset(actions["path"].filter(touched).to_pylist()) != split.files or (
@@ -284,6 +285,8 @@ def commit_split(mirror: DeltaTable, split: Split, outcomes: Sequence[BucketOutc
     for outcome in outcomes:
         changes += [AddAction(p, s, {BUCKET: str(b)}, m, True, st) for p, s, m, st, b in outcome.added]
         changes += [RemoveAction(p, True, now, s, {BUCKET: str(b)}) for p, s, b in outcome.removed]
+    if not changes:  # as delta-rs commits no MERGE that changed nothing (its app transactions neither)
+        return
     properties = CommitProperties(
         custom_metadata=split.metadata,
         app_transactions=[Transaction(app, version) for app, version in split.transactions] or None,

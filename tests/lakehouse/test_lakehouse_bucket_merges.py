@@ -5,6 +5,7 @@ and their commit makes the MERGE run again, losing nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,8 @@ from consumer.protocol.model import DMLType
 from consumer.protocol.table import TableCodec
 from consumer.sinks import delta
 from consumer.sinks.base import CommitContext
-from consumer.sinks.bucket_merges import GROUPS_META
-from consumer.sinks.delta import DeltaSink
+from consumer.sinks.bucket_merges import GROUPS_META, merge_bucket_part
+from consumer.sinks.delta import DeltaSink, MergeJob, finish_split, prepare_merge_job, run_merge_job
 from consumer.testing.messages import raw_dml
 
 TOPIC, GROUP, BUCKETS = "t", "g", 4
@@ -137,3 +138,55 @@ def test_a_commit_between_the_groups_writes_and_their_commit_reruns_the_merge(
     assert mirror.transaction_version(f"ticdc:{GROUP}:{TOPIC}:0") == 200
     assert pc.sum(pc.equal(mirror.to_pyarrow_table()["id"], 7)).as_py() == 1
     assert pa.table(mirror.get_add_actions(flatten=True)).num_rows > 0
+
+
+def test_a_prepared_split_whose_commit_conflicts_is_prepared_again(tmp_path: Path) -> None:
+    """The Spark engine's path (`prepare_merge_job`, the groups elsewhere, `finish_split`): a commit that
+    changed a touched bucket's file after the preparation makes `finish_split` refuse (the spool files
+    go all the same); prepared again, the MERGE commits once, exact, over the other commit's rows."""
+    sink = DeltaSink(tmp_path, mirror_buckets=4, mirror_interval_rows=10**12)  # changelog only until run
+    codec, context = (
+        TableCodec(SCHEMA),
+        CommitContext(GROUP, {(TOPIC, 0): 200}, 40 << 18, b"", {(TOPIC, 0): 40 << 18}),
+    )
+    for ts, first in ((5, 0), (6, 100)):
+        located = [
+            (
+                raw_dml(
+                    SCHEMA,
+                    DMLType.INSERT if ts == 5 else DMLType.UPDATE,
+                    {"id": k, "v": f"v{ts}"},
+                    {"id": k, "v": "?"} if ts == 6 else None,
+                    commit_ts=ts << 18,
+                ),
+                RecordLocation(TOPIC, 0, first + k),
+            )
+            for k in range(100)
+        ]
+        sink.write(table_changes(codec, located), context)
+        sink.record_progress(context)
+        entry = next(iter(sink._lagging.values())).entry
+        job = MergeJob(sink.root.uri, {}, entry, GROUP, ts << 18, ts << 18, None, None, split_rows=10)
+        if ts == 5:
+            run_merge_job(dataclasses.replace(job, split_rows=0))  # one delta-rs MERGE: the first rows
+    prepared = prepare_merge_job(job)
+    assert prepared.split is not None and len(prepared.split.parts) >= 2
+    spooled = [part.source for part in prepared.split.parts]
+    assert all(isinstance(path, str) and Path(path).exists() for path in spooled)
+    outcomes = [merge_bucket_part(part) for part in prepared.split.parts]
+    _mirror(tmp_path).update({"v": "'other'"}, predicate="id = 3")  # another writer, between the two
+    assert finish_split(job, prepared, outcomes) is None
+    assert not any(Path(str(path)).exists() for path in spooled)
+
+    again = prepare_merge_job(job)
+    assert again.split is not None
+    done = finish_split(job, again, [merge_bucket_part(part) for part in again.split.parts])
+    assert done is not None and done.split is None and done.metrics["merges"] == 1
+    assert done.metrics["num_target_rows_updated"] == 100
+    mirror = _mirror(tmp_path)
+    assert done.version is not None and done.version.version == mirror.version()
+    assert {row["id"]: row["v"] for row in mirror.to_pyarrow_table().to_pylist()} == {
+        k: "v6" for k in range(100)
+    }
+    assert mirror.transaction_version(f"ticdc:{GROUP}:{TOPIC}:0") == 200
+    assert sum(GROUPS_META in c for c in mirror.history()) == 1

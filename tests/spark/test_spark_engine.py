@@ -42,6 +42,7 @@ from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write
 from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.base import CommitContext
+from consumer.sinks.bucket_merges import GROUPS_META
 from consumer.sinks.delta import DeltaSink, MergeJob, process_name
 from consumer.sinks.foreach_batch import BatchInfo, TableName
 from consumer.sources.capture import read_capture
@@ -151,6 +152,38 @@ def test_mirrors_are_merged_on_the_executors_and_the_lake_equals_the_loop_engine
     assert code == 0, log.read_text()[-3000:]
     assert lake_contents(root) == lake_contents(tmp_path / "loop")
     assert len(set(merge_processes(tmp_path / "loop"))) == 1
+
+
+def test_bucket_groups_of_large_merges_run_as_tasks_and_the_lake_equals_the_loop_engines(
+    spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """Bucketed mirrors whose MERGEs are split at a few keys (`sink.mirror_split_rows`): a table's MERGE
+    runs in bucket groups as Spark tasks, each commit made of several groups (`ticdc.bucket_groups`), in an
+    executor's process; the lake equals the ground truth and the loop engine's (which splits on threads)."""
+    topic = kafka_topic(3)
+    workload = _produce(kafka_broker, topic, rows=1500)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    root = tmp_path / "lake"
+    config = _config(kafka_broker, topic, root, max_batch_records=400)
+    sink = msgspec.structs.replace(config.sink, mirror_buckets=4, mirror_split_rows=20)
+    engine.run(msgspec.structs.replace(config, sink=sink), until_idle=1.0, spark=spark)
+    assert differences(delta_mirror_state(root, (t.schema for t in workload.tables)), truth) == []
+    assert changelog_duplicates(root) == 0
+    groups = []
+    for table in workload.tables:
+        uri = table_uri(root, table.schema.database, table.schema.table)
+        assert uri is not None
+        commits = DeltaTable(uri).history()
+        groups += [int(c[GROUPS_META]) for c in commits if GROUPS_META in c]
+        assert all(c.get("ticdc.process") != process_name() for c in commits if GROUPS_META in c)
+    assert len(groups) >= 3 and min(groups) >= 2
+
+    options = ["--mirror-buckets", "4", "--mirror-split-rows", "20"]
+    code, log = run_to_end(
+        kafka_broker, topic, f"{topic}.loop", f"delta:{tmp_path / 'loop'}", tmp_path / "loop", options=options
+    )
+    assert code == 0, log.read_text()[-3000:]
+    assert lake_contents(root) == lake_contents(tmp_path / "loop")
 
 
 def test_a_merge_task_run_twice_at_once_commits_once(spark: SparkSession, tmp_path: Path) -> None:
