@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
@@ -221,6 +220,8 @@ def _read_files(
 ) -> pa.Table:
     """The files' rows in the mirror's columns (those older files lack: null), their bucket, and which
     file each came from (`_file`: its index in `files`)."""
+    import pyarrow.dataset as pads  # with the pandas it imports, 0.1 s a process: only MERGEs pay it
+
     tables = []
     for index, (path, _, bucket) in enumerate(files):
         rows = pads.dataset(f"{directory}/{path}", schema=schema, format="parquet", filesystem=filesystem)

@@ -115,6 +115,7 @@ from consumer.protocol.model import DDL, DDLType, TableSchema
 from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext
 from consumer.sinks.bucket_merges import (
+    SPLIT_METRICS,
     BucketOutcome,
     Split,
     commit_split,
@@ -141,15 +142,9 @@ MAX_KEY_RANGES = 16  # key ranges a MERGE names (more would make its predicate t
 PURGE_DELETES_EVERY = 32  # commits to a deletes side table between purges below the consistent point
 UNBOUNDED_TS = 2**63 - 1  # a lazy MERGE's limit when the lake has no consistent point (no watermarks)
 PROCESS_META = "ticdc.process"  # a mirror commit's metadata: the process that made it (`process_name`)
-MERGE_METRICS = (  # delta-rs MERGE metrics summed in `operation_metrics`
-    "num_target_files_scanned",
+MERGE_METRICS = (  # delta-rs MERGE metrics summed in `operation_metrics` (a split MERGE's: `SPLIT_METRICS`)
+    *SPLIT_METRICS,
     "num_target_files_skipped_during_scan",
-    "num_target_files_removed",
-    "num_target_files_added",
-    "num_target_rows_copied",
-    "num_target_rows_updated",
-    "num_target_rows_inserted",
-    "num_target_rows_deleted",
     "num_output_rows",
     "execution_time_ms",
 )

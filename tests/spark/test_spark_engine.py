@@ -100,20 +100,46 @@ def _options(config: RunConfig, **more: str) -> dict[str, str]:
     return {**engine.stream_options(config).to_spark(), **more}
 
 
+def _run_exact(
+    spark: SparkSession,
+    broker: EmbeddedBroker,
+    topic: str,
+    tmp_path: Path,
+    workload: dict[str, Any],
+    batch: int,
+    **sink: Any,
+) -> tuple[Workload, Path]:
+    """A run of the Spark engine over a workload (`_produce`'s options), these `[sink]` settings and batch
+    size: its mirrors equal the ground truth, its changelogs hold no duplicate. The workload and lake."""
+    produced = _produce(broker, topic, **workload)
+    truth = write_ground_truth(produced, tmp_path / "truth.json")
+    root = tmp_path / "lake"
+    config = _config(broker, topic, root, max_batch_records=batch)
+    engine.run(
+        msgspec.structs.replace(config, sink=msgspec.structs.replace(config.sink, **sink)),
+        until_idle=1.0,
+        spark=spark,
+    )
+    assert differences(delta_mirror_state(root, (t.schema for t in produced.tables)), truth) == []
+    assert changelog_duplicates(root) == 0
+    return produced, root
+
+
 def test_lazy_bucketed_mirrors_through_the_spark_engine(
     spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:
     """`[sink] mirror_interval_rows` and `mirror_buckets` reach the Spark engine's sink: the changelog is
     committed every micro-batch, the bucketed mirrors MERGEd less often, and reads equal the truth."""
-    topic = kafka_topic(3)
-    workload = _produce(kafka_broker, topic, rows=1500, ddl=False)
-    truth = write_ground_truth(workload, tmp_path / "truth.json")
-    root = tmp_path / "lake"
-    config = _config(kafka_broker, topic, root, max_batch_records=300)
-    sink = msgspec.structs.replace(config.sink, mirror_interval_rows=1200, mirror_buckets=4)
-    engine.run(msgspec.structs.replace(config, sink=sink), until_idle=1.0, spark=spark)
-    assert differences(delta_mirror_state(root, (t.schema for t in workload.tables)), truth) == []
-    assert changelog_duplicates(root) == 0
+    workload, root = _run_exact(
+        spark,
+        kafka_broker,
+        kafka_topic(3),
+        tmp_path,
+        {"rows": 1500, "ddl": False},
+        300,
+        mirror_interval_rows=1200,
+        mirror_buckets=4,
+    )
     for table in workload.tables:
         uri = table_uri(root, table.schema.database, table.schema.table)
         assert uri is not None
@@ -161,14 +187,10 @@ def test_bucket_groups_of_large_merges_run_as_tasks_and_the_lake_equals_the_loop
     runs in bucket groups as Spark tasks, each commit made of several groups (`ticdc.bucket_groups`), in an
     executor's process; the lake equals the ground truth and the loop engine's (which splits on threads)."""
     topic = kafka_topic(3)
-    workload = _produce(kafka_broker, topic, rows=1500)
-    truth = write_ground_truth(workload, tmp_path / "truth.json")
-    root = tmp_path / "lake"
-    config = _config(kafka_broker, topic, root, max_batch_records=400)
-    sink = msgspec.structs.replace(config.sink, mirror_buckets=4, mirror_split_rows=20)
-    engine.run(msgspec.structs.replace(config, sink=sink), until_idle=1.0, spark=spark)
-    assert differences(delta_mirror_state(root, (t.schema for t in workload.tables)), truth) == []
-    assert changelog_duplicates(root) == 0
+    workload, root = _run_exact(
+        spark, kafka_broker, topic, tmp_path, {"rows": 1500}, 400, mirror_buckets=4, mirror_split_rows=20
+    )
+    assert not list(root.rglob("_ticdc_parts/*.arrow"))  # the groups' spooled rows are gone
     groups = []
     for table in workload.tables:
         uri = table_uri(root, table.schema.database, table.schema.table)
