@@ -13,6 +13,7 @@ otherwise it raises `CommitFailedError`, and the MERGE is retried from the start
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -157,7 +158,7 @@ def spooled(split: Split) -> Split:
         path = f"{part.mirror}/_ticdc_parts/{uuid.uuid4()}.arrow"
         write_spool_file(path, part.source)
         parts.append(BucketPart(part.mirror, part.files, path, part.schema, part.keys, part.target_file_size))
-    return Split(**{**split.__dict__, "parts": tuple(parts)})
+    return dataclasses.replace(split, parts=tuple(parts))
 
 
 def remove_spooled(split: Split) -> None:

@@ -35,6 +35,9 @@ that made it (`ticdc.process`, `host:pid`). By default the sink runs jobs itself
 hands them to a runner instead (the Spark engine: one task per due table on the executors,
 `consumer.spark.merges`), which makes every mirror lazy (MERGEd at each progress record without a cadence).
 A job run twice, or twice at once, commits once: its rows are then in the mirror's app transactions.
+A large MERGE into a bucketed mirror (`mirror_split_rows`) runs in groups of buckets
+(`consumer.sinks.bucket_merges`): on threads where the job runs, or, with the Spark engine's runner, as
+Spark tasks of their own (`prepare_merge_job`, then `finish_split` on the driver); either way one commit.
 
 Where changelog files are written: a batch whose rows are spooled files (`SpooledChanges`, the Spark engine)
 is written by an `AppendJob` that `append_with(runner)` hands to a runner (a Spark task on the executors,
@@ -167,8 +170,9 @@ class MergeJob:
     """One lazy mirror's MERGE, all a process needs to run it: the lake (root URI and storage options), the
     table's catalog entry, the group whose app transactions say what the mirror holds, the commit metadata
     (`resolved_ts`), the consistent point `point` the MERGE may claim (`upto`: how far a DDL barrier lets
-    it MERGE), `since` (a TSO the mirror holds every change up to; None: read from its commits) and how
-    mirrors are laid out and commits retried. Small and picklable: a Spark task's input."""
+    it MERGE), `since` (a TSO the mirror holds every change up to; None: read from its commits), how
+    mirrors are laid out and commits retried, and from how many keys a MERGE runs in bucket groups. Small
+    and picklable: a Spark task's input."""
 
     root: str
     storage_options: dict[str, str]
