@@ -27,7 +27,9 @@ finds its rows applied and commits nothing.
 
 from __future__ import annotations
 
+import random
 import re
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeVar
@@ -38,7 +40,7 @@ from pyspark.errors import PySparkException
 
 from consumer.errors import SinkError
 from consumer.kill_points import kill_point
-from consumer.sinks.bucket_merges import BucketOutcome, BucketPart, merge_bucket_part
+from consumer.sinks.bucket_merges import BucketOutcome, BucketPart, merge_bucket_part, remove_spooled
 from consumer.sinks.delta import (
     AppendJob,
     AppendResult,
@@ -75,21 +77,26 @@ class ExecutorMerges:
             return []
         kill_point("executor-merges")  # tests: progress recorded, the MERGEs not run
         results = self._prepare(jobs)
-        for _ in range(max(job.max_commit_retries for job in jobs) + 1):
+        for retry in range(max(job.max_commit_retries for job in jobs) + 1):
             split = [index for index, result in enumerate(results) if result.split is not None]
             if not split:
                 return results
-            conflicted = self._run_splits([jobs[i] for i in split], [results[i] for i in split])
+            conflicted = self._run_splits([jobs[i] for i in split], [results[i] for i in split], retry)
             for index, result in zip(split, conflicted, strict=True):
                 results[index] = result
+        for result in results:
+            if result.split is not None:
+                remove_spooled(result.split)
         raise SinkError("mirror MERGEs in bucket groups: still conflicting after the commit retries")
 
     def _prepare(self, jobs: Sequence[MergeJob]) -> list[MergeResult]:
         return _as_tasks(self._context, JOB_DESCRIPTION, prepare_merge_job, jobs, "mirror MERGEs")
 
-    def _run_splits(self, jobs: Sequence[MergeJob], prepared: Sequence[MergeResult]) -> list[MergeResult]:
+    def _run_splits(
+        self, jobs: Sequence[MergeJob], prepared: Sequence[MergeResult], retry: int
+    ) -> list[MergeResult]:
         """The prepared MERGEs' bucket groups as one Spark job, each table's committed at once: the jobs'
-        results, a conflicting one's prepared again."""
+        results, a conflicting one's prepared again after a jittered backoff (the `retry`th)."""
         parts = [(index, part) for index, result in enumerate(prepared) for part in _parts(result)]
         outcomes = _as_tasks(
             self._context, BUCKETS_DESCRIPTION, merge_bucket_part, [p for _, p in parts], "bucket MERGEs"
@@ -99,6 +106,8 @@ class ExecutorMerges:
             per_job[index].append(outcome)
         results = [finish_split(*args) for args in zip(jobs, prepared, per_job, strict=True)]
         again = [index for index, result in enumerate(results) if result is None]
+        if again:
+            time.sleep(random.uniform(0, min(jobs[again[0]].retry_backoff * 2**retry, 2.0)))
         redone = iter(self._prepare([jobs[i] for i in again]))
         return [result if result is not None else next(redone) for result in results]
 
