@@ -29,7 +29,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
-from consumer.batches.spool import write_spool_file
+from consumer.batches.spool import read_spool_file, write_spool_file
 from consumer.lakehouse.tables import BUCKET
 
 MAX_BUCKET_GROUPS = 8  # parts of one MERGE: more would cost more reads and tasks than they save
@@ -172,7 +172,7 @@ def remove_spooled(split: Split) -> None:
 def merge_bucket_part(part: BucketPart) -> BucketOutcome:
     """MERGE a part's source rows into its files' rows, with the MERGE's rules; write the changed buckets'
     rows (the rewritten files' and the new ones) as new files, returning their actions uncommitted."""
-    source = part.source if isinstance(part.source, pa.Table) else _read_spooled(part.source)
+    source = part.source if isinstance(part.source, pa.Table) else read_spool_file(part.source)
     filesystem, directory = pafs.FileSystem.from_uri(part.mirror)
     target = _read_files(filesystem, directory, part.files, part.schema)
     keys = list(part.keys)
@@ -208,12 +208,6 @@ def merge_bucket_part(part: BucketPart) -> BucketOutcome:
 
 def _row_numbers(table: pa.Table) -> pa.Array:
     return pa.array(np.arange(table.num_rows, dtype=np.int64))
-
-
-def _read_spooled(path: str) -> pa.Table:
-    filesystem, local = pafs.FileSystem.from_uri(path)
-    with filesystem.open_input_file(local) as source:
-        return pa.ipc.open_file(source).read_all()
 
 
 def _read_files(
