@@ -191,6 +191,13 @@ class SinkConfig(msgspec.Struct, forbid_unknown_fields=True):
             "names its buckets and touches only their files (0: none)"
         ),
     ] = 0
+    mirror_split_rows: Annotated[
+        int,
+        described(
+            "a bucketed mirror's MERGE of this many keys or more, in two buckets or more, runs in bucket "
+            "groups in parallel (Spark tasks; the loop engine's threads), one commit (0: never; local roots)"
+        ),
+    ] = 0
 
 
 class ErrorsConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -531,8 +538,13 @@ def _check_sink(config: RunConfig) -> None:
     if kind not in ("delta", "parquet", "jsonl"):
         raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
     sink = config.sink
-    if sink.mirror_interval_s < 0 or sink.mirror_interval_rows < 0 or sink.mirror_buckets < 0:
-        raise ConfigError("sink.mirror_interval_s, mirror_interval_rows and mirror_buckets must be >= 0")
+    if (
+        min(sink.mirror_interval_s, sink.mirror_interval_rows, sink.mirror_buckets, sink.mirror_split_rows)
+        < 0
+    ):
+        raise ConfigError(
+            "sink.mirror_interval_s, mirror_interval_rows, mirror_buckets and mirror_split_rows must be >= 0"
+        )
     outputs = sink_outputs(sink.mode)
     lazy = bool(sink.mirror_interval_s or sink.mirror_interval_rows) and "mirror" in outputs
     if lazy and "changelog" not in outputs:

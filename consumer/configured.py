@@ -46,6 +46,7 @@ def build_sinks(config: RunConfig) -> list[Sink]:
                 mirror_interval_s=sink.mirror_interval_s,
                 mirror_interval_rows=sink.mirror_interval_rows,
                 mirror_buckets=sink.mirror_buckets,
+                mirror_split_rows=sink.mirror_split_rows,
             )
         ]
     if kind == "parquet":

@@ -38,12 +38,17 @@ class SpooledRows:
 
     def read(self, offsets: np.ndarray | None = None) -> pa.Table:
         """The file's rows, or only those of the DMLs at `offsets`."""
-        filesystem, path = pafs.FileSystem.from_uri(self.path)
-        with filesystem.open_input_file(path) as source:
-            rows = pa.ipc.open_file(source).read_all()
+        rows = read_spool_file(self.path)
         if offsets is None:
             return rows
         return rows.filter(pc.is_in(rows["_offset"], value_set=pa.array(offsets, pa.int64())))
+
+
+def read_spool_file(path: str) -> pa.Table:
+    """The rows of the spool file at `path` (`write_spool_file`)."""
+    filesystem, local = pafs.FileSystem.from_uri(path)
+    with filesystem.open_input_file(local) as source:
+        return pa.ipc.open_file(source).read_all()
 
 
 def write_spool_file(path: str, rows: pa.Table) -> None:

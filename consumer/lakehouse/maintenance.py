@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
@@ -30,6 +31,7 @@ from consumer.lakehouse.tables import (
     KNOWN_PROPERTY,
     READABLE_FROM,
     RETAINED_AFTER,
+    SPLIT_PARTS,
     RootLike,
     entry_uri,
     mirror_versions,
@@ -130,6 +132,8 @@ def maintain(
             hours = max(hours, keep)
         try:
             _maintain(lake, table, done, report.consistent_ts, cluster, hours, vacuum)
+            if vacuum and uri.endswith("/mirror"):
+                done.files_vacuumed += _stale_parts(lake, uri, now - max(hours, 1) * 3600)
         except (DeltaError, OSError, SinkError) as exc:
             done.error = str(exc)
             log.warning("maintenance of %s stopped: %s", uri, exc)
@@ -254,6 +258,22 @@ def _maintain(
     table.cleanup_metadata()
     current = lake.open(done.uri)
     done.files_after = len(current.file_uris()) if current is not None else 0
+
+
+def _stale_parts(lake: LakeRoot, uri: str, before: float) -> int:
+    """Delete the split-MERGE group files (`SPLIT_PARTS`) under a mirror written before `before` (epoch
+    seconds): a driver that died between its groups and its commit left them (a live MERGE's are minutes
+    old at most). Delta's VACUUM skips them: the directory's name starts with `_`."""
+    filesystem, base = lake.filesystem()
+    selector = pafs.FileSelector(base + f"{uri}/{SPLIT_PARTS}".removeprefix(lake.uri), allow_not_found=True)
+    stale = [
+        info.path
+        for info in filesystem.get_file_info(selector)
+        if info.is_file and info.mtime is not None and info.mtime.timestamp() < before
+    ]
+    for path in stale:
+        filesystem.delete_file(path)
+    return len(stale)
 
 
 def _purged(lake: LakeRoot, uri: str, point: int) -> int:

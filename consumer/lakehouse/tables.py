@@ -57,6 +57,7 @@ ROW_OPERATIONS = frozenset({"WRITE", "MERGE", "DELETE", "UPDATE"})  # commits th
 MIRROR_META = ("_commit_ts", "_schema_version")  # a mirror's columns beside the user's
 BUCKET = "_bucket"  # a bucketed mirror's partition column: hash of its first key column mod its buckets
 BUCKETS_PROPERTY = "ticdc.bucket_count"  # in the `_bucket` field's metadata: how many buckets
+SPLIT_PARTS = "_ticdc_parts"  # beside a mirror's files: the rows of a split MERGE's groups, until it commits
 ORDER = (  # what orders a key's changes besides `_commit_ts`
     pa.field("_change_type", pa.string()),
     pa.field("_partition", pa.int32()),

@@ -35,6 +35,9 @@ that made it (`ticdc.process`, `host:pid`). By default the sink runs jobs itself
 hands them to a runner instead (the Spark engine: one task per due table on the executors,
 `consumer.spark.merges`), which makes every mirror lazy (MERGEd at each progress record without a cadence).
 A job run twice, or twice at once, commits once: its rows are then in the mirror's app transactions.
+A large MERGE into a bucketed mirror (`mirror_split_rows`) runs in groups of buckets
+(`consumer.sinks.bucket_merges`): on threads where the job runs, or, with the Spark engine's runner, as
+Spark tasks of their own (`prepare_merge_job`, then `finish_split` on the driver); either way one commit.
 
 Where changelog files are written: a batch whose rows are spooled files (`SpooledChanges`, the Spark engine)
 is written by an `AppendJob` that `append_with(runner)` hands to a runner (a Spark task on the executors,
@@ -49,16 +52,16 @@ dropped column can be null from then on.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -114,10 +117,23 @@ from consumer.lakehouse.tables import (
 from consumer.protocol.model import DDL, DDLType, TableSchema
 from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext
+from consumer.sinks.bucket_merges import (
+    SPLIT_METRICS,
+    BucketOutcome,
+    Split,
+    commit_split,
+    file_stats,
+    merge_bucket_part,
+    remove_spooled,
+    split_merge,
+    split_metrics,
+    spooled,
+)
 from consumer.sinks.lakehouse import LakehouseSink, commit_metadata
 from consumer.sources.record import TopicPartition
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 KINDS = ("changelog", "mirror", "history")
 DEFAULT_TARGET_FILE_SIZE = 1024 * 1024  # mirror files: a MERGE rewrites the few holding changed keys
@@ -128,15 +144,9 @@ MAX_KEY_RANGES = 16  # key ranges a MERGE names (more would make its predicate t
 PURGE_DELETES_EVERY = 32  # commits to a deletes side table between purges below the consistent point
 UNBOUNDED_TS = 2**63 - 1  # a lazy MERGE's limit when the lake has no consistent point (no watermarks)
 PROCESS_META = "ticdc.process"  # a mirror commit's metadata: the process that made it (`process_name`)
-MERGE_METRICS = (  # delta-rs MERGE metrics summed in `operation_metrics`
-    "num_target_files_scanned",
+MERGE_METRICS = (  # delta-rs MERGE metrics summed in `operation_metrics` (a split MERGE's: `SPLIT_METRICS`)
+    *SPLIT_METRICS,
     "num_target_files_skipped_during_scan",
-    "num_target_files_removed",
-    "num_target_files_added",
-    "num_target_rows_copied",
-    "num_target_rows_updated",
-    "num_target_rows_inserted",
-    "num_target_rows_deleted",
     "num_output_rows",
     "execution_time_ms",
 )
@@ -159,8 +169,9 @@ class MergeJob:
     """One lazy mirror's MERGE, all a process needs to run it: the lake (root URI and storage options), the
     table's catalog entry, the group whose app transactions say what the mirror holds, the commit metadata
     (`resolved_ts`), the consistent point `point` the MERGE may claim (`upto`: how far a DDL barrier lets
-    it MERGE), `since` (a TSO the mirror holds every change up to; None: read from its commits) and how
-    mirrors are laid out and commits retried. Small and picklable: a Spark task's input."""
+    it MERGE), `since` (a TSO the mirror holds every change up to; None: read from its commits), how
+    mirrors are laid out and commits retried, and from how many keys a MERGE runs in bucket groups. Small
+    and picklable: a Spark task's input."""
 
     root: str
     storage_options: dict[str, str]
@@ -174,6 +185,7 @@ class MergeJob:
     retry_backoff: float = 0.05
     target_file_size: int = DEFAULT_TARGET_FILE_SIZE
     mirror_buckets: int = 0
+    split_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -182,7 +194,8 @@ class MergeResult:
     or DROP), the TSO the mirror now holds every change up to, how many changelog rows still await it,
     the MERGE's delta-rs metrics, the process that ran it (`process_name`) and, when it committed, what the
     mirror's version after its commit holds (`latest_mirror_version`: the sink records it in the catalog
-    without loading the mirror's log again)."""
+    without loading the mirror's log again). `split`: a MERGE `prepare_merge_job` split in bucket groups and
+    left for its caller to run and commit (`finish_split`)."""
 
     location: str
     gone: bool = False
@@ -191,6 +204,7 @@ class MergeResult:
     metrics: dict[str, int] = dataclasses.field(default_factory=dict)
     process: str = ""
     version: MirrorVersion | None = None
+    split: Split | None = None
 
 
 MergeRunner = Callable[[Sequence[MergeJob]], Sequence[MergeResult]]
@@ -202,9 +216,38 @@ _MERGERS: dict[tuple[Any, ...], MirrorMerges] = {}  # per process: reused handle
 
 def run_merge_job(job: MergeJob) -> MergeResult:
     """Run `job` in this process (a Spark executor's Python worker): the same MERGE, app transactions and
-    commit metadata as a sink MERGEing in its own process."""
+    commit metadata as a sink MERGEing in its own process (a split one's bucket groups on threads)."""
+    return _merger(job, defer_splits=False).merge_pending(job)
+
+
+def prepare_merge_job(job: MergeJob) -> MergeResult:
+    """`run_merge_job`, but a MERGE split in bucket groups is only prepared: its parts' source rows spooled
+    beside the mirror, the `Split` in the result for the caller to run its parts elsewhere (Spark tasks,
+    `merge_bucket_part`) and commit them (`finish_split`)."""
+    return _merger(job, defer_splits=True).merge_pending(job)
+
+
+def finish_split(job: MergeJob, result: MergeResult, outcomes: Sequence[BucketOutcome]) -> MergeResult | None:
+    """Commit a prepared split MERGE (`prepare_merge_job`) its parts' `outcomes` make up, as one commit: the
+    job's result, or None when the commit conflicted (prepare the job again)."""
+    assert result.split is not None
+    merger = _merger(job, defer_splits=True)
+    try:
+        committed = merger.commit_split(result.split, outcomes)
+    finally:
+        remove_spooled(result.split)
+    if not committed:
+        return None
+    mirror = merger.root.open(result.split.mirror)
+    version = None if mirror is None else latest_mirror_version(mirror, job.entry.mirror)
+    metrics = {"merges": 1, **split_metrics(outcomes)}
+    return dataclasses.replace(result, metrics=metrics, version=version, split=None)
+
+
+def _merger(job: MergeJob, *, defer_splits: bool) -> MirrorMerges:
+    """This process's `MirrorMerges` for the job's lake and settings, made once."""
     settings = (job.max_commit_retries, job.retry_backoff, job.target_file_size, job.mirror_buckets)
-    key = (job.root, tuple(sorted(job.storage_options.items())), settings)
+    key = (job.root, tuple(sorted(job.storage_options.items())), settings, job.split_rows, defer_splits)
     merger = _MERGERS.get(key)
     if merger is None:
         merger = _MERGERS[key] = MirrorMerges(
@@ -213,8 +256,10 @@ def run_merge_job(job: MergeJob) -> MergeResult:
             retry_backoff=job.retry_backoff,
             target_file_size=job.target_file_size,
             mirror_buckets=job.mirror_buckets,
+            split_rows=job.split_rows,
+            defer_splits=defer_splits,
         )
-    return merger.merge_pending(job)
+    return merger
 
 
 @dataclass(frozen=True)
@@ -270,19 +315,8 @@ def write_changelog_files(job: AppendJob) -> AppendResult:
     path = f"{directory}/{name}"
     pq.write_table(data, path, filesystem=filesystem, compression="snappy")
     size = filesystem.get_file_info(path).size
-    written = (name, size, int(time.time() * 1000), _file_stats(data))
+    written = (name, size, int(time.time() * 1000), file_stats(data, _STATS_COLUMNS))
     return AppendResult((written,), next_offsets(changelog), changelog.num_rows)
-
-
-def _file_stats(data: pa.Table) -> str:
-    """The Delta stats of a changelog file: its rows, and the bounds of the metadata columns readers
-    filter on (user columns have none: they are optional)."""
-    low, high, nulls = {}, {}, {}
-    for name in _STATS_COLUMNS:
-        bounds = pc.min_max(data[name])
-        low[name], high[name] = bounds["min"].as_py(), bounds["max"].as_py()
-        nulls[name] = data[name].null_count
-    return json.dumps({"numRecords": data.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls})
 
 
 def process_name() -> str:
@@ -303,12 +337,18 @@ class MirrorMerges:
         retry_backoff: float = 0.05,
         target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
         mirror_buckets: int = 0,
+        split_rows: int = 0,
+        defer_splits: bool = False,
     ) -> None:
         self.root = root
         self.max_commit_retries = max_commit_retries
         self.retry_backoff = retry_backoff
         self.target_file_size = target_file_size
         self.mirror_buckets = mirror_buckets  # for mirrors created from now on (a mirror records its own)
+        self.split_rows = (
+            split_rows  # a bucketed MERGE of this many keys or more runs in bucket groups (0: never)
+        )
+        self.defer_splits = defer_splits  # whether such a MERGE is left to the caller (`prepare_merge_job`)
         self._metrics = dict.fromkeys(("merges", *MERGE_METRICS), 0)
         self._deletes_read: dict[str, dict[str, pa.Table]] = {}  # per side table: rows by file read
         self._complete_ts = 0  # a consistent point of the root this sink read: every mirror holds it
@@ -337,15 +377,16 @@ class MirrorMerges:
             rows = unapplied(rows, delta_applied(mirror, context.group, next_offsets(rows)))
         merged, complete, left = _prefix_up_to(rows, max(job.point, job.upto or 0), job.point)
         before = dict(self._metrics)
+        split = None
         if merged.num_rows:
-            self._merge_changes(entry, merged, tuple(keys.split(",")), context, complete)
+            split = self._merge_changes(entry, merged, tuple(keys.split(",")), context, complete)
         metrics = {name: value - before.get(name, 0) for name, value in self._metrics.items()}
         version = None
         if metrics.get("merges"):
             merged_mirror = self.root.open(self.root.join(entry.location, "mirror"))
             version = None if merged_mirror is None else latest_mirror_version(merged_mirror, entry.mirror)
         complete_ts = max(since, complete)
-        return MergeResult(entry.location, False, complete_ts, left, metrics, process_name(), version)
+        return MergeResult(entry.location, False, complete_ts, left, metrics, process_name(), version, split)
 
     # -- MERGE -----------------------------------------------------------------------------------------
     def _merge_changes(
@@ -355,21 +396,22 @@ class MirrorMerges:
         keys: tuple[str, ...],
         context: CommitContext,
         complete: int | None = None,
-    ) -> None:
+    ) -> Split | None:
         """MERGE the changes of `changelog` (a batch, or a lazy mirror's changelog rows) the mirror lacks:
         each key's last change, by (commit ts, partition, offset), deletes winning ties. The commit claims
-        the mirror complete up to `complete` (default: the consistent point last read)."""
+        the mirror complete up to `complete` (default: the consistent point last read). Returns a split
+        MERGE left to the caller (`defer_splits`)."""
         uri = self.root.join(entry.location, "mirror")
         deletes_uri = self.root.join(entry.location, "deletes")
         columns = [*(n for n in changelog.column_names if n not in META_COLUMNS), *MIRROR_META]
 
-        def attempt() -> None:
+        def attempt() -> Split | None:
             mirror = self._mirror(uri, changelog.select(columns).schema, keys, entry.floor)
             floor = _floor(mirror)  # rows from before a TRUNCATE/DROP another member applied
             fresh = unapplied(changelog, delta_applied(mirror, context.group, next_offsets(changelog)))
             fresh = fresh.filter(pc.greater_equal(fresh["_commit_ts"], floor)) if floor else fresh
             if fresh.num_rows == 0:
-                return
+                return None
             latest = latest_per_key(fresh, keys)
             deleted = pc.equal(latest["_change_type"], "delete")
             if pc.any(deleted).as_py():  # before the mirror: a member reading the mirror after sees them
@@ -377,14 +419,61 @@ class MirrorMerges:
                 self._append_deletes(deletes_uri, recorded, context.group)
             latest = self._without_revived(deletes_uri, latest, keys)
             if latest.num_rows == 0:
-                return
+                return None
             source = _conform(latest.select(columns), self._evolved(mirror, latest.select(columns).schema))
             source = _bucketed(source, mirror, keys).append_column("_change_type", latest["_change_type"])
             newest = pc.max(fresh["_commit_ts"]).as_py()
             offsets = transactions(fresh, context.group)
-            self._merge(mirror, source, keys, self._properties(context, newest, offsets, complete))
+            properties = self._properties(context, newest, offsets, complete)
+            if self._splits(mirror, source):
+                return self._merge_split(mirror, uri, source, keys, properties)
+            self._merge(mirror, source, keys, properties)
+            return None
 
-        self._commit(f"mirror {uri}", attempt)
+        return self._commit(f"mirror {uri}", attempt)
+
+    def _splits(self, mirror: DeltaTable, source: pa.Table) -> bool:
+        """Whether a MERGE runs in bucket groups: a bucketed mirror, at least `split_rows` keys in two
+        buckets or more, a local root (the groups write their files with `pyarrow.fs`, as appends do)."""
+        return (
+            0 < self.split_rows <= source.num_rows
+            and self.root.is_local
+            and _buckets(mirror) > 0
+            and len(pc.unique(source[BUCKET])) >= 2
+        )
+
+    def _merge_split(
+        self,
+        mirror: DeltaTable,
+        uri: str,
+        source: pa.Table,
+        keys: tuple[str, ...],
+        properties: CommitProperties,
+    ) -> Split | None:
+        """The MERGE in bucket groups (`consumer.sinks.bucket_merges`), one commit: the groups on threads
+        here, or left to the caller (`defer_splits`: Spark tasks), their rows spooled."""
+        split = split_merge(mirror, uri, source, keys, properties, self.target_file_size)
+        if self.defer_splits:
+            return spooled(split)
+        with ThreadPoolExecutor(len(split.parts), thread_name_prefix="bucket-merge") as pool:
+            outcomes = list(pool.map(merge_bucket_part, split.parts))
+        if not self.commit_split(split, outcomes):
+            raise CommitFailedError(f"{uri}: a concurrent commit changed the buckets MERGEd")
+        return None
+
+    def commit_split(self, split: Split, outcomes: Sequence[BucketOutcome]) -> bool:
+        """Commit a split MERGE's outcomes as one commit and count it; False when it conflicted."""
+        mirror = self.root.open(split.mirror)
+        if mirror is None:
+            return False
+        try:
+            commit_split(mirror, split, outcomes)
+        except CommitFailedError:
+            return False
+        self._metrics["merges"] += 1
+        for name, value in split_metrics(outcomes).items():
+            self._metrics[name] += value
+        return True
 
     def _merge(
         self,
@@ -531,10 +620,10 @@ class MirrorMerges:
         self._complete_ts = max(self._complete_ts, point or 0)
         return point
 
-    def _commit(self, what: str, attempt: Callable[[], None]) -> None:
+    def _commit(self, what: str, attempt: Callable[[], T]) -> T:
         """Run `attempt` (which reloads its table and re-checks what is applied) until it commits."""
         try:
-            retry_commits(what, attempt, retries=self.max_commit_retries, backoff=self.retry_backoff)
+            return retry_commits(what, attempt, retries=self.max_commit_retries, backoff=self.retry_backoff)
         except (DeltaError, OSError, pa.ArrowException) as exc:
             raise SinkError(f"{what}: {exc}") from exc
 
@@ -560,6 +649,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         mirror_interval_s: float = 0.0,
         mirror_interval_rows: int = 0,
         mirror_buckets: int = 0,
+        mirror_split_rows: int = 0,
     ) -> None:
         super().__init__(root, storage_options, allow_unsafe_commits=allow_unsafe_commits)
         MirrorMerges.__init__(
@@ -569,10 +659,13 @@ class DeltaSink(LakehouseSink, MirrorMerges):
             retry_backoff=retry_backoff,
             target_file_size=target_file_size,
             mirror_buckets=mirror_buckets,
+            split_rows=mirror_split_rows,
         )
         self.outputs = sink_outputs(mode)  # raises ValueError for an unknown table kind
-        if mirror_interval_s < 0 or mirror_interval_rows < 0 or mirror_buckets < 0:
-            raise ValueError("mirror_interval_s, mirror_interval_rows and mirror_buckets must be >= 0")
+        if min(mirror_interval_s, mirror_interval_rows, mirror_buckets, mirror_split_rows) < 0:
+            raise ValueError(
+                "mirror_interval_s, mirror_interval_rows, mirror_buckets and mirror_split_rows must be >= 0"
+            )
         self.mirror_interval_s, self.mirror_interval_rows = mirror_interval_s, mirror_interval_rows
         self.merge_runner: MergeRunner | None = None  # None: MERGEs run in this process
         self.append_runner: AppendRunner | None = None  # None: spooled rows are appended from here
@@ -795,6 +888,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
                 retry_backoff=self.retry_backoff,
                 target_file_size=self.target_file_size,
                 mirror_buckets=self.mirror_buckets,
+                split_rows=self.split_rows,
             )
             for lagging in laggings
         ]

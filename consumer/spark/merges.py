@@ -13,6 +13,13 @@ metadata as a MERGE in the sink's own process), all due tables in parallel, and 
 back (`MergeResult`: TSOs, a row count, delta-rs metrics, the process that ran it). No mirror row passes
 through the driver.
 
+A large MERGE into a bucketed mirror (`sink.mirror_split_rows`) is split further: its table's task prepares
+it (everything a MERGE does before delta-rs's: schema, floor, deletes, revived keys) and spools each group of
+buckets' source rows beside the mirror; then every prepared MERGE's groups run as tasks of one Spark job
+(`merge_bucket_part`), each writing its buckets' new files; the driver commits each table's files at once
+(`finish_split`: one commit per table and batch, with the MERGE's app transactions and claims). A commit that
+conflicts prepares that table's MERGE again, up to the job's commit retries.
+
 Exactly once: a MERGE commits the changelog offsets it applies as the mirror's app transactions, and reads
 them before it MERGEs, so a task Spark runs again (a retry, a speculative copy, a restarted driver's catch-up)
 finds its rows applied and commits nothing.
@@ -20,7 +27,9 @@ finds its rows applied and commits nothing.
 
 from __future__ import annotations
 
+import random
 import re
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeVar
@@ -31,17 +40,20 @@ from pyspark.errors import PySparkException
 
 from consumer.errors import SinkError
 from consumer.kill_points import kill_point
+from consumer.sinks.bucket_merges import BucketOutcome, BucketPart, merge_bucket_part, remove_spooled
 from consumer.sinks.delta import (
     AppendJob,
     AppendResult,
     MergeJob,
     MergeResult,
-    run_merge_job,
+    finish_split,
+    prepare_merge_job,
     write_changelog_files,
 )
 from consumer.spark.workers import settle_worker
 
 JOB_DESCRIPTION = "ticdc: mirror MERGEs"
+BUCKETS_DESCRIPTION = "ticdc: mirror MERGEs in bucket groups"
 APPEND_DESCRIPTION = "ticdc: changelog files"
 APPEND_TASK_ROWS = 50_000  # changelog rows one task writes at most, unless one table's batch is larger
 # Spark SQL runs Python tasks (the `ticdc` source's reads) with this variable set; Spark keeps a pool of
@@ -53,8 +65,10 @@ Result = TypeVar("Result")
 
 
 class ExecutorMerges:
-    """Runs `MergeJob`s as Spark tasks, one per table (`DeltaSink.run_merges_with(ExecutorMerges())`), on
-    the active Spark context; a job that fails as often as Spark allows raises `SinkError`."""
+    """Runs `MergeJob`s as Spark tasks, one per table (`DeltaSink.run_merges_with(ExecutorMerges())`), and
+    a split one's bucket groups as tasks of their own, on the active Spark context; a job that fails as
+    often as Spark allows, or a split one conflicting more often than its commit retries, raises
+    `SinkError`."""
 
     def __init__(self, context: SparkContext | None = None) -> None:
         self._context = context
@@ -63,9 +77,40 @@ class ExecutorMerges:
         if not jobs:
             return []
         kill_point("executor-merges")  # tests: progress recorded, the MERGEs not run
-        return _as_tasks(
-            self._context, JOB_DESCRIPTION, run_merge_job, [[job] for job in jobs], "mirror MERGEs"
-        )
+        results = self._prepare(jobs)
+        for retry in range(max(job.max_commit_retries for job in jobs) + 1):
+            split = [index for index, result in enumerate(results) if result.split is not None]
+            if not split:
+                return results
+            conflicted = self._run_splits([jobs[i] for i in split], [results[i] for i in split], retry)
+            for index, result in zip(split, conflicted, strict=True):
+                results[index] = result
+        for result in results:
+            if result.split is not None:
+                remove_spooled(result.split)
+        raise SinkError("mirror MERGEs in bucket groups: still conflicting after the commit retries")
+
+    def _prepare(self, jobs: Sequence[MergeJob]) -> list[MergeResult]:
+        tasks = [[job] for job in jobs]
+        return _as_tasks(self._context, JOB_DESCRIPTION, prepare_merge_job, tasks, "mirror MERGEs")
+
+    def _run_splits(
+        self, jobs: Sequence[MergeJob], prepared: Sequence[MergeResult], retry: int
+    ) -> list[MergeResult]:
+        """The prepared MERGEs' bucket groups as one Spark job, each table's committed at once: the jobs'
+        results, a conflicting one's prepared again after a jittered backoff (the `retry`th)."""
+        parts = [(index, part) for index, result in enumerate(prepared) for part in _parts(result)]
+        tasks = [[part] for _, part in parts]
+        outcomes = _as_tasks(self._context, BUCKETS_DESCRIPTION, merge_bucket_part, tasks, "bucket MERGEs")
+        per_job: list[list[BucketOutcome]] = [[] for _ in jobs]
+        for (index, _), outcome in zip(parts, outcomes, strict=True):
+            per_job[index].append(outcome)
+        results = [finish_split(*args) for args in zip(jobs, prepared, per_job, strict=True)]
+        again = [index for index, result in enumerate(results) if result is None]
+        if again:
+            time.sleep(random.uniform(0, min(jobs[again[0]].retry_backoff * 2**retry, 2.0)))
+        redone = iter(self._prepare([jobs[i] for i in again]))
+        return [result if result is not None else next(redone) for result in results]
 
 
 class ExecutorAppends:
@@ -127,6 +172,10 @@ def _task(run: Callable[[Job], Result], jobs: list[Job]) -> list[Result]:
         return [run(job) for job in jobs]
     finally:
         settle_worker()
+
+
+def _parts(result: MergeResult) -> tuple[BucketPart, ...]:
+    return () if result.split is None else result.split.parts
 
 
 def _reason(text: str) -> str:

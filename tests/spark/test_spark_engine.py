@@ -8,14 +8,15 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pyarrow as pa
 import pytest
 from delta_changes import KV
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from lakehouse_checks import (
     changelog_duplicates,
     changelog_rows,
@@ -30,7 +31,7 @@ from consumer.batches.changes import table_changes
 from consumer.config import RunConfig, load_config
 from consumer.errors import RecordLocation
 from consumer.lakehouse.progress import consistent_ts
-from consumer.lakehouse.tables import table_uri
+from consumer.lakehouse.tables import BUCKET, bucket_of, table_uri
 from consumer.large_messages.claim_check import ClaimCheckWriter
 from consumer.large_messages.encoder import LargeMessageEncoder
 from consumer.pipeline import Pipeline
@@ -42,12 +43,13 @@ from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write
 from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.base import CommitContext
-from consumer.sinks.delta import DeltaSink, MergeJob, process_name
+from consumer.sinks.bucket_merges import GROUPS_META
+from consumer.sinks.delta import DeltaSink, MergeJob, MergeResult, process_name
 from consumer.sinks.foreach_batch import BatchInfo, TableName
 from consumer.sources.capture import read_capture
 from consumer.sources.errors import SourceError
 from consumer.sources.kafka import capture_topic
-from consumer.spark import engine, start_lakehouse
+from consumer.spark import engine, merges, start_lakehouse
 from consumer.spark.engine import ChangeBatches
 from consumer.spark.merges import ExecutorMerges
 from consumer.spark.readers import read_changelog
@@ -107,20 +109,46 @@ def _options(config: RunConfig, **more: str) -> dict[str, str]:
     return {**engine.stream_options(config).to_spark(), **more}
 
 
+def _run_exact(
+    spark: SparkSession,
+    broker: EmbeddedBroker,
+    topic: str,
+    tmp_path: Path,
+    workload: dict[str, Any],
+    batch: int,
+    **sink: Any,
+) -> tuple[Workload, Path]:
+    """A run of the Spark engine over a workload (`_produce`'s options), these `[sink]` settings and batch
+    size: its mirrors equal the ground truth, its changelogs hold no duplicate. The workload and lake."""
+    produced = _produce(broker, topic, **workload)
+    truth = write_ground_truth(produced, tmp_path / "truth.json")
+    root = tmp_path / "lake"
+    config = _config(broker, topic, root, max_batch_records=batch)
+    engine.run(
+        msgspec.structs.replace(config, sink=msgspec.structs.replace(config.sink, **sink)),
+        until_idle=1.0,
+        spark=spark,
+    )
+    assert differences(delta_mirror_state(root, (t.schema for t in produced.tables)), truth) == []
+    assert changelog_duplicates(root) == 0
+    return produced, root
+
+
 def test_lazy_bucketed_mirrors_through_the_spark_engine(
     spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:
     """`[sink] mirror_interval_rows` and `mirror_buckets` reach the Spark engine's sink: the changelog is
     committed every micro-batch, the bucketed mirrors MERGEd less often, and reads equal the truth."""
-    topic = kafka_topic(3)
-    workload = _produce(kafka_broker, topic, rows=1500, ddl=False)
-    truth = write_ground_truth(workload, tmp_path / "truth.json")
-    root = tmp_path / "lake"
-    config = _config(kafka_broker, topic, root, max_batch_records=300)
-    sink = msgspec.structs.replace(config.sink, mirror_interval_rows=1200, mirror_buckets=4)
-    engine.run(msgspec.structs.replace(config, sink=sink), until_idle=1.0, spark=spark)
-    assert differences(delta_mirror_state(root, (t.schema for t in workload.tables)), truth) == []
-    assert changelog_duplicates(root) == 0
+    workload, root = _run_exact(
+        spark,
+        kafka_broker,
+        kafka_topic(3),
+        tmp_path,
+        {"rows": 1500, "ddl": False},
+        300,
+        mirror_interval_rows=1200,
+        mirror_buckets=4,
+    )
     for table in workload.tables:
         uri = table_uri(root, table.schema.database, table.schema.table)
         assert uri is not None
@@ -161,32 +189,58 @@ def test_mirrors_are_merged_on_the_executors_and_the_lake_equals_the_loop_engine
     assert len(set(merge_processes(tmp_path / "loop"))) == 1
 
 
-def test_a_merge_task_run_twice_at_once_commits_once(spark: SparkSession, tmp_path: Path) -> None:
-    """The same MERGE job as two Spark tasks at once (a retried or speculative task): one commits, the other
-    conflicts, re-reads the mirror's app transactions and commits nothing; both report the same result."""
-    sink = DeltaSink(tmp_path, mirror_interval_rows=10**12)  # changelog only until a MERGE is run
-    codec = TableCodec(KV)
+def test_bucket_groups_of_large_merges_run_as_tasks_and_the_lake_equals_the_loop_engines(
+    spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """Bucketed mirrors whose MERGEs are split at a few keys (`sink.mirror_split_rows`): a table's MERGE
+    runs in bucket groups as Spark tasks, each commit made of several groups (`ticdc.bucket_groups`), in an
+    executor's process; the lake equals the ground truth and the loop engine's (which splits on threads)."""
+    topic = kafka_topic(3)
+    workload, root = _run_exact(
+        spark, kafka_broker, topic, tmp_path, {"rows": 1500}, 400, mirror_buckets=4, mirror_split_rows=20
+    )
+    assert not list(root.rglob("_ticdc_parts/*.arrow"))  # the groups' spooled rows are gone
+    groups = []
+    for table in workload.tables:
+        uri = table_uri(root, table.schema.database, table.schema.table)
+        assert uri is not None
+        commits = DeltaTable(uri).history()
+        groups += [int(c[GROUPS_META]) for c in commits if GROUPS_META in c]
+        assert all(c.get("ticdc.process") != process_name() for c in commits if GROUPS_META in c)
+    assert len(groups) >= 3 and min(groups) >= 2
+
+    options = ["--mirror-buckets", "4", "--mirror-split-rows", "20"]
+    code, log = run_to_end(
+        kafka_broker, topic, f"{topic}.loop", f"delta:{tmp_path / 'loop'}", tmp_path / "loop", options=options
+    )
+    assert code == 0, log.read_text()[-3000:]
+    assert lake_contents(root) == lake_contents(tmp_path / "loop")
+
+
+def _pending_job(tmp_path: Path, keys: int, **sink: Any) -> tuple[DeltaSink, MergeJob]:
+    """A lazy mirror's MERGE of `keys` inserts its changelog holds (commit ts 10.. and point 2 * keys, in
+    TSO units), run by nobody yet, and the sink that wrote them (MERGEing only when a MERGE is run)."""
+    writer = DeltaSink(tmp_path, mirror_interval_rows=10**12, **sink)
     located = [
         (
             raw_dml(KV, DMLType.INSERT, {"id": key, "v": f"v{key}"}, None, commit_ts=(10 + key) << 18),
             RecordLocation("t", 0, key),
         )
-        for key in range(20)
+        for key in range(keys)
     ]
-    context = CommitContext("g", {("t", 0): 20}, 40 << 18, b"", {("t", 0): 40 << 18})
-    sink.write(table_changes(codec, located), context)
-    sink.record_progress(context)  # reads the consistent point; nothing due yet
-    entry = next(iter(sink._lagging.values())).entry
-    job = MergeJob(
-        root=sink.root.uri,
-        storage_options={},
-        entry=entry,
-        group="g",
-        resolved_ts=40 << 18,
-        point=40 << 18,
-        upto=None,
-        since=None,
-    )
+    point = (2 * keys) << 18
+    context = CommitContext("g", {("t", 0): keys}, point, b"", {("t", 0): point})
+    writer.write(table_changes(TableCodec(KV), located), context)
+    writer.record_progress(context)  # reads the consistent point; nothing due yet
+    entry = next(iter(writer._lagging.values())).entry
+    job = MergeJob(writer.root.uri, {}, entry, "g", point, point, None, None, split_rows=writer.split_rows)
+    return writer, job
+
+
+def test_a_merge_task_run_twice_at_once_commits_once(spark: SparkSession, tmp_path: Path) -> None:
+    """The same MERGE job as two Spark tasks at once (a retried or speculative task): one commits, the other
+    conflicts, re-reads the mirror's app transactions and commits nothing; both report the same result."""
+    _, job = _pending_job(tmp_path, 20)
     results = ExecutorMerges(spark.sparkContext)([job, job])
     uri = table_uri(tmp_path, "shop", "kv")
     assert uri is not None
@@ -196,6 +250,59 @@ def test_a_merge_task_run_twice_at_once_commits_once(spark: SparkSession, tmp_pa
     assert [(r.gone, r.merged_ts, r.left) for r in results] == [(False, 40 << 18, 0)] * 2
     assert os.getpid() not in {int(r.process.rpartition(":")[2]) for r in results}
     assert sum(r.metrics.get("merges", 0) for r in results) == 1
+
+
+class _ConflictOnce(ExecutorMerges):
+    """Another writer commits to the mirror after the first bucket groups ran, before their commit."""
+
+    def __init__(self, context: Any, conflict: Callable[[], None]) -> None:
+        super().__init__(context)
+        self.conflict, self.rounds = conflict, 0
+
+    def _run_splits(
+        self, jobs: Sequence[MergeJob], prepared: Sequence[MergeResult], retry: int
+    ) -> list[MergeResult]:
+        self.rounds += 1
+        if self.rounds == 1:
+            real = merges.finish_split
+
+            def conflicting(*args: Any) -> MergeResult | None:
+                self.conflict()
+                return real(*args)
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(merges, "finish_split", conflicting)
+                return super()._run_splits(jobs, prepared, retry)
+        return super()._run_splits(jobs, prepared, retry)
+
+
+def test_a_split_merge_whose_commit_conflicts_on_the_driver_runs_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A MERGE split in bucket groups (Spark tasks) whose driver commit conflicts with another writer's
+    commit (a file appended to a touched bucket) is prepared and run again: one split
+    commit, every change in."""
+    sink, job = _pending_job(tmp_path, 60, mirror_buckets=4, mirror_split_rows=10)
+    uri = table_uri(tmp_path, "shop", "kv")
+    assert uri is not None
+
+    def append() -> None:  # a blind append into a touched bucket: delta-rs alone would not see a conflict
+        mirror = DeltaTable(uri)
+        bucket = bucket_of(pa.array([1000]), 4)[0].as_py()
+        row = {"id": 1000, "v": "other", "_commit_ts": 1, "_schema_version": 1, BUCKET: bucket}
+        write_deltalake(
+            mirror, pa.Table.from_pylist([row], pa.schema(mirror.schema().to_arrow())), mode="append"
+        )
+
+    runner = _ConflictOnce(spark.sparkContext, append)
+    sink.run_merges_with(runner)
+    [result] = runner([job])
+    assert runner.rounds == 2 and result.split is None and result.metrics["merges"] == 1
+    mirror = DeltaTable(uri)
+    assert sorted(mirror.to_pyarrow_table()["id"].to_pylist()) == [*range(60), 1000]
+    assert sum(GROUPS_META in c for c in mirror.history()) == 1
+    assert mirror.transaction_version("ticdc:g:t:0") == 60
+    assert not list(tmp_path.rglob("_ticdc_parts/*.arrow"))
 
 
 @pytest.mark.slow
