@@ -6,14 +6,22 @@
 itself the SIGTERM that asks for a clean stop. Either at a chosen point is what tests cannot get from
 outside without a race (two commits milliseconds apart, or a run that ends before the signal comes); the
 lake must be exact after a restart from any of them. Unset, a point costs a dictionary lookup.
+
+`TICDC_TEST_START_GATE=<path>`: a Spark driver waits, its session up, until `<path>` exists, before it reads
+its checkpoint, the lake or Kafka: a test starts the restart of a run while that run still works toward its
+kill point and opens the gate once the run is dead, so the restart's start-up (Python, the JVM) overlaps
+the run instead of following it. Unset, the gate costs a lookup.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 ENV = "TICDC_TEST_KILL_POINT"
+GATE_ENV = "TICDC_TEST_START_GATE"
+GATE_POLL_SECONDS = 0.01
 _reached: dict[str, int] = {}
 
 
@@ -33,3 +41,11 @@ def kill_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
     else:
         os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def start_gate(wait: Callable[[float], bool]) -> None:
+    """Return once the file `TICDC_TEST_START_GATE` names exists (at once when unset), or `wait` (a pause
+    that says whether a stop was requested meanwhile) reports a stop."""
+    gate = os.environ.get(GATE_ENV)
+    while gate and not os.path.exists(gate) and not wait(GATE_POLL_SECONDS):
+        pass

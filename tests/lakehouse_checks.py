@@ -18,8 +18,11 @@ from consumer.lakehouse.tables import KINDS, entry_uri, read_delta, tables
 from consumer.simulate.truth import delta_changelogs
 from consumer.testing.broker import EmbeddedBroker
 
-SESSION_TIMEOUT_S = 3
-FAST_GROUP_ENV = {  # group joins of ~SESSION_TIMEOUT_S / 2 on the embedded broker; many small commits
+# the embedded broker completes a group join on a whole second past half the session timeout: 3 s took 2 s,
+# 2 s takes 1 s (a second off every join, rebalance and wait for a killed member's session to expire);
+# still ~6 heartbeats a session
+SESSION_TIMEOUT_S = 2
+FAST_GROUP_ENV = {  # quick group joins on the embedded broker (above); many small commits
     "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_S * 1000),
     "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
     # also the rebalance timeout: how long the broker waits for members killed in a rebalance to rejoin
@@ -63,12 +66,14 @@ def run_to_end(
     processes: int = 1,
     options: Sequence[str] = (),
     timeout: float = 300,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[int, Path]:
     """A `start_run` waited for: its exit code and log (`<log_stem>-<ns>.log`). A run never given a partition
     (exit 5) because the embedded broker wedged the group runs again after `reset_group`, twice at most."""
     for _ in range(3):
         log = Path(f"{log_stem}-{time.monotonic_ns()}.log")
-        code = start_run(broker.bootstrap_servers, topic, group, sink, log, processes, options).wait(timeout)
+        run = start_run(broker.bootstrap_servers, topic, group, sink, log, processes, options, env)
+        code = run.wait(timeout)
         if code != EXIT_UNASSIGNED:
             break
         broker.reset_group(group, topic)

@@ -59,6 +59,7 @@ from consumer.configured import (
     build_state,
 )
 from consumer.errors import ConsumerError
+from consumer.kill_points import start_gate
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.pipeline import DecodedRecord, Pipeline, PipelineStats
 from consumer.pipeline.resume import PROGRESS_SECONDS, recorded_offsets
@@ -562,6 +563,7 @@ def run(
     stop = stop or StopRequest()
     session = spark or spark_session(master=config.engine.master or None)
     try:
+        start_gate(stop.wait)  # tests: a restart started early waits here, before it reads any state
         register(session)
         handler = ChangeBatches(config, on_batch=on_cycle)
         try:

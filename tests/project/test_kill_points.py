@@ -1,5 +1,6 @@
 """`consumer.kill_points`: a process (in its own group, as the commands tests kill) SIGKILLs its group, or
-sends itself SIGTERM, at the chosen pass of the named point, and nowhere else."""
+sends itself SIGTERM, at the chosen pass of the named point, and nowhere else; a start gate holds until its
+file exists or a stop is requested."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
-from consumer.kill_points import ENV
+import pytest
+
+from consumer.kill_points import ENV, GATE_ENV, start_gate
 
 PASSES = """
 import signal
@@ -46,3 +50,24 @@ def test_other_points_and_passes_past_the_end_do_nothing() -> None:
     for point in ("y", "x:4", ""):
         ran = _run(point)
         assert (ran.returncode, ran.stdout.split()) == (0, ["0", "1", "2"])
+
+
+def test_the_start_gate_holds_until_its_file_exists_or_a_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = tmp_path / "gate"
+    monkeypatch.setenv(GATE_ENV, str(gate))
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> bool:
+        pauses.append(seconds)
+        if len(pauses) == 3:
+            gate.touch()  # the test opens the gate during the third pause
+        return False
+
+    start_gate(pause)
+    assert len(pauses) == 3
+    gate.unlink()
+    start_gate(lambda _: True)  # a stop was requested: it goes on without the file
+    monkeypatch.delenv(GATE_ENV)
+    start_gate(lambda _: pytest.fail("paused without a gate"))

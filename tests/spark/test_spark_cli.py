@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 
 from consumer.config import RunConfig, load_config
 from consumer.kill_points import ENV as KILL_POINT
+from consumer.kill_points import GATE_ENV as START_GATE
 from consumer.protocol.model import DDL
 from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import WatermarkHeartbeat, produce_to_kafka, write_ground_truth
@@ -149,6 +150,45 @@ def _kill_when(process: subprocess.Popen[bytes], log: Path, reached: Callable[[]
     process.wait()
 
 
+class _Restarts:
+    """Drivers run one after another on one checkpoint, the i-th with `envs[i]`: each starts gated
+    (`TICDC_TEST_START_GATE`) while the one before it still runs, and `open()` lets it read its state once
+    that one is dead. It reads nothing before (as a driver started after the kill), and its start-up (Python,
+    the JVM, the session) overlaps the run before it instead of following it."""
+
+    def __init__(
+        self, broker: EmbeddedBroker, topic: str, root: Path, checkpoint: Path, envs: list[dict[str, str]]
+    ) -> None:
+        self._run = (broker, topic, root, checkpoint)
+        self._gates = [root.parent / f"gate-{index}" for index in range(len(envs))]
+        self._envs = envs
+        self._started: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self._opened = 0
+        self._start_next()
+
+    def _start_next(self) -> None:
+        index = len(self._started)
+        if index < len(self._envs):
+            self._started.append(
+                _start(*self._run, env={START_GATE: str(self._gates[index]), **self._envs[index]})
+            )
+
+    def open(self) -> tuple[subprocess.Popen[bytes], Path]:
+        """The next driver, free to read its state (the ones before it are dead); the one after it starts."""
+        assert all(process.poll() is not None for process, _ in self._started[: self._opened])
+        self._gates[self._opened].touch()
+        self._opened += 1
+        self._start_next()
+        return self._started[self._opened - 1]
+
+    def close(self) -> None:
+        """End a driver left gated (a failed test)."""
+        for process, _ in self._started:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
 def test_sigkill_around_a_batch_then_restart_is_exact_and_a_new_checkpoint_adds_nothing(
     spark: SparkSession,
     kafka_broker: EmbeddedBroker,
@@ -163,39 +203,45 @@ def test_sigkill_around_a_batch_then_restart_is_exact_and_a_new_checkpoint_adds_
     workload = _produce(kafka_broker, topic, "json", "none", rows=4000)
     truth = write_ground_truth(workload, tmp_path / "truth.json")
     root, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
+    killed_at = [{KILL_POINT: "changelog-files-written:1"}, {KILL_POINT: "changelog-files-committed:1"}]
+    restarts = _Restarts(kafka_broker, topic, root, checkpoint, [{}] * 5 + killed_at)
+    try:
+        # before: a batch planned (its offsets logged), nothing of it committed
+        process, log = restarts.open()
+        _kill_when(process, log, lambda: bool(_planned(checkpoint)))
+        assert _delta_commits(root) == 0 and not _batches(checkpoint)
 
-    # before: a batch planned (its offsets logged), nothing of it committed
-    process, log = _start(kafka_broker, topic, root, checkpoint)
-    _kill_when(process, log, lambda: bool(_planned(checkpoint)))
-    assert _delta_commits(root) == 0 and not _batches(checkpoint)
+        # during: some of a batch's tables committed, its record not yet written
+        process, log = restarts.open()
+        recorded, commits = _batches(checkpoint), _delta_commits(root)
+        _kill_when(
+            process, log, lambda: _delta_commits(root) > commits + 1 and _batches(checkpoint) == recorded
+        )
 
-    # during: some of a batch's tables committed, its record not yet written
-    process, log = _start(kafka_broker, topic, root, checkpoint)
-    recorded, commits = _batches(checkpoint), _delta_commits(root)
-    _kill_when(process, log, lambda: _delta_commits(root) > commits + 1 and _batches(checkpoint) == recorded)
+        # after: the first batch of this run recorded (Spark may or may not have logged its commit)
+        process, log = restarts.open()
+        recorded = _batches(checkpoint)
+        _kill_when(process, log, lambda: bool(_batches(checkpoint) - recorded))
 
-    # after: the first batch of this run recorded (Spark may or may not have logged its commit)
-    process, log = _start(kafka_broker, topic, root, checkpoint)
-    recorded = _batches(checkpoint)
-    _kill_when(process, log, lambda: bool(_batches(checkpoint) - recorded))
+        # between: Spark logged a batch's commit while the driver was still applying it
+        process, log = restarts.open()
+        _kill_when(process, log, lambda: _committed_not_applied(checkpoint))
 
-    # between: Spark logged a batch's commit while the driver was still applying it
-    process, log = _start(kafka_broker, topic, root, checkpoint)
-    _kill_when(process, log, lambda: _committed_not_applied(checkpoint))
+        # a MERGE: a task on the executors committed a mirror MERGE (the batch's record may not be written)
+        process, log = restarts.open()
+        merges = _MirrorMerges(root)
+        before = merges.count()
+        _kill_when(process, log, lambda: merges.count() > before)
 
-    # a MERGE: a task on the executors committed a mirror MERGE (the batch's record may not be written)
-    process, log = _start(kafka_broker, topic, root, checkpoint)
-    merges = _MirrorMerges(root)
-    before = merges.count()
-    _kill_when(process, log, lambda: merges.count() > before)
+        # a changelog file written by an executor task, the driver dead before committing it: an orphan
+        _killed(*restarts.open())
+        orphans = _uncommitted_changelog_files(root)
+        assert orphans
 
-    # a changelog file written by an executor task, the driver dead before committing it: an orphan
-    _killed(*_start(kafka_broker, topic, root, checkpoint, env={KILL_POINT: "changelog-files-written:1"}))
-    orphans = _uncommitted_changelog_files(root)
-    assert orphans
-
-    # a changelog file committed by the driver, nothing after
-    _killed(*_start(kafka_broker, topic, root, checkpoint, env={KILL_POINT: "changelog-files-committed:1"}))
+        # a changelog file committed by the driver, nothing after
+        _killed(*restarts.open())
+    finally:
+        restarts.close()
 
     with caplog.at_level(logging.INFO, logger="consumer.spark.engine"):
         engine.run(_config(kafka_broker, topic, root, checkpoint), until_idle=1.0, spark=spark)
