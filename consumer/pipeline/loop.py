@@ -370,11 +370,15 @@ class Pipeline(RebalanceListener):
         if not offsets or self._source is None:
             return
         marks = self.state.commit_watermarks(offsets)
+        source = self._source
         try:
-            if isinstance(self._source, CarriesWatermarks):
-                self._source.commit(offsets, marks)
-            else:
-                self._source.commit(offsets)
+            with self.watchdog.watching(
+                _commit_operation(source, offsets)
+            ):  # a broker can leave it unanswered
+                if isinstance(source, CarriesWatermarks):
+                    source.commit(offsets, marks)
+                else:
+                    source.commit(offsets)
         except SourceError as exc:
             # e.g. a rebalance took the partitions away: the next owner re-reads from the last commit,
             # so a failed commit can only cause redelivery (recognisable by offset), never loss
@@ -419,3 +423,10 @@ class Pipeline(RebalanceListener):
                 for name, value in sink.operation_metrics().items():
                     totals[name] = totals.get(name, 0) + value
         self.stats.sink_metrics = totals
+
+
+def _commit_operation(source: Source, offsets: Mapping[TopicPartition, int]) -> str:
+    """An offset commit as the watchdog names it: the source and its first partitions' offsets."""
+    shown = [f"{topic}[{partition}]@{offset}" for (topic, partition), offset in sorted(offsets.items())[:3]]
+    more = f" and {len(offsets) - 3} more" if len(offsets) > 3 else ""
+    return f"{type(source).__name__}.commit {', '.join(shown)}{more}"

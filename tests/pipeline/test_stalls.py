@@ -8,7 +8,7 @@ import queue
 import re
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -24,9 +24,9 @@ from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.base import CommitContext
 from consumer.sinks.dead_letter import DeadLetterFile
 from consumer.sinks.jsonl import JsonLinesSink
-from consumer.sources.capture import write_capture
+from consumer.sources.capture import read_capture, write_capture
 from consumer.sources.files import FileSource
-from consumer.sources.record import SourceRecord
+from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.state.machine import ConsumerState
 from consumer.testing.ports import free_port
 from consumer.watchdog import Watchdog
@@ -70,6 +70,19 @@ class FrozenLetters(DeadLetterFile):
     def write(self, letter: DeadLetter) -> None:
         self.gate.pass_through()
         super().write(letter)
+
+
+class FrozenCommits(FileSource):
+    """A capture file served as a Kafka assignment, whose first offset commit hangs until its gate opens (a
+    broker that leaves an OffsetCommit unanswered)."""
+
+    def __init__(self, path: Path, gate: _Gate, *, listener: Pipeline) -> None:
+        super().__init__(path, listener=listener)
+        self.gate = gate
+
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        self.gate.pass_through()
+        super().commit(offsets)
 
 
 @pytest.fixture
@@ -127,14 +140,20 @@ def _finished(lines: queue.Queue[str], operation: str) -> float:
         assert line.startswith(f"stalled: {operation} has been waiting "), line
 
 
-@pytest.mark.parametrize("frozen", ["sink", "dead letters"])
+@pytest.mark.parametrize("frozen", ["sink", "dead letters", "offset commit"])
 def test_a_frozen_write_is_warned_of_and_gauged_while_it_lasts_and_clears_after(
     tmp_path: Path, warnings: queue.Queue[str], frozen: str
 ) -> None:
     gate, lake, letters_path = _Gate(), tmp_path / "lake", tmp_path / "letters.jsonl"
+    sink: JsonLinesSink
+    letters: DeadLetterFile
     if frozen == "sink":
         sink, letters = FrozenSink(lake, gate), DeadLetterFile(letters_path)
         capture, operation = _rows_capture(tmp_path / "c.jsonl"), "FrozenSink.write shop.t0"
+    elif frozen == "offset commit":
+        sink, letters = JsonLinesSink(lake), DeadLetterFile(letters_path)
+        capture = _rows_capture(tmp_path / "c.jsonl")
+        operation = f"FrozenCommits.commit cdc[0]@{len(list(read_capture(capture)))}"
     else:
         sink, letters = JsonLinesSink(lake), FrozenLetters(letters_path, gate)
         capture, operation = _garbage_capture(tmp_path / "c.jsonl"), "FrozenLetters.write cdc[0]@0"
@@ -143,11 +162,14 @@ def test_a_frozen_write_is_warned_of_and_gauged_while_it_lasts_and_clears_after(
     pipeline = Pipeline(
         group="g", state=ConsumerState(), sinks=[sink], dead_letters=letters, watchdog=watchdog
     )
+    source = (
+        FrozenCommits(capture, gate, listener=pipeline)
+        if frozen == "offset commit"
+        else FileSource(capture, listener=pipeline)
+    )
     outcome: list[PipelineStats] = []
     run = threading.Thread(
-        target=lambda: outcome.append(
-            pipeline.run(FileSource(capture, listener=pipeline), until_idle=0.5, on_cycle=reporter)
-        )
+        target=lambda: outcome.append(pipeline.run(source, until_idle=0.5, on_cycle=reporter))
     )
     run.start()
     try:
