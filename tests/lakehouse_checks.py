@@ -66,14 +66,12 @@ def run_to_end(
     processes: int = 1,
     options: Sequence[str] = (),
     timeout: float = 300,
-    env: Mapping[str, str] | None = None,
 ) -> tuple[int, Path]:
     """A `start_run` waited for: its exit code and log (`<log_stem>-<ns>.log`). A run never given a partition
     (exit 5) because the embedded broker wedged the group runs again after `reset_group`, twice at most."""
     for _ in range(3):
         log = Path(f"{log_stem}-{time.monotonic_ns()}.log")
-        run = start_run(broker.bootstrap_servers, topic, group, sink, log, processes, options, env)
-        code = run.wait(timeout)
+        code = start_run(broker.bootstrap_servers, topic, group, sink, log, processes, options).wait(timeout)
         if code != EXIT_UNASSIGNED:
             break
         broker.reset_group(group, topic)

@@ -20,6 +20,7 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.query import QueryBuilder
 from lakehouse_checks import (
+    SESSION_TIMEOUT_S,
     changelog_duplicates,
     ddl_types,
     run_to_end,
@@ -50,39 +51,23 @@ def _produce(
     return workload, produce_to_kafka(workload, MessageEncoder(), broker.bootstrap_servers, topic)
 
 
-# Members SIGKILLed together can leave the embedded broker's group wedged (below) when a rebalance was under
-# way: the test killing them keeps the longer sessions, whose heartbeats a loaded box misses less often
-KILLED_SESSION_S = 3
-KILLED_SESSION_ENV = {"TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": str(KILLED_SESSION_S * 1000)}
-
-
 def _start(
     broker: EmbeddedBroker, topic: str, root: str, logs: Path, *, processes: int = 1
 ) -> subprocess.Popen[str]:
     """A `run` command writing `root`, not waited for, reaching the store through the standard AWS_*
-    variables (set by the `s3_lake` fixture), logging to `logs/run-*.log`; with `KILLED_SESSION_ENV`."""
+    variables (set by the `s3_lake` fixture), logging to `logs/run-*.log`."""
     log = logs / f"run-p{processes}-{time.monotonic_ns()}.log"
-    group, sink = f"{topic}.lake", f"delta:{root}"
-    return start_run(broker.bootstrap_servers, topic, group, sink, log, processes, env=KILLED_SESSION_ENV)
+    return start_run(broker.bootstrap_servers, topic, f"{topic}.lake", f"delta:{root}", log, processes)
 
 
 def _run(
-    broker: EmbeddedBroker,
-    topic: str,
-    root: str,
-    logs: Path,
-    *,
-    processes: int = 1,
-    spark: bool = False,
-    env: dict[str, str] | None = None,
+    broker: EmbeddedBroker, topic: str, root: str, logs: Path, *, processes: int = 1, spark: bool = False
 ) -> None:
-    """A `run` command to its clean end (logged like `_start`'s), `env` added to its environment. `spark`:
-    on the Spark engine (checkpoint in `logs`)."""
+    """A `run` command to its clean end (logged like `_start`'s). `spark`: on the Spark engine (checkpoint
+    in `logs`)."""
     engine = ["--engine", "spark", "--checkpoint", str(logs / "checkpoint")] if spark else []
     sink, stem = f"delta:{root}", logs / f"run-p{processes}"
-    code, log = run_to_end(
-        broker, topic, f"{topic}.lake", sink, stem, processes, engine, timeout=600, env=env
-    )
+    code, log = run_to_end(broker, topic, f"{topic}.lake", sink, stem, processes, engine, timeout=600)
     assert code == 0, log.read_text()[-3000:]
 
 
@@ -194,7 +179,7 @@ def _run_to_the_end(
     past the 30 s rebalance timeout). Then, once the group's Kafka commits are checked against the
     changelogs, the Spark engine (it joins no Kafka group) ends the group's work from the lake's records."""
     for _ in range(3):
-        _run(broker, topic, root, logs, processes=2, env=KILLED_SESSION_ENV)
+        _run(broker, topic, root, logs, processes=2)
         if _changelog_offsets(root) == _dml_offsets(report):
             return
         newest = max(logs.glob("run-*.log"), key=lambda path: path.stat().st_mtime)
@@ -227,7 +212,7 @@ def test_three_members_on_s3_killed_at_random_points_end_exact(
             with contextlib.suppress(ProcessLookupError):  # it may have ended, idle, already
                 os.killpg(member.pid, signal.SIGKILL)
             member.wait()
-        time.sleep(KILLED_SESSION_S + 1.5)  # by design: the killed members' sessions must expire
+        time.sleep(SESSION_TIMEOUT_S + 1.5)  # by design: the killed members' sessions must expire
     _run_to_the_end(kafka_broker, topic, s3_lake, tmp_path, report)
     _check(s3_lake, workload, report, truth)
     assert consistent_ts(LakeRoot.of(s3_lake)) == workload.last_watermark
