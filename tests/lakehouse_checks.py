@@ -18,11 +18,8 @@ from consumer.lakehouse.tables import KINDS, entry_uri, read_delta, tables
 from consumer.simulate.truth import delta_changelogs
 from consumer.testing.broker import EmbeddedBroker
 
-# the embedded broker completes a group join on a whole second past half the session timeout: 3 s took 2 s,
-# 2 s takes 1 s (a second off every join, rebalance and wait for a killed member's session to expire);
-# still ~6 heartbeats a session
-SESSION_TIMEOUT_S = 2
-FAST_GROUP_ENV = {  # quick group joins on the embedded broker (above); many small commits
+SESSION_TIMEOUT_S = 3
+FAST_GROUP_ENV = {  # group joins of ~SESSION_TIMEOUT_S / 2 on the embedded broker; many small commits
     "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_S * 1000),
     "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
     # also the rebalance timeout: how long the broker waits for members killed in a rebalance to rejoin

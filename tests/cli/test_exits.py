@@ -40,11 +40,11 @@ from consumer.stopping import StopRequest
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.processes import command_line, descendants, wait_gone
 
-FAST_GROUP = {  # group joins in ~1 s on the embedded broker (lakehouse_checks)
-    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": "2000",
+FAST_GROUP = {
+    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": "3000",
     "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
 }
-FAST_KAFKA = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "300"}
+FAST_KAFKA = {"session.timeout.ms": "3000", "heartbeat.interval.ms": "300"}
 
 
 def _start(*args: str, env: dict[str, str] | None = None, log: Path) -> subprocess.Popen[str]:

@@ -41,7 +41,7 @@ from consumer.state.machine import ConsumerState
 from consumer.stopping import StopRequest
 from consumer.testing.broker import EmbeddedBroker
 
-FAST_GROUP = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "300"}  # ~1 s joins (lakehouse_checks)
+FAST_GROUP = {"session.timeout.ms": "3000", "heartbeat.interval.ms": "300"}
 Offsets = set[tuple[str, int, int]]
 
 
@@ -256,8 +256,7 @@ def test_sigkill_and_restart_resumes_from_committed_offsets_without_loss(
     ]
     env = {
         **os.environ,
-        "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": "2000",
-        "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
+        "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": "3000",
         "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "500",
     }
     first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

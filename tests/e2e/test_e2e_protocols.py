@@ -32,8 +32,8 @@ from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.registry import LocalSchemaRegistry
 
 pytestmark = pytest.mark.e2e
-FAST_GROUP_ENV = {  # joins of ~1 s on the embedded broker (lakehouse_checks)
-    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": "2000",
+FAST_GROUP_ENV = {
+    "TICDC_CONSUMER_KAFKA_SESSION_TIMEOUT_MS": "3000",
     "TICDC_CONSUMER_KAFKA_HEARTBEAT_INTERVAL_MS": "300",
     "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "1000",
 }
