@@ -23,24 +23,19 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' key-value table
+
+from delta_changes import KV as SCHEMA
 
 from consumer.batches.changes import TableChanges, table_changes
 from consumer.errors import RecordLocation
 from consumer.lakehouse.tables import table_uri
-from consumer.protocol.model import Column, DataType, DMLType, Index, TableSchema
+from consumer.protocol.model import DMLType
 from consumer.protocol.table import TableCodec
 from consumer.sinks.base import CommitContext
 from consumer.sinks.delta import DeltaSink
 from consumer.testing.messages import raw_dml
 
-SCHEMA = TableSchema(
-    database="shop",
-    table="kv",
-    table_id=7,
-    version=1,
-    columns=(Column("id", DataType("bigint"), nullable=False), Column("v", DataType("varchar", length=8))),
-    indexes=(Index("primary", True, True, False, ("id",)),),
-)
 GROUP = "bench"
 
 
