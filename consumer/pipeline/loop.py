@@ -372,9 +372,8 @@ class Pipeline(RebalanceListener):
         marks = self.state.commit_watermarks(offsets)
         source = self._source
         try:
-            with self.watchdog.watching(
-                _commit_operation(source, offsets)
-            ):  # a broker can leave it unanswered
+            # watched: a broker can leave an offset commit unanswered (confluent-kafka's has no timeout)
+            with self.watchdog.watching(_commit_operation(source, offsets)):
                 if isinstance(source, CarriesWatermarks):
                     source.commit(offsets, marks)
                 else:

@@ -345,9 +345,7 @@ class MirrorMerges:
         self.retry_backoff = retry_backoff
         self.target_file_size = target_file_size
         self.mirror_buckets = mirror_buckets  # for mirrors created from now on (a mirror records its own)
-        self.split_rows = (
-            split_rows  # a bucketed MERGE of this many keys or more runs in bucket groups (0: never)
-        )
+        self.split_rows = split_rows  # a bucketed MERGE of this many keys or more runs in bucket groups
         self.defer_splits = defer_splits  # whether such a MERGE is left to the caller (`prepare_merge_job`)
         self._metrics = dict.fromkeys(("merges", *MERGE_METRICS), 0)
         self._deletes_read: dict[str, dict[str, pa.Table]] = {}  # per side table: rows by file read
