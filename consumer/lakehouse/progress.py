@@ -9,10 +9,13 @@
     member, recorded_at       who recorded it, when
     waiting_rows, held_rows   only in a record made at a stop (the run ends, the partition goes): rows left
                               unapplied then, waiting for a WATERMARK / held for their schema; null otherwise
+    topic_partitions          how many partitions the topic has, as the member knew it (null: not known)
 
 Offsets and applied ts only ever grow as claims (a row stays true once written), so readers take the maximum
 of each per partition, a stale member's row is harmless, and appends of different members never conflict.
 The counts at a stop are no claim: readers take the newest stop row of each partition (`last_stops`).
+A topic's partition count is a claim too (the largest wins): until every partition of it has a row, the
+group's output is consistent nowhere, as a member that started late has not recorded its partitions yet.
 `<root>/_schemas` keeps each member's schema-cache snapshot (msgpack), so a member taking over a partition
 decodes rows whose schema no later message announces. Both are compacted to their newest rows now and then.
 """
@@ -56,6 +59,7 @@ PROGRESS_SCHEMA = pa.schema(
         pa.field("recorded_at", pa.timestamp("us", tz="UTC"), nullable=False),
         pa.field("waiting_rows", pa.int64()),  # added later: older tables gain them on the next append
         pa.field("held_rows", pa.int64()),
+        pa.field("topic_partitions", pa.int32()),
     ]
 )
 SCHEMAS_SCHEMA = pa.schema(
@@ -99,9 +103,12 @@ class ProgressLog:
         applied_ts: Mapping[TopicPartition, int],
         schema_snapshot: bytes | None = None,
         stopped: Sequence[Unapplied] | None = None,
+        topic_partitions: Mapping[str, int] | None = None,
     ) -> None:
         """Append a member's progress (and its schema snapshot, when given: record it whenever it changed).
-        `stopped`: at a stop, what the partitions left unapplied (a partition not in it left nothing)."""
+        `stopped`: at a stop, what the partitions left unapplied (a partition not in it left nothing).
+        `topic_partitions`: per topic, its partition count, where the member knows it."""
+        counts = topic_partitions or {}
         now = datetime.now(UTC)
         if schema_snapshot:
             row = {"member": self.member, "recorded_at": now, "snapshot": schema_snapshot}
@@ -118,6 +125,7 @@ class ProgressLog:
                 "member": self.member,
                 "recorded_at": now,
                 **_stop_counts((topic, partition), stopped),
+                "topic_partitions": counts.get(topic),
             }
             for (topic, partition), offset in sorted(resume_offsets.items())
         ]
@@ -218,8 +226,10 @@ def _newest_stops(rows: pa.Table) -> list[dict[str, Any]]:
 def _newest_progress(rows: pa.Table) -> pa.Table:
     """The furthest offsets and applied ts per partition, and its newest stop row as it was."""
     now = datetime.now(UTC)
+    if "topic_partitions" not in rows.column_names:  # rows older than the column
+        rows = rows.append_column("topic_partitions", pa.nulls(rows.num_rows, pa.int32()))
     furthest = rows.group_by(["group", "topic", "partition"], use_threads=False).aggregate(
-        [("resume_offset", "max"), ("applied_ts", "max")]
+        [("resume_offset", "max"), ("applied_ts", "max"), ("topic_partitions", "max")]
     )
     compacted = pa.table(
         {
@@ -232,6 +242,7 @@ def _newest_progress(rows: pa.Table) -> pa.Table:
             "recorded_at": pa.array([now] * furthest.num_rows, pa.timestamp("us", tz="UTC")),
             "waiting_rows": pa.nulls(furthest.num_rows, pa.int64()),
             "held_rows": pa.nulls(furthest.num_rows, pa.int64()),
+            "topic_partitions": furthest["topic_partitions_max"],
         },
         schema=PROGRESS_SCHEMA,
     )
@@ -264,7 +275,8 @@ def consistent_ts(
     over the partitions the group recorded, of the furthest applied ts each partition's rows claim.
 
     `group`: the consumer group; None takes the only group that recorded progress (several: the smallest
-    over them). None when nothing is known yet or a partition has no applied ts.
+    over them). None when nothing is known yet, a partition has no applied ts, or a topic has partitions
+    the group has not recorded yet (a member that started late: its partitions' rows may be older).
     """
     lake = LakeRoot.of(root, storage_options)
     table = lake.open(lake.join(PROGRESS))
@@ -276,10 +288,22 @@ def consistent_ts(
 def _consistent(lake: LakeRoot, table: DeltaTable, group: str | None) -> int | None:
     """`consistent_ts` from the progress table's rows (`group`'s, or every group's: the smallest over them
     is the smallest over all their partitions)."""
+    counted = any(field.name == "topic_partitions" for field in table.schema().fields)  # newer tables
     rows = lake.scan(table).to_table(
-        columns=["group", "topic", "partition", "applied_ts"],
+        columns=["group", "topic", "partition", "applied_ts", *(["topic_partitions"] if counted else [])],
         filter=None if group is None else pc.field("group") == group,
     )
     keys = ["group", "topic", "partition"]
     furthest = rows.group_by(keys, use_threads=False).aggregate([("applied_ts", "max")])["applied_ts_max"]
-    return None if not len(furthest) or furthest.null_count else int(pc.min(furthest).as_py())
+    if not len(furthest) or furthest.null_count or (counted and _unrecorded_partitions(rows)):
+        return None
+    return int(pc.min(furthest).as_py())
+
+
+def _unrecorded_partitions(rows: pa.Table) -> bool:
+    """Whether a topic has more partitions, as the largest count any row claims, than the group recorded."""
+    topics = rows.group_by(["group", "topic"], use_threads=False).aggregate(
+        [("topic_partitions", "max"), ("partition", "count_distinct")]
+    )
+    short = pc.greater(topics["topic_partitions_max"], topics["partition_count_distinct"])
+    return bool(pc.any(short).as_py())

@@ -25,7 +25,7 @@ from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.types import DecodeStats, ValuePolicy
 from consumer.sinks.base import CommitContext, ReportsMetrics, Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
-from consumer.sources.base import CarriesWatermarks, RebalanceListener, Source
+from consumer.sources.base import CarriesWatermarks, CountsPartitions, RebalanceListener, Source
 from consumer.sources.errors import SourceError
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.sources.retry import SourceRetry
@@ -170,7 +170,7 @@ class Pipeline(RebalanceListener):
         everything resolved by then is applied and committed. The totals say what was left unapplied, and
         whether the run went idle holding no partition (`unassigned_s`)."""
         self.open()
-        self._source = source
+        self.attach(source)
         self._idle = 0.0
         self._unassigned_since = None
         paused = self.pause_gc and gc.isenabled()
@@ -273,6 +273,8 @@ class Pipeline(RebalanceListener):
     def attach(self, source: Source) -> None:
         """The source `step`/`step_decoded` commit to and take backpressure from (`run` attaches its own)."""
         self._source = source
+        if isinstance(source, CountsPartitions):
+            self._progress.partition_counts = source.partition_counts
 
     def _settle(self, *, until: float | None) -> None:
         """The end of a cycle: apply what resolved (until about `until`), commit, adjust backpressure."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -122,6 +122,8 @@ class RecordedProgress:
         self._durable_offsets: dict[TopicPartition, int] = {}  # the resume offsets of that record
         self._recording: _Recording | None = None  # on the writer's thread, not known durable yet
         self._schemas_refreshed = 0.0
+        # per topic, its partition count (the source's, when it knows them: `CountsPartitions`)
+        self.partition_counts: Callable[[], dict[str, int]] = dict
 
     # -- reading back ----------------------------------------------------------------------------------
     def learn_schemas(self) -> None:
@@ -230,6 +232,7 @@ class RecordedProgress:
             schema_snapshot=self.state.schemas.snapshot() if fresh else b"",
             applied_ts=applied,
             stopped=tuple(self.state.unapplied()) if stopping else None,
+            topic_partitions=self.partition_counts(),
         )
 
     def _record(self, context: CommitContext) -> bool:

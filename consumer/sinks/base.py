@@ -26,7 +26,8 @@ class CommitContext:
     `applied_ts`: per (topic, partition), a commit ts every change of that partition up to which is
     durably applied (given to `ProgressRecorder.record_progress`). `stopped`: in the record made as the run
     ends or partitions go, what each partition left unapplied (None: no stop), so the lake says what a
-    restart must read again.
+    restart must read again. `topic_partitions`: per topic, its partition count as the member knows it
+    (empty: not known), so a group's records say when every partition has recorded.
     """
 
     group: str
@@ -35,6 +36,7 @@ class CommitContext:
     schema_snapshot: bytes = b""
     applied_ts: dict[TopicPartition, int] = field(default_factory=dict)
     stopped: tuple[Unapplied, ...] | None = None
+    topic_partitions: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,7 @@ class LakehouseSink:
             context.applied_ts,
             context.schema_snapshot or None,
             context.stopped,
+            context.topic_partitions,
         )
 
     def close(self) -> None:

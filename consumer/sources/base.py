@@ -84,6 +84,17 @@ class Source(Protocol):
 
 
 @runtime_checkable
+class CountsPartitions(Protocol):
+    """A source that knows how many partitions each of its topics has (Kafka's metadata), whichever it is
+    given: a group's output is consistent at a commit ts only once every partition recorded reaching it,
+    including those no member recorded anything for yet."""
+
+    def partition_counts(self) -> dict[str, int]:
+        """Per topic, its partition count; empty when not known (the metadata could not be read)."""
+        ...
+
+
+@runtime_checkable
 class CarriesWatermarks(Protocol):
     """A source whose offset commits can carry each partition's watermark (Kafka commit metadata), so
     whoever reads a partition next, this member after losing it or another one, resumes with it."""

@@ -7,13 +7,13 @@ retry, never a stop (the lake's own records, not Kafka's, are where either engin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from consumer.kafka_config import create_client, scrubbed, secret_values
 from consumer.sources.errors import SourceError
-from consumer.sources.kafka import commit_position
+from consumer.sources.kafka import commit_position, partition_counts
 from consumer.sources.record import TopicPartition
 
 
@@ -50,6 +50,10 @@ class GroupCommits:
         for tp in result or []:
             if tp.error is not None:
                 raise self._error(f"commit of {tp.topic}[{tp.partition}]@{tp.offset} failed", tp.error)
+
+    def partition_counts(self, topics: Iterable[str], timeout: float = 5.0) -> dict[str, int] | None:
+        """Per topic that exists, its partition count; None when the metadata cannot be read."""
+        return partition_counts(self._client(), topics, timeout)
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -130,6 +130,8 @@ class KafkaSource:
             None  # librdkafka reported every broker down, and no sign of life since
         )
         self._closed = False
+        self._counts: dict[str, int] = {}
+        self._counts_stale = True  # read the metadata again: nothing read yet, or partitions were assigned
         log.info(
             "kafka source for %s, config %s",
             self._topics,
@@ -190,6 +192,7 @@ class KafkaSource:
             log.info("not taking %s: leaving the group", _keys(partitions))
             return
         self._reached()
+        self._counts_stale = True
         positioned = self._positioned(_keys(partitions))
         log.info("assigned %s", [(tp.topic, tp.partition, tp.offset) for tp in positioned])
         if self._cooperative:
@@ -301,6 +304,15 @@ class KafkaSource:
     def assignment(self) -> set[TopicPartition]:
         return set(_keys(self._consumer.assignment()))
 
+    def partition_counts(self) -> dict[str, int]:
+        """`CountsPartitions`: read once and again after each assignment (a topic may have grown); the last
+        counts known while the metadata cannot be read."""
+        if self._counts_stale:
+            counts = partition_counts(self._consumer, self._topics, _PROBE_SECONDS)
+            if counts is not None:
+                self._counts, self._counts_stale = counts, False
+        return dict(self._counts)
+
     def close(self) -> None:
         """Leave the group (the listener's `on_revoke` fires in subscribe mode) and release the client;
         idempotent."""
@@ -371,6 +383,17 @@ def commit_position(tp: TopicPartition, offset: int, watermark: int | None) -> K
     if watermark is None:
         return KafkaTopicPartition(topic, partition, offset)
     return KafkaTopicPartition(topic, partition, offset, metadata=watermark_metadata(watermark))
+
+
+def partition_counts(client: Consumer, topics: Iterable[str], timeout: float) -> dict[str, int] | None:
+    """Per topic that exists, its partition count; None (logged) when the metadata cannot be read."""
+    try:
+        metadata = client.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        log.warning("cannot read the partition counts of %s: %s", sorted(topics), exc)
+        return None
+    found = {topic: metadata.topics.get(topic) for topic in topics}
+    return {topic: len(info.partitions) for topic, info in found.items() if info and info.error is None}
 
 
 def _keys(partitions: list[KafkaTopicPartition]) -> list[TopicPartition]:

@@ -112,11 +112,14 @@ class _SparkOffsets:
     the group without joining it (`GroupCommits`: lag tools, `status` and a loop member taking over read
     them), and pauses go to the planner through the engine's record."""
 
-    def __init__(self, commits: GroupCommits) -> None:
+    def __init__(self, commits: GroupCommits, topics: Sequence[str]) -> None:
         self._commits = commits
+        self._topics = topics
         self.assigned: set[TopicPartition] = set()
         self.first: dict[TopicPartition, int] = {}  # the first offset fed, per partition
         self.paused: set[TopicPartition] = set()
+        self._counts: dict[str, int] = {}
+        self._counted = -1  # how many partitions were assigned when the counts were read
 
     def poll_batch(self, max_records: int, timeout: float) -> list[SourceRecord]:
         return []
@@ -140,6 +143,14 @@ class _SparkOffsets:
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.assigned)
+
+    def partition_counts(self) -> dict[str, int]:
+        """`CountsPartitions`: read again whenever a partition new to the query was fed."""
+        if self._counted != len(self.assigned):
+            counts = self._commits.partition_counts(self._topics)
+            if counts is not None:
+                self._counts, self._counted = counts, len(self.assigned)
+        return dict(self._counts)
 
     def close(self) -> None:
         return None
@@ -197,7 +208,7 @@ class ChangeBatches:
         self._stats = PipelineStats()
         self._watchdog = Watchdog(config.watchdog.stall_after_s)  # one for every pipeline: their stalls
         self._pipeline: Pipeline | None = None
-        self._source = _SparkOffsets(self._commits)
+        self._source = _SparkOffsets(self._commits, self.options.topics)
         self._next_batch: int | None = None  # the batch id the in-memory state expects next
         self._live: list[Segment] = []  # the records fed and not yet carried
         self._unfed: list[Segment] = []  # a restored carry, fed before the next batch
@@ -315,7 +326,7 @@ class ChangeBatches:
             progress_seconds=0 if self._merges_elsewhere() else PROGRESS_SECONDS,
         )
         pipeline.stats = self._stats
-        self._source = _SparkOffsets(self._commits)
+        self._source = _SparkOffsets(self._commits, self.options.topics)
         pipeline.attach(self._source)
         pipeline.open()  # the sinks' recorded schemas first: the carry's are the newer
         if carry is not None and carry.schemas:

@@ -23,15 +23,25 @@ from lakehouse_checks import (
     versions,
 )
 
+from consumer.app import build_pipeline
 from consumer.cli import EXIT_UNASSIGNED
+from consumer.config import load_config
 from consumer.lakehouse.maintenance import maintain
 from consumer.lakehouse.progress import consistent_ts
-from consumer.lakehouse.tables import AsOfRetentionError, read_history, read_mirror, retained_range
+from consumer.lakehouse.tables import (
+    COMPLETE_TS,
+    AsOfRetentionError,
+    read_history,
+    read_mirror,
+    retained_range,
+)
+from consumer.pipeline.stats import PipelineStats
 from consumer.protocol.model import Watermark
 from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import arrow_table_rows, delta_mirror_state, differences, sent, truth_at
 from consumer.simulate.workload import Workload, WorkloadConfig
+from consumer.sources.kafka import KafkaSource
 from consumer.testing.broker import EmbeddedBroker
 
 
@@ -224,6 +234,50 @@ def test_as_of_every_watermark_equals_the_truth_then(
             columns = [c.name for c in expected.schema.columns]
             assert rows.column_names == [*columns, "_commit_ts", "_schema_version"], f"{name} at {watermark}"
             assert arrow_table_rows(rows, expected.schema) == expected.rows, f"{name} at {watermark}"
+
+
+def _member(broker: EmbeddedBroker, topic: str, root: Path, partitions: list[int]) -> PipelineStats:
+    """A member of the group `topic`.late reading `partitions` to their end, MERGEing its mirrors lazily."""
+    sink = {"url": f"delta:{root}", "mirror_interval_rows": 400, "mirror_buckets": 4}
+    source = {"url": f"kafka://{broker.bootstrap_servers}/{topic}", "group": f"{topic}.late"}
+    config = load_config(overrides={"source": source, "sink": sink}, environ={})
+    pipeline = build_pipeline(config)
+    chosen = [(topic, partition) for partition in partitions]
+    try:
+        with KafkaSource(
+            broker.bootstrap_servers, [topic], config.source.group, partitions=chosen, listener=pipeline
+        ) as kafka:
+            return pipeline.run(kafka, until_idle=1.0)
+    finally:
+        pipeline.close()
+
+
+def test_a_member_that_starts_late_leaves_no_false_consistent_point(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """The first member of a group reads its partition to the stream's end before the second records
+    anything: the lake has no consistent point until the second one recorded its partitions (it claimed
+    the first one's, and a lazy MERGE then claimed the mirrors complete with a third of their rows, for
+    good), and in the end every mirror, as of every watermark too, equals the truth."""
+    topic = kafka_topic(3)
+    config = {"rows": 900, "dispatch": "primary-key", "start_physical_ms": int(time.time() * 1000)}
+    workload = _produce(kafka_broker, topic, **config)
+    records = sent(Workload(WorkloadConfig(**{"tables": 3, "partitions": 3, **config})))
+    root = tmp_path / "lake"
+    early = _member(kafka_broker, topic, root, [2])
+    assert early.rows > 0 and not early.unapplied
+    assert consistent_ts(root) is None
+    progress = DeltaTable(str(root / "_progress")).to_pyarrow_table()
+    assert set(progress["topic_partitions"].to_pylist()) == {3}
+    commits = [c for mirror in root.glob("*/*/mirror") for c in DeltaTable(str(mirror)).history()]
+    assert {int(str(c[COMPLETE_TS])) for c in commits if COMPLETE_TS in c} <= {0}  # nothing it may lack
+    _member(kafka_broker, topic, root, [0, 1])
+    assert consistent_ts(root) == workload.last_watermark
+    assert differences(_mirror_state(root, workload), write_ground_truth(workload, tmp_path / "t.json")) == []
+    for watermark in sorted({r.message.commit_ts for r in records if isinstance(r.message, Watermark)}):
+        for name, expected in truth_at(records, watermark).items():
+            rows = read_mirror(root, *name.split("."), as_of_tso=watermark)  # type: ignore[arg-type]
+            assert rows is not None and arrow_table_rows(rows, expected.schema) == expected.rows, name
 
 
 def test_as_of_retention_after_two_members_keeps_every_later_watermark_exact(

@@ -30,7 +30,7 @@ from deltalake import DeltaTable
 
 from consumer.errors import SinkError
 from consumer.lakehouse.catalog import Catalog
-from consumer.lakehouse.progress import consistent_ts
+from consumer.lakehouse.progress import COMPACT_EVERY, PROGRESS, consistent_ts
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import read_changelog, read_mirror, table_uri, tables
 from consumer.protocol.model import Column, DataType, DDLType, DMLType, Index, TableSchema
@@ -489,6 +489,43 @@ def test_recorded_progress_round_trips_and_gives_the_consistent_point(tmp_path: 
     assert reopened.recorded_offsets("another group") == {}
     assert consistent_ts(LakeRoot.of(tmp_path)) == TS + 4  # the partition furthest behind
     assert consistent_ts(LakeRoot.of(tmp_path), "another group") is None
+
+
+def test_no_consistent_point_until_every_partition_of_the_topic_recorded(tmp_path: Path) -> None:
+    """A member that started first records its one partition at the stream's end; the member owning the
+    others has recorded nothing yet: the lake holds nothing consistent (it claimed that point once)."""
+    three = {"t": 3}
+    early = DeltaSink(tmp_path)
+    early.record_progress(
+        CommitContext("g", {("t", 2): 9}, applied_ts={("t", 2): TS + 9}, topic_partitions=three)
+    )
+    assert consistent_ts(LakeRoot.of(tmp_path), "g") is None
+    late = DeltaSink(tmp_path)
+    late.record_progress(CommitContext("g", {("t", 0): 4}, applied_ts={("t", 0): TS + 5}))  # count not known
+    assert consistent_ts(LakeRoot.of(tmp_path), "g") is None
+    late.record_progress(
+        CommitContext("g", {("t", 1): 4}, applied_ts={("t", 1): TS + 3}, topic_partitions={"t": 2})
+    )
+    assert consistent_ts(LakeRoot.of(tmp_path), "g") == TS + 3  # the largest count any member saw: 3
+    early.record_progress(
+        CommitContext("g", {("t", 3): 1}, applied_ts={("t", 3): TS}, topic_partitions={"t": 5})
+    )
+    assert consistent_ts(LakeRoot.of(tmp_path), "g") is None  # the topic grew to 5: partition 4 unrecorded
+
+
+def test_a_compacted_progress_table_keeps_the_partition_counts(tmp_path: Path) -> None:
+    sink = DeltaSink(tmp_path)
+    for _ in range(COMPACT_EVERY + 1):
+        sink.record_progress(
+            CommitContext("g", {("t", 0): 1}, applied_ts={("t", 0): TS}, topic_partitions={"t": 2})
+        )
+    assert consistent_ts(LakeRoot.of(tmp_path), "g") is None
+    rows = _plain(tmp_path / PROGRESS)
+    assert "compacted" in {row["member"] for row in rows} and {row["topic_partitions"] for row in rows} == {2}
+    sink.record_progress(
+        CommitContext("g", {("t", 1): 1}, applied_ts={("t", 1): TS + 1}, topic_partitions={})
+    )
+    assert consistent_ts(LakeRoot.of(tmp_path), "g") == TS
 
 
 def test_schema_snapshots_of_every_member_are_merged(tmp_path: Path) -> None:

@@ -325,6 +325,8 @@ def test_mirror_equals_ground_truth_through_every_ddl_type(
     assert changelog_rows(root) == stats.rows == changelog_images(workload.config)
     assert ddl_types(root) == {"CREATE", "ALTER", "CINDEX", "TRUNCATE", "RENAME", "ERASE"}
     assert consistent_ts(root) == workload.last_watermark
+    progress = DeltaTable(str(root / "_progress")).to_pyarrow_table()
+    assert set(progress["topic_partitions"].to_pylist()) == {3}  # the topic's count: no false point
     assert stats.dead_letters == 0
     batches = sorted((root / "_spark" / f"{topic}.spark" / "ticdc").glob("batch-*.arrow"))
     assert len(batches) == 3  # the newest kept, of several micro-batches (1000 records each)
