@@ -147,6 +147,20 @@ class ProgressLog:
             for row in _furthest(rows).to_pylist()
         }
 
+    def topic_partitions(self, group: str) -> dict[str, int]:
+        """Per topic, the largest partition count the group's rows claim (a topic without one: left out)."""
+        table = self.root.open(self.progress_uri)
+        dataset = None if table is None else self.root.scan(table)
+        if dataset is None or "topic_partitions" not in dataset.schema.names:
+            return {}
+        rows = dataset.to_table(columns=["topic", "topic_partitions"], filter=pc.field("group") == group)
+        counts = rows.group_by("topic", use_threads=False).aggregate([("topic_partitions", "max")])
+        return {
+            row["topic"]: row["topic_partitions_max"]
+            for row in counts.to_pylist()
+            if row["topic_partitions_max"]
+        }
+
     def last_stops(self, group: str) -> dict[TopicPartition, PartitionStop]:
         """Per partition, what it left unapplied at its newest recorded stop."""
         table = self.root.open(self.progress_uri)

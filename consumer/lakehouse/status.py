@@ -172,10 +172,14 @@ def _unrecorded(group: str, topic: str, partition: int) -> PartitionStatus:
 
 
 def _partitions(progress: ProgressLog, group: str | None) -> list[PartitionStatus]:
+    """Every partition a group recorded, and those of its topics it has not (no consistent point then)."""
     found = []
     for name in [group] if group is not None else progress.groups():
         stops = progress.last_stops(name)
-        for tp, recorded in sorted(progress.partitions(name).items()):
+        partitions = progress.partitions(name)
+        for topic, count in progress.topic_partitions(name).items():
+            found += [_unrecorded(name, topic, p) for p in range(count) if (topic, p) not in partitions]
+        for tp, recorded in sorted(partitions.items()):
             stop = stops.get(tp)
             found.append(
                 PartitionStatus(
@@ -189,7 +193,7 @@ def _partitions(progress: ProgressLog, group: str | None) -> list[PartitionStatu
                     stopped_at=None if stop is None else stop.recorded_at,
                 )
             )
-    return found
+    return sorted(found, key=lambda p: (p.group, p.topic, p.partition))
 
 
 def _table(lake: LakeRoot, entry: CatalogEntry, now: float) -> TableStatus:

@@ -19,6 +19,7 @@ from lakehouse_checks import run_to_end
 from consumer.cli import main
 from consumer.errors import DeadLetter, RecordLocation
 from consumer.lakehouse.progress import PROGRESS_SCHEMA, ProgressLog, consistent_ts
+from consumer.lakehouse.status import read_status
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import read_changelog
 from consumer.protocol.model import DML, DMLType
@@ -72,15 +73,30 @@ def test_a_stop_records_what_each_partition_left_unapplied_and_compaction_keeps_
 
 def test_a_progress_table_older_than_the_stop_counts_gains_them(tmp_path: Path) -> None:
     log = ProgressLog(LakeRoot.of(tmp_path))
-    old_schema = pa.schema([f for f in PROGRESS_SCHEMA if f.name not in ("waiting_rows", "held_rows")])
+    added = ("waiting_rows", "held_rows", "topic_partitions")
+    old_schema = pa.schema([f for f in PROGRESS_SCHEMA if f.name not in added])
     row = {"group": "g", "topic": "t", "partition": 0, "resume_offset": 3, "applied_ts": 8, "member": "m"}
     write_deltalake(
         log.progress_uri, pa.Table.from_pylist([{**row, "recorded_at": datetime.now(UTC)}], old_schema)
     )
-    assert log.last_stops("g") == {}
+    assert log.last_stops("g") == {} and log.topic_partitions("g") == {}
+    assert consistent_ts(tmp_path, "g") == 8
     log.record("g", {("t", 0): 4}, {}, stopped=())
     assert log.last_stops("g")[("t", 0)].held_rows == 0
     assert log.partitions("g")[("t", 0)].applied_ts == 8
+    assert consistent_ts(tmp_path, "g") == 8  # the old rows claim no partition count
+    log.record("g", {("t", 0): 4}, {}, topic_partitions={"t": 2})
+    assert log.topic_partitions("g") == {"t": 2} and consistent_ts(tmp_path, "g") is None
+
+
+def test_status_lists_the_partitions_no_member_recorded_yet(tmp_path: Path) -> None:
+    """A member that started early recorded its partition 2 of 3: the status shows partitions 0 and 1
+    without a record, which is why the lake has no consistent point yet."""
+    ProgressLog(LakeRoot.of(tmp_path)).record("g", {("t", 2): 6}, {("t", 2): 9}, topic_partitions={"t": 3})
+    status = read_status(str(tmp_path))
+    assert status.consistent_ts is None
+    listed = [(p.group, p.topic, p.partition, p.lake_offset, p.applied_ts) for p in status.partitions]
+    assert listed == [("g", "t", 0, None, None), ("g", "t", 1, None, None), ("g", "t", 2, 6, 9)]
 
 
 # -- dead letters --------------------------------------------------------------------------------------
