@@ -389,7 +389,7 @@ def partition_counts(client: Consumer, topics: Iterable[str], timeout: float) ->
     """Per topic that exists, its partition count; None (logged) when the metadata cannot be read."""
     try:
         metadata = client.list_topics(timeout=timeout)
-    except KafkaException as exc:
+    except (KafkaException, RuntimeError) as exc:  # RuntimeError: the client is closed
         log.warning("cannot read the partition counts of %s: %s", sorted(topics), exc)
         return None
     found = {topic: metadata.topics.get(topic) for topic in topics}
