@@ -111,6 +111,7 @@ def test_explicit_partitions_and_on_assign_start_offsets(
     ) as source:
         records = poll_until([source], lambda got: len(got) >= 2)
         assert source.poll_batch(100, timeout=0.2) == []
+        assert source.partition_counts() == {topic: 3}  # the topic's, not the assignment's
     assert start_at_3.offered == [[(topic, 1)]]
     assert summary(records) == {(1, 3, b"value-1-3"), (1, 4, b"value-1-4")}
 
@@ -121,6 +122,7 @@ def test_subscribe_mode_gets_records(kafka_broker: EmbeddedBroker, kafka_topic: 
     with KafkaSource(kafka_broker.bootstrap_servers, [topic], group_id(), config=FAST_GROUP) as source:
         records = poll_until([source], lambda got: len(got) >= 6)
         assert source.assignment() == {(topic, 0), (topic, 1)}
+        assert source.partition_counts() == {topic: 2}
     assert summary(records) == expected
 
 
