@@ -386,13 +386,13 @@ def commit_position(tp: TopicPartition, offset: int, watermark: int | None) -> K
 
 
 def partition_counts(client: Consumer, topics: Iterable[str], timeout: float) -> dict[str, int] | None:
-    """Per topic that exists, its partition count; None (logged) when the metadata cannot be read."""
+    """Per topic that exists, its partition count (the topics' metadata alone, not the cluster's); None
+    (logged) when the metadata cannot be read."""
     try:
-        metadata = client.list_topics(timeout=timeout)
+        found = {topic: client.list_topics(topic, timeout=timeout).topics.get(topic) for topic in topics}
     except (KafkaException, RuntimeError) as exc:  # RuntimeError: the client is closed
         log.warning("cannot read the partition counts of %s: %s", sorted(topics), exc)
         return None
-    found = {topic: metadata.topics.get(topic) for topic in topics}
     return {topic: len(info.partitions) for topic, info in found.items() if info and info.error is None}
 
 
