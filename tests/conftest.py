@@ -94,10 +94,8 @@ _MARKED_BY_FIXTURE = {
 }
 
 
-@pytest.hookimpl(trylast=True)  # after xdist's own, which names each grouped test
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        _keep_group_name(item)
         for fixture in getattr(item, "fixturenames", ()):
             marker = _MARKED_BY_FIXTURE.get(fixture)
             if marker:
@@ -105,14 +103,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     _longest_first(items)
 
 
-def _keep_group_name(item: pytest.Item) -> None:
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reports the collected ids to the controller
+def pytest_collection_finish(session: pytest.Session) -> None:
     """Make the id xdist gives a test of an `xdist_group` (`<nodeid>@<group>`, which `--dist loadgroup`
     schedules by) the test's id. xdist 3.8 sets it as `item._nodeid`, which pytest 9 no longer reads (the id
     is `item._id`): without this a group's tests are spread over the workers, and a module fixture meant to
     run once (the notebook's) runs on each."""
-    renamed = item.__dict__.pop("_nodeid", None)
-    if renamed is not None:
-        item._id = coerce_node_id(renamed)
+    for item in session.items:
+        renamed = item.__dict__.pop("_nodeid", None)
+        if renamed is not None:
+            item._id = coerce_node_id(renamed)
 
 
 def _longest_first(items: list[pytest.Item]) -> None:
