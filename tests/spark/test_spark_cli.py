@@ -315,10 +315,10 @@ def _slow_first_source_runner(directory: Path) -> Path:
     ids=["no-task-retries", "task-retries"],
 )
 def test_sigkill_of_an_executor_python_worker_mid_batch_then_restart_is_exact(
+    spark: SparkSession,
     kafka_broker: EmbeddedBroker,
     kafka_topic: Any,
     tmp_path: Path,
-    request: pytest.FixtureRequest,
     master: str,
     retried: bool,
 ) -> None:
@@ -343,7 +343,7 @@ def test_sigkill_of_an_executor_python_worker_mid_batch_then_restart_is_exact(
         assert code == 2, output[-4000:]
         assert "the streaming query failed" in output, output[-4000:]
         config = _config(kafka_broker, topic, root, checkpoint, batch_records=BIG_BATCH_RECORDS)
-        engine.run(config, until_idle=1.0, spark=request.getfixturevalue("spark"))
+        engine.run(config, until_idle=1.0, spark=spark)
     assert differences(delta_mirror_state(root, [t.schema for t in workload.tables]), truth) == []
     assert changelog_duplicates(root) == 0
     assert changelog_rows(root) == changelog_images(workload.config)
