@@ -21,6 +21,7 @@ from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from _pytest.nodeid import coerce_node_id  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from pyspark import SparkContext  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
@@ -39,13 +40,14 @@ SESSION_MARK = "TICDC_TEST_SESSION"
 # minute: the client compiler alone and the serial collector cost them ~30% less CPU than C2 and G1 do.
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 DURATIONS = Path(__file__).with_name("durations.json")
+SPARK_GROUP = "spark"  # the `xdist_group` of the tests using the `spark` fixture
 LEFTOVER_GRACE_SECONDS = 15.0  # processes asked to stop by the last tests may still be finishing
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """One local SparkSession per test run: a cold start costs ~10 s. Its JVM is ended with it (it would
-    otherwise live until the test process exits)."""
+    """One local SparkSession per test run (its tests are one `xdist_group`): a cold start costs ~10 s.
+    Its JVM is ended with it (it would otherwise live until the test process exits)."""
     session = spark_session("consumer-tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session
@@ -99,7 +101,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             marker = _MARKED_BY_FIXTURE.get(fixture)
             if marker:
                 item.add_marker(marker)
+        if "spark" in getattr(item, "fixturenames", ()):
+            # one worker runs them all: the session's driver starts once a run, not once a worker
+            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
     _longest_first(items)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reports the collected ids to the controller
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under `--dist loadgroup`, a test of an `xdist_group` gets the id `<nodeid>@<group>`, which the
+    scheduler sends to one worker by. xdist 3.8 renames through `item._nodeid`, which pytest 9 no longer
+    reads (the id is `item._id`), and before this conftest marks its groups: without this a group's tests
+    are spread over the workers, and what they share (the notebook's run, the Spark session) runs on each."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    for item in session.items:
+        group = _group(item)
+        if group is not None and not item.nodeid.endswith(f"@{group}"):
+            item._id = coerce_node_id(f"{item.nodeid}@{group}")
 
 
 def _longest_first(items: list[pytest.Item]) -> None:
@@ -118,8 +137,13 @@ def _longest_first(items: list[pytest.Item]) -> None:
 
 
 def _work_unit(item: pytest.Item) -> str:
-    group = item.get_closest_marker("xdist_group")
-    return f"@{group.args[0]}" if group else item.nodeid
+    group = _group(item)
+    return f"@{group}" if group else item.nodeid
+
+
+def _group(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    return str(marker.args[0]) if marker else None
 
 
 _archive_build: ArchiveBuild | None = None

@@ -28,7 +28,9 @@ from lakehouse_checks import (
     start_run,
     versions,
 )
+from pyspark.sql import SparkSession
 
+from consumer.config import RunConfig, load_config
 from consumer.kill_points import ENV as KILL_POINT
 from consumer.lakehouse.offsets import delta_applied
 from consumer.lakehouse.progress import consistent_ts
@@ -37,14 +39,13 @@ from consumer.simulate.output import produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sources.lookups import group_offsets
+from consumer.spark import engine
 from consumer.testing.broker import EmbeddedBroker
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e, pytest.mark.slow]
 # several batches per run, and a run reads little ahead of what it can apply (its first MERGE comes early)
-BATCH_RECORDS = {
-    "TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "500",
-    "TICDC_CONSUMER_BUDGET_PENDING_BYTES": "50000",
-}
+BUDGET = {"max_batch_records": 500, "pending_bytes": 50000}
+BATCH_RECORDS = {f"TICDC_CONSUMER_BUDGET_{name.upper()}": str(value) for name, value in BUDGET.items()}
 Run = tuple[subprocess.Popen[str], Path]  # a command and its log
 STOP_SPARK = "executor-merges:1:TERM"  # a query that runs until stopped stops cleanly at its first MERGEs
 
@@ -88,6 +89,19 @@ def _spark(
             start_new_session=True,
         )
     return process, log
+
+
+def _spark_config(broker: EmbeddedBroker, topic: str, root: Path, checkpoint: Path) -> RunConfig:
+    """What `_spark`'s command runs (until idle), for a run in this process."""
+    return load_config(
+        environ={},
+        overrides={
+            "source": {"url": f"kafka://{broker.bootstrap_servers}/{topic}", "group": f"{topic}.g"},
+            "sink": {"url": f"delta:{root}"},
+            "engine": {"kind": "spark", "checkpoint": str(checkpoint)},
+            "budget": BUDGET,
+        },
+    )
 
 
 def _changelog_commits(root: Path) -> int:
@@ -147,11 +161,11 @@ def reference(kafka_broker: EmbeddedBroker, tmp_path: Path) -> Callable[[str], P
 
 
 def test_the_engines_take_turns_on_one_lake_and_it_ends_exact(
-    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+    spark: SparkSession, kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:
-    """loop -> spark -> loop -> spark (its checkpoint again, behind the lake now) -> loop, each stopped
-    cleanly part-way but the last two: each applies exactly the rows the lake lacks (its summary counts
-    them), and the last loop run finds nothing to do."""
+    """loop -> spark -> loop -> spark (its checkpoint again, behind the lake now; in this process, on the
+    session, as a fresh driver would) -> loop, each stopped cleanly part-way but the last two: each applies
+    exactly the rows the lake lacks (its summary counts them), and the last loop run finds nothing to do."""
     topic = kafka_topic(3)
     workload = _produce(kafka_broker, topic, rows=5000)  # four runs, each stopped part-way but the last
     truth = write_ground_truth(workload, tmp_path / "truth.json")
@@ -159,20 +173,22 @@ def test_the_engines_take_turns_on_one_lake_and_it_ends_exact(
     images = changelog_images(workload.config)
     written = [0]
 
-    def applied_its_share(log: str) -> None:
+    def applied_its_share(applied: int) -> None:
         """The run applied some of the stream, the rows its summary counts (none twice)."""
         rows = changelog_rows(root)
         assert written[-1] < rows <= images, (written, rows, images)
-        assert _summary_rows(log) == rows - written[-1]
+        assert applied == rows - written[-1]
         written.append(rows)
 
     # each stops itself cleanly (SIGTERM) at its first MERGE: part-way, however loaded
-    applied_its_share(_finish(_loop(kafka_broker, topic, root, env={KILL_POINT: "mirror-merge:1:TERM"})))
-    spark = _spark(kafka_broker, topic, root, checkpoint, until_idle=False, env={KILL_POINT: STOP_SPARK})
-    applied_its_share(_finish(spark))
-    applied_its_share(_finish(_loop(kafka_broker, topic, root, env={KILL_POINT: "mirror-merge:1:TERM"})))
+    loop_stopped = {KILL_POINT: "mirror-merge:1:TERM"}
+    applied_its_share(_summary_rows(_finish(_loop(kafka_broker, topic, root, env=loop_stopped))))
+    stopped = _spark(kafka_broker, topic, root, checkpoint, until_idle=False, env={KILL_POINT: STOP_SPARK})
+    applied_its_share(_summary_rows(_finish(stopped)))
+    applied_its_share(_summary_rows(_finish(_loop(kafka_broker, topic, root, env=loop_stopped))))
     assert written[-1] < images
-    applied_its_share(_finish(_spark(kafka_broker, topic, root, checkpoint)))
+    config = _spark_config(kafka_broker, topic, root, checkpoint)
+    applied_its_share(engine.run(config, until_idle=2.0, spark=spark).rows)
     assert written[-1] == images
     # the Spark engine commits the group's offsets as a member would: Kafka's lag for the group is none
     offsets = group_offsets(kafka_broker.bootstrap_servers, topic, [f"{topic}.g"])[f"{topic}.g"]

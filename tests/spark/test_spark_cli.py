@@ -35,6 +35,7 @@ from consumer.testing.spark_cluster import SparkStandaloneCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e, pytest.mark.slow]
 BATCH_RECORDS = 1000  # several micro-batches per run
+BIG_BATCH_RECORDS = 4000  # the executor-worker kill's: tasks long enough to be caught
 
 
 def _produce(broker: EmbeddedBroker, topic: str, encoding: str, compression: str, rows: int) -> Workload:
@@ -314,17 +315,23 @@ def _slow_first_source_runner(directory: Path) -> Path:
     ids=["no-task-retries", "task-retries"],
 )
 def test_sigkill_of_an_executor_python_worker_mid_batch_then_restart_is_exact(
-    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path, master: str, retried: bool
+    spark: SparkSession,
+    kafka_broker: EmbeddedBroker,
+    kafka_topic: Any,
+    tmp_path: Path,
+    master: str,
+    retried: bool,
 ) -> None:
     """kill -9 of the Python worker running a task of a batch (reading and decoding its Kafka range): without
     task retries (local mode's default) the query fails and the command exits 2, and a restart from the
-    checkpoint completes exactly; with retries (as on a cluster: `spark.task.maxFailures`) Spark runs the task
-    again in a new worker and the same command completes exactly."""
+    checkpoint (in this process, on the session's `local[2]`, as the SIGKILL test restarts) completes
+    exactly; with retries (as on a cluster: `spark.task.maxFailures`) Spark runs the task again in a new
+    worker and the same command completes exactly."""
     topic = kafka_topic(3)
     workload = _produce(kafka_broker, topic, "json", "none", rows=12000)
     truth = write_ground_truth(workload, tmp_path / "truth.json")
     root, checkpoint = tmp_path / "lake", tmp_path / "checkpoint"
-    big_batches = {"TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": "4000"}  # tasks long enough to be caught
+    big_batches = {"TICDC_CONSUMER_BUDGET_MAX_BATCH_RECORDS": str(BIG_BATCH_RECORDS)}
     process, log = _start(kafka_broker, topic, root, checkpoint, "--master", master, env=big_batches)
     killed = _kill_a_busy_task_worker(process, log, checkpoint)
     code = process.wait(600)
@@ -335,7 +342,8 @@ def test_sigkill_of_an_executor_python_worker_mid_batch_then_restart_is_exact(
     else:
         assert code == 2, output[-4000:]
         assert "the streaming query failed" in output, output[-4000:]
-        _finish(*_start(kafka_broker, topic, root, checkpoint, "--master", master, env=big_batches))
+        config = _config(kafka_broker, topic, root, checkpoint, batch_records=BIG_BATCH_RECORDS)
+        engine.run(config, until_idle=1.0, spark=spark)
     assert differences(delta_mirror_state(root, [t.schema for t in workload.tables]), truth) == []
     assert changelog_duplicates(root) == 0
     assert changelog_rows(root) == changelog_images(workload.config)
@@ -391,7 +399,9 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _config(broker: EmbeddedBroker, topic: str, root: Path, checkpoint: Path) -> RunConfig:
+def _config(
+    broker: EmbeddedBroker, topic: str, root: Path, checkpoint: Path, batch_records: int = BATCH_RECORDS
+) -> RunConfig:
     """What `_start`'s command runs, for a run in this process."""
     return load_config(
         environ={},
@@ -399,7 +409,7 @@ def _config(broker: EmbeddedBroker, topic: str, root: Path, checkpoint: Path) ->
             "source": {"url": f"kafka://{broker.bootstrap_servers}/{topic}", "group": f"{topic}.g"},
             "sink": {"url": f"delta:{root}"},
             "engine": {"kind": "spark", "checkpoint": str(checkpoint)},
-            "budget": {"max_batch_records": BATCH_RECORDS},
+            "budget": {"max_batch_records": batch_records},
         },
     )
 
