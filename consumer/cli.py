@@ -354,7 +354,11 @@ def capture(brokers: str, topic: str, out: Path, idle_seconds: float, from_group
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="a TOML file of the settings below and those without a flag",
 )
-@click.option("--until-idle", type=float, help="stop cleanly once no record arrived for this many seconds")
+@click.option(
+    "--until-idle",
+    type=float,
+    help="stop cleanly once no change record arrived for this many seconds, at the end of the partitions",
+)
 @_config_options()
 def run_command(config_path: Path | None, until_idle: float | None, **flags: Any) -> None:
     """Consume a topic (or a capture file) into lakehouse tables.

@@ -37,11 +37,14 @@ def start_run(
     processes: int,
     options: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    until_idle: float = 3.0,
 ) -> subprocess.Popen[str]:
     """A `ticdc-consumer run` until idle, logging to `log`, in its own process group (a SIGKILL of the
-    group takes its member processes too); `env` added to its environment."""
+    group takes its member processes too); `env` added to its environment. `until_idle`: long enough for
+    members started together to join before the first goes idle."""
     command = [sys.executable, "-m", "consumer", "run", "--source", f"kafka://{servers}/{topic}"]
-    command += ["--group", group, "--sink", sink, "--until-idle", "3", "--processes", str(processes)]
+    command += ["--group", group, "--sink", sink, "--processes", str(processes)]
+    command += ["--until-idle", str(until_idle)]
     command += options
     with log.open("w") as out:
         return subprocess.Popen(
@@ -65,10 +68,13 @@ def run_to_end(
     timeout: float = 300,
 ) -> tuple[int, Path]:
     """A `start_run` waited for: its exit code and log (`<log_stem>-<ns>.log`). A run never given a partition
-    (exit 5) because the embedded broker wedged the group runs again after `reset_group`, twice at most."""
+    (exit 5) because the embedded broker wedged the group runs again after `reset_group`, twice at most. A
+    lone member ends 1 s after its last change record: it is idle only at the end of its partitions."""
+    idle = 1.0 if processes == 1 else 3.0
     for _ in range(3):
         log = Path(f"{log_stem}-{time.monotonic_ns()}.log")
-        code = start_run(broker.bootstrap_servers, topic, group, sink, log, processes, options).wait(timeout)
+        servers = broker.bootstrap_servers
+        code = start_run(servers, topic, group, sink, log, processes, options, until_idle=idle).wait(timeout)
         if code != EXIT_UNASSIGNED:
             break
         broker.reset_group(group, topic)

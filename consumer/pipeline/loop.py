@@ -25,7 +25,7 @@ from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.types import DecodeStats, ValuePolicy
 from consumer.sinks.base import CommitContext, ReportsMetrics, Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
-from consumer.sources.base import CarriesWatermarks, CountsPartitions, RebalanceListener, Source
+from consumer.sources.base import CarriesWatermarks, CountsPartitions, KnowsItsEnd, RebalanceListener, Source
 from consumer.sources.errors import SourceError
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.sources.retry import SourceRetry
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 # reference cycles. With `pause_gc`, a full collection runs this often instead while running.
 GC_EVERY_SECONDS = 30.0
 JOIN_GRACE_SECONDS = 30.0  # an unassigned member waits this much longer before judging the topic idle
+BEHIND_GRACE_S = 30.0  # a source that says it is behind yet returns nothing is taken at its end after this
 # A loop applying units itself (no decode workers) applies them about this long a cycle, then polls again:
 # a group rebalances only as fast as its slowest member polls, and past `max.poll.interval.ms` a member is
 # put out of the group (on an object store, applying everything one watermark resolved took a minute)
@@ -193,7 +194,7 @@ class Pipeline(RebalanceListener):
                 if stop is not None and stop.requested:
                     self.stats.stopped_on_request = True
                     break
-                if until_idle is not None and self._idle_for(source) >= until_idle:
+                if until_idle is not None and self._idle_at_end(source, until_idle):
                     self._went_idle()
                     break
                 if paused and polled - collected > GC_EVERY_SECONDS:
@@ -235,6 +236,16 @@ class Pipeline(RebalanceListener):
         if self._unassigned_since is None:
             self._unassigned_since = time.monotonic()
         return self._idle - self.join_grace
+
+    def _idle_at_end(self, source: Source, until_idle: float) -> bool:
+        """Idle for `until_idle` seconds, and at the end of the partitions where the source can tell
+        (`KnowsItsEnd`): polls that come back empty on a loaded machine while records wait are no idle
+        topic. A source that stays behind without returning anything (e.g. offsets of transaction
+        markers past the last record) counts as at its end after `BEHIND_GRACE_S` more."""
+        idle = self._idle_for(source)
+        if idle < until_idle or idle >= until_idle + BEHIND_GRACE_S:
+            return idle >= until_idle
+        return not (isinstance(source, KnowsItsEnd) and source.behind())
 
     def _went_idle(self) -> None:
         """Say if this member went idle holding no partition: whether that fails the command is for the

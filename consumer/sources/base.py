@@ -84,6 +84,17 @@ class Source(Protocol):
 
 
 @runtime_checkable
+class KnowsItsEnd(Protocol):
+    """A source that can tell records it has not returned yet from an end it reached: a member whose polls
+    come back empty on a loaded machine is slow, not idle."""
+
+    def behind(self) -> bool:
+        """Whether an assigned partition is known to hold records past those returned (or not known yet
+        to be at its end)."""
+        ...
+
+
+@runtime_checkable
 class CountsPartitions(Protocol):
     """A source that knows how many partitions each of its topics has (Kafka's metadata), whichever it is
     given: a group's output is consistent at a commit ts only once every partition recorded reaching it,

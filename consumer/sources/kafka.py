@@ -131,6 +131,7 @@ class KafkaSource:
         )
         self._closed = False
         self._counts: dict[str, int] = {}
+        self._paused: set[TopicPartition] = set()  # by `pause`, until `resume`
         self._counts_stale = True  # read the metadata again: nothing read yet, or partitions were assigned
         log.info(
             "kafka source for %s, config %s",
@@ -290,19 +291,41 @@ class KafkaSource:
         return result
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        chosen = list(partitions)
         try:
-            self._consumer.pause([KafkaTopicPartition(topic, partition) for topic, partition in partitions])
+            self._consumer.pause([KafkaTopicPartition(topic, partition) for topic, partition in chosen])
         except KafkaException as exc:
             raise self._error("pause failed", exc.args[0]) from exc
+        self._paused.update(chosen)
 
     def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        chosen = list(partitions)
         try:
-            self._consumer.resume([KafkaTopicPartition(topic, partition) for topic, partition in partitions])
+            self._consumer.resume([KafkaTopicPartition(topic, partition) for topic, partition in chosen])
         except KafkaException as exc:
             raise self._error("resume failed", exc.args[0]) from exc
+        self._paused.difference_update(chosen)
 
     def assignment(self) -> set[TopicPartition]:
         return set(_keys(self._consumer.assignment()))
+
+    def behind(self) -> bool:
+        """`KnowsItsEnd`, from librdkafka's own state, no request: a partition is behind while no fetch
+        response came back for it yet, or the high watermark the last one carried lies past the position
+        this source returned up to (a partition nothing was returned from since its assignment is at the
+        end its fetch response found: records it fetched are returned by the next poll). Paused partitions
+        are left out: the pipeline holds them back itself."""
+        try:
+            unpaused = [
+                tp for tp in self._consumer.assignment() if (tp.topic, tp.partition) not in self._paused
+            ]
+            for tp in self._consumer.position(unpaused) if unpaused else []:
+                _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+                if high < 0 or 0 <= tp.offset < high:
+                    return True
+        except KafkaException as exc:
+            log.info("cannot tell whether the assigned partitions are at their end: %s", exc)
+        return False
 
     def partition_counts(self) -> dict[str, int]:
         """`CountsPartitions`: read once and again after each assignment (a topic may have grown); the last

@@ -36,7 +36,7 @@ from consumer.sources.capture import read_capture
 from consumer.sources.errors import SourceError
 from consumer.sources.files import FileSource
 from consumer.sources.kafka import ALL_PARTITIONS, KafkaSource, capture_topic
-from consumer.sources.record import TopicPartition
+from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.state.machine import ConsumerState
 from consumer.stopping import StopRequest
 from consumer.testing.broker import EmbeddedBroker
@@ -79,7 +79,7 @@ def _consume(
     root: Path,
     group: str,
     *,
-    until_idle: float = 3.0,
+    until_idle: float = 1.0,
     starts: dict[tuple[str, int], int] | None = None,
 ) -> Pipeline:
     group = f"{topic}.{group}"  # the broker outlives tests: a group of an earlier test must not interfere
@@ -142,6 +142,52 @@ def test_mid_stream_join_holds_rows_until_the_next_bootstrap(
     delivered = _offsets_of(delivered_rows(tmp_path / "out"))
     assert delivered == _dml_offsets(records, starts)
     assert pipeline.stats.dead_letters == 0
+
+
+class _StallingFetches:
+    """The real source, each poll returning at most 50 records, and none at all for `stall_s` after the
+    first batch: fetches as slow as on a loaded machine, while records wait."""
+
+    def __init__(self, source: KafkaSource, stall_s: float) -> None:
+        self._source = source
+        self._stall_s = stall_s
+        self._stalled_until: float | None = None
+
+    def poll_batch(self, max_records: int, timeout: float) -> list[SourceRecord]:
+        if self._stalled_until is not None and time.monotonic() < self._stalled_until:
+            time.sleep(timeout)
+            return []
+        records = self._source.poll_batch(min(max_records, 50), timeout)
+        if records and self._stalled_until is None:
+            self._stalled_until = time.monotonic() + self._stall_s
+        return records
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+
+def test_until_idle_waits_out_fetches_that_stall_while_records_wait(
+    kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """Polls come back empty for 2 s, six times `until_idle`, after the first 50 records: the source says
+    records wait, so the run is not idle, and it ends with the whole stream applied (it ended after 50)."""
+    topic = kafka_topic(3)
+    truth = _simulate(kafka_broker, topic, tmp_path, rows=600)
+    pipeline = _pipeline(tmp_path / "out", f"{topic}.stalled")
+    source = KafkaSource(
+        kafka_broker.bootstrap_servers,
+        [topic],
+        f"{topic}.stalled",
+        partitions=ALL_PARTITIONS,
+        listener=pipeline,
+    )
+    try:
+        stats = pipeline.run(_StallingFetches(source, stall_s=2.0), until_idle=0.3)  # type: ignore[arg-type]
+    finally:
+        source.close()
+    rows = delivered_rows(tmp_path / "out")
+    assert differences(replay_changelog(rows, delivered_ddls(tmp_path / "out")), truth) == []
+    assert stats.records > 50
 
 
 def test_capture_then_replay_delivers_the_same_stream_as_kafka(

@@ -116,6 +116,28 @@ def test_explicit_partitions_and_on_assign_start_offsets(
     assert summary(records) == {(1, 3, b"value-1-3"), (1, 4, b"value-1-4")}
 
 
+def test_a_source_is_behind_until_it_returned_every_record_of_its_unpaused_partitions(
+    kafka_broker: EmbeddedBroker, kafka_topic: TopicFactory
+) -> None:
+    topic = kafka_topic(partitions=2)
+    fill(kafka_broker, topic, partitions=2, per_partition=20)
+    servers = kafka_broker.bootstrap_servers
+    with KafkaSource(servers, [topic], group_id(), partitions=ALL_PARTITIONS) as source:
+        first: list[SourceRecord] = []
+        while not first:
+            first = source.poll_batch(1, timeout=1.0)
+        assert source.behind()  # one of 40 records returned
+        source.pause([(topic, 0), (topic, 1)])
+        assert not source.behind()  # held back by the caller: not the source's to read
+        source.resume([(topic, 0), (topic, 1)])
+        poll_until([source], lambda got: len(got) == 39)
+        assert source.poll_batch(100, timeout=0.2) == []
+        assert not source.behind()
+        fill(kafka_broker, topic, partitions=1, per_partition=1)
+        poll_until([source], lambda got: len(got) == 1)
+        assert not source.behind()
+
+
 def test_subscribe_mode_gets_records(kafka_broker: EmbeddedBroker, kafka_topic: TopicFactory) -> None:
     topic = kafka_topic(partitions=2)
     expected = fill(kafka_broker, topic, partitions=2, per_partition=3)
