@@ -29,7 +29,7 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from consumer.errors import SinkError
 from consumer.lakehouse.handles import Handles
@@ -227,6 +227,7 @@ def retry_commits(what: str, attempt: Callable[[], T], *, retries: int = 20, bac
 
 _checked: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
 PROBE_WRITERS = 6
+PROBE_LOG_RETENTION = "interval 1 day"  # the probe table's log entries older than this go at each probe
 
 
 def check_atomic_commits(root: LakeRoot, *, allow_unsafe: bool = False) -> None:
@@ -243,7 +244,8 @@ def check_atomic_commits(root: LakeRoot, *, allow_unsafe: bool = False) -> None:
         return
     probe = root.join(PROBE_TABLE)
     schema = pa.schema([pa.field("probe", pa.string())])
-    DeltaTable.create(probe, schema, mode="ignore", storage_options=root.options())
+    retention = {"delta.logRetentionDuration": PROBE_LOG_RETENTION}
+    DeltaTable.create(probe, schema, mode="ignore", configuration=retention, storage_options=root.options())
     handles = [DeltaTable(probe, storage_options=root.options()) for _ in range(PROBE_WRITERS)]
     tokens = [f"probe:{uuid.uuid4().hex}" for _ in handles]
     start = threading.Barrier(len(handles))
@@ -260,6 +262,7 @@ def check_atomic_commits(root: LakeRoot, *, allow_unsafe: bool = False) -> None:
     lost = sum(committed.transaction_version(token) != 1 for token in tokens)
     if not lost:
         _checked.add(key)
+        _checkpointed(committed)
         return
     message = (
         f"{root.uri}: concurrent commits overwrote each other on this object store ({lost} of "
@@ -274,3 +277,14 @@ def check_atomic_commits(root: LakeRoot, *, allow_unsafe: bool = False) -> None:
         )
     log.warning("%s; continuing because sink.allow_unsafe_commits is set: ONE writer process only", message)
     _checked.add(key)
+
+
+def _checkpointed(probe: DeltaTable) -> None:
+    """Each process's probe adds PROBE_WRITERS commits to the probe table: a checkpoint after it (and the
+    older log entries gone) keeps the next probe's loads to a few files however often members start;
+    without, every start reads the whole log (after months of restarts, thousands of requests)."""
+    try:
+        probe.create_checkpoint()
+        probe.cleanup_metadata()
+    except (DeltaError, OSError) as exc:  # the next probe reads more: nothing else depends on it
+        log.info("%s: probe table not checkpointed: %s", probe.table_uri, exc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -30,8 +31,15 @@ from pyarrow.fs import FileSelector
 from pyspark.sql import SparkSession
 
 from consumer.errors import DeadLetter, RecordLocation, SinkError
+from consumer.lakehouse import storage
 from consumer.lakehouse.progress import consistent_ts
-from consumer.lakehouse.storage import LakeRoot, check_atomic_commits
+from consumer.lakehouse.storage import (
+    PROBE_LOG_RETENTION,
+    PROBE_TABLE,
+    PROBE_WRITERS,
+    LakeRoot,
+    check_atomic_commits,
+)
 from consumer.protocol.model import DDLType
 from consumer.sinks.base import CommitContext
 from consumer.sinks.dead_letter import DeadLetterObjects
@@ -175,6 +183,23 @@ def test_a_store_ignoring_conditional_writes_is_refused(
         f"s3://{bucket}/single", mode="changelog", storage_options=unsafe_store, allow_unsafe_commits=True
     )
     assert "ONE writer process only" in caplog.text
+
+
+def test_the_commit_probe_reads_a_checkpoint_not_every_earlier_probe(
+    s3_server: LocalS3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every process start probes its root; the probe table is checkpointed after each probe, so a start
+    months in reads a checkpoint and a few log entries, not every probe before it."""
+    root = LakeRoot.of(f"s3://{s3_server.bucket()}/lake", s3_server.storage_options)
+    for _ in range(3):
+        monkeypatch.setattr(storage, "_checked", set())  # another process
+        check_atomic_commits(root)
+    probe = DeltaTable(root.join(PROBE_TABLE), storage_options=root.options())
+    assert probe.version() == 3 * PROBE_WRITERS  # version 0: its creation
+    filesystem, path = root.filesystem()
+    last = json.loads(filesystem.open_input_file(f"{path}/{PROBE_TABLE}/_delta_log/_last_checkpoint").read())
+    assert last["version"] == probe.version()
+    assert probe.metadata().configuration["delta.logRetentionDuration"] == PROBE_LOG_RETENTION
 
 
 def _check_then_write_app(store: dict[str, int]) -> Any:
