@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumer.cli import EXIT_UNASSIGNED
+from consumer.config import RunConfig, load_config
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import KINDS, entry_uri, read_delta, tables
 from consumer.simulate.truth import delta_changelogs
@@ -55,6 +56,22 @@ def start_run(
             text=True,
             start_new_session=True,
         )
+
+
+def spark_config(
+    broker: EmbeddedBroker, topic: str, group: str, root: Path, checkpoint: Path, budget: Mapping[str, int]
+) -> RunConfig:
+    """A Spark engine run of `topic` as `group` into the Delta lake `root` (`budget`: the `[budget]`
+    settings), for `engine.run` in the test's process, on the session."""
+    return load_config(
+        environ={},
+        overrides={
+            "source": {"url": f"kafka://{broker.bootstrap_servers}/{topic}", "group": group},
+            "sink": {"url": f"delta:{root}"},
+            "engine": {"kind": "spark", "checkpoint": str(checkpoint)},
+            "budget": dict(budget),
+        },
+    )
 
 
 def run_to_end(

@@ -25,12 +25,13 @@ from lakehouse_checks import (
     changelog_rows,
     lake_contents,
     run_to_end,
+    spark_config,
     start_run,
     versions,
 )
 from pyspark.sql import SparkSession
 
-from consumer.config import RunConfig, load_config
+from consumer.config import RunConfig
 from consumer.kill_points import ENV as KILL_POINT
 from consumer.lakehouse.offsets import delta_applied
 from consumer.lakehouse.progress import consistent_ts
@@ -93,15 +94,7 @@ def _spark(
 
 def _spark_config(broker: EmbeddedBroker, topic: str, root: Path, checkpoint: Path) -> RunConfig:
     """What `_spark`'s command runs (until idle), for a run in this process."""
-    return load_config(
-        environ={},
-        overrides={
-            "source": {"url": f"kafka://{broker.bootstrap_servers}/{topic}", "group": f"{topic}.g"},
-            "sink": {"url": f"delta:{root}"},
-            "engine": {"kind": "spark", "checkpoint": str(checkpoint)},
-            "budget": BUDGET,
-        },
-    )
+    return spark_config(broker, topic, f"{topic}.g", root, checkpoint, BUDGET)
 
 
 def _changelog_commits(root: Path) -> int:

@@ -18,10 +18,10 @@ from typing import Any
 import psutil
 import pytest
 from deltalake import DeltaTable
-from lakehouse_checks import changelog_duplicates, changelog_rows
+from lakehouse_checks import changelog_duplicates, changelog_rows, spark_config
 from pyspark.sql import SparkSession
 
-from consumer.config import RunConfig, load_config
+from consumer.config import RunConfig
 from consumer.kill_points import ENV as KILL_POINT
 from consumer.kill_points import GATE_ENV as START_GATE
 from consumer.protocol.model import DDL
@@ -403,15 +403,7 @@ def _config(
     broker: EmbeddedBroker, topic: str, root: Path, checkpoint: Path, batch_records: int = BATCH_RECORDS
 ) -> RunConfig:
     """What `_start`'s command runs, for a run in this process."""
-    return load_config(
-        environ={},
-        overrides={
-            "source": {"url": f"kafka://{broker.bootstrap_servers}/{topic}", "group": f"{topic}.g"},
-            "sink": {"url": f"delta:{root}"},
-            "engine": {"kind": "spark", "checkpoint": str(checkpoint)},
-            "budget": {"max_batch_records": batch_records},
-        },
-    )
+    return spark_config(broker, topic, f"{topic}.g", root, checkpoint, {"max_batch_records": batch_records})
 
 
 @pytest.fixture(scope="session")

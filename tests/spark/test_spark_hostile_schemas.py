@@ -14,9 +14,9 @@ from typing import Any
 import msgspec
 import pytest
 from hypothesis import given, settings
-from lakehouse_checks import changelog_duplicates, lake_contents, run_to_end
+from lakehouse_checks import changelog_duplicates, lake_contents, run_to_end, spark_config
 
-from consumer.config import RunConfig, load_config
+from consumer.config import RunConfig
 from consumer.errors import ConsumerError
 from consumer.lakehouse.tables import read_mirror, table_uri
 from consumer.protocol.limits import tso_of
@@ -223,15 +223,7 @@ def _hostile_tail(workload: Workload) -> tuple[list[tuple[int, bytes]], list[tup
 
 
 def _spark_config(broker: EmbeddedBroker, topic: str, root: Path, checkpoint: Path) -> RunConfig:
-    return load_config(
-        environ={},
-        overrides={
-            "source": {"url": f"kafka://{broker.bootstrap_servers}/{topic}", "group": f"{topic}.spark"},
-            "sink": {"url": f"delta:{root}"},
-            "engine": {"kind": "spark", "checkpoint": str(checkpoint)},
-            "budget": {"max_batch_records": 300},
-        },
-    )
+    return spark_config(broker, topic, f"{topic}.spark", root, checkpoint, {"max_batch_records": 300})
 
 
 def _dead_letters(root: Path) -> list[tuple[int, int, str, str]]:

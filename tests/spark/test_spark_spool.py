@@ -10,11 +10,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from lakehouse_checks import changelog_duplicates, changelog_rows
+from lakehouse_checks import changelog_duplicates, changelog_rows, spark_config
 from pyspark.sql import DataFrame, SparkSession
 
 from consumer.batches.spool import SpooledRows
-from consumer.config import RunConfig, load_config
+from consumer.config import RunConfig
 from consumer.protocol.model import RawDML
 from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.simple.encoder import MessageEncoder
@@ -31,15 +31,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
 
 def _config(broker: EmbeddedBroker, topic: str, root: Path, checkpoint: Path) -> RunConfig:
-    return load_config(
-        environ={},
-        overrides={
-            "source": {"url": f"kafka://{broker.bootstrap_servers}/{topic}", "group": f"{topic}.spool"},
-            "sink": {"url": f"delta:{root}"},
-            "engine": {"kind": "spark", "checkpoint": str(checkpoint)},
-            "budget": {"max_batch_records": 1500},
-        },
-    )
+    return spark_config(broker, topic, f"{topic}.spool", root, checkpoint, {"max_batch_records": 1500})
 
 
 def test_no_row_reaches_the_driver(
