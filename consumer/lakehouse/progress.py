@@ -240,8 +240,6 @@ def _newest_stops(rows: pa.Table) -> list[dict[str, Any]]:
 def _newest_progress(rows: pa.Table) -> pa.Table:
     """The furthest offsets and applied ts per partition, and its newest stop row as it was."""
     now = datetime.now(UTC)
-    if "topic_partitions" not in rows.column_names:  # rows older than the column
-        rows = rows.append_column("topic_partitions", pa.nulls(rows.num_rows, pa.int32()))
     furthest = rows.group_by(["group", "topic", "partition"], use_threads=False).aggregate(
         [("resume_offset", "max"), ("applied_ts", "max"), ("topic_partitions", "max")]
     )
@@ -302,8 +300,9 @@ def consistent_ts(
 def _consistent(lake: LakeRoot, table: DeltaTable, group: str | None) -> int | None:
     """`consistent_ts` from the progress table's rows (`group`'s, or every group's: the smallest over them
     is the smallest over all their partitions)."""
-    counted = any(field.name == "topic_partitions" for field in table.schema().fields)  # newer tables
-    rows = lake.scan(table).to_table(
+    dataset = lake.scan(table)
+    counted = "topic_partitions" in dataset.schema.names  # a table older than the counts has none
+    rows = dataset.to_table(
         columns=["group", "topic", "partition", "applied_ts", *(["topic_partitions"] if counted else [])],
         filter=None if group is None else pc.field("group") == group,
     )
