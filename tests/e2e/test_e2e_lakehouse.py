@@ -7,12 +7,14 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from deltalake import DeltaTable
 from lakehouse_checks import (
+    RETRIED_JOIN_GRACE,
     SESSION_TIMEOUT_S,
     changelog_duplicates,
     changelog_rows,
@@ -54,13 +56,20 @@ def _produce(
 
 
 def _start(
-    broker: EmbeddedBroker, topic: str, root: Path, group: str, *, processes: int = 1
+    broker: EmbeddedBroker,
+    topic: str,
+    root: Path,
+    group: str,
+    *,
+    processes: int = 1,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     """A `run` command, not waited for; its log goes next to the output, to read when a test fails. The
     broker outlives tests: a group of an earlier test must not interfere, hence the topic in the group's
     name."""
     log = root.parent / f"{group}-p{processes}-{time.monotonic_ns()}.log"
-    return start_run(broker.bootstrap_servers, topic, f"{topic}.{group}", f"delta:{root}", log, processes)
+    servers, sink = broker.bootstrap_servers, f"delta:{root}"
+    return start_run(servers, topic, f"{topic}.{group}", sink, log, processes, env=env)
 
 
 def _run(
@@ -157,28 +166,27 @@ def test_sigkill_at_several_points_then_restart_ends_exact(
 
 
 @pytest.mark.slow
-def test_three_members_of_one_group_equal_one_process(
+def test_three_members_of_one_group_end_at_the_truth(
     kafka_broker: EmbeddedBroker, kafka_topic: Any, tmp_path: Path
 ) -> None:
     """Three members of one group into one lakehouse: a `run --processes 2` command (two processes) and a
-    plain `run` beside it."""
+    plain `run` beside it: their lake equals the truth, as one process's does."""
     topic = kafka_topic(6)
     # every DDL type, RENAME included: it re-hashes keys to other partitions, so members apply both sides
     # of it at different times (the mirror's tombstones and the rename log keep that exact)
     workload = _produce(kafka_broker, topic, rows=9000, partitions=6, dispatch="primary-key")
     truth = write_ground_truth(workload, tmp_path / "truth.json")
-    single, shared = tmp_path / "single", tmp_path / "shared"
-    _run(kafka_broker, topic, single, "single")
+    shared = tmp_path / "shared"
     members = [
         _start(kafka_broker, topic, shared, "trio", processes=2),
-        _start(kafka_broker, topic, shared, "trio"),
+        _start(kafka_broker, topic, shared, "trio", env=RETRIED_JOIN_GRACE),  # never assigned: run again
     ]
     pair_code, alone_code = (member.wait(300) for member in members)
     assert pair_code == 0, _newest_log(tmp_path, "trio", 2)[-3000:]
+    # the embedded broker wedges a group whose last two members (the pair's) leave within one rebalance: a
+    # member joining then (the third) or later (the runs below) never gets a partition
+    kafka_broker.reset_group(f"{topic}.trio", topic)
     if alone_code == EXIT_UNASSIGNED:
-        # the embedded broker wedges a group whose last two members (the pair's) leave within one
-        # rebalance while a third is joining: that one never gets a partition. Reset, and run it again.
-        kafka_broker.reset_group(f"{topic}.trio", topic)
         _run(kafka_broker, topic, shared, "trio")
     else:
         assert alone_code == 0, _newest_log(tmp_path, "trio", 1)[-3000:]
@@ -189,9 +197,7 @@ def test_three_members_of_one_group_equal_one_process(
     # have had two members apply a row, which the sinks skipped the second time)
     applied = sum(_summary_rows(log.read_text()) for log in tmp_path.glob("trio-p*.log"))
     assert applied >= written > 0
-    assert differences(_mirror_state(single, workload), truth) == []
     assert differences(_mirror_state(shared, workload), truth) == []
-    assert _mirror_state(shared, workload) == _mirror_state(single, workload)
     assert changelog_duplicates(shared) == 0
     assert consistent_ts(shared) == workload.last_watermark  # exact with three members
     written = versions(shared)
