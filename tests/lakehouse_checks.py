@@ -91,7 +91,7 @@ def run_to_end(
     its last change record: it is idle only at the end of its partitions.
 
     The embedded broker wedges a group whose last two members leave together (`reset_group`): a run never
-    given a partition (exit 5, after `RETRIED_JOIN_GRACE_S`) runs again after a reset, twice at most, and
+    given a partition (exit 5, after `RETRIED_JOIN_GRACE`) runs again after a reset, twice at most, and
     the group of several members is reset once they are gone, so the group's next run is not wedged."""
     idle = 1.0 if processes == 1 else 3.0
     for _ in range(3):
