@@ -238,6 +238,13 @@ class _DecodeStream:
 @click.option("--bootstrap-partition0-only", is_flag=True, help="send-bootstrap-to-all-partition = false")
 @click.option("--watermark-every-txns", type=int, default=50, show_default=True)
 @click.option("--no-ddl", is_flag=True, help="no DDLs after the initial CREATE TABLEs")
+@click.option(
+    "--resends",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="TiCDC restarts: each sends again every change after its checkpoint (at-least-once delivery)",
+)
 @click.option("--checksum", is_flag=True, help="rows carry TiDB row checksums (integrity-check-level)")
 @click.option(
     "--large-message",
@@ -277,6 +284,7 @@ def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | No
         watermark_every_txns=options["watermark_every_txns"],
         ddl=not options["no_ddl"],
         checksums=options["checksum"],
+        resends=options["resends"],
     )
     workload = Workload(config)
     if out:
@@ -286,7 +294,10 @@ def simulate(brokers: str | None, topic: str, out: Path | None, truth: Path | No
     truth_path = truth or Path(f"{topic}-truth.json")
     write_ground_truth(workload, truth_path)
     kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(report.by_kind.items()))
-    click.echo(f"produced {report.records} records to {out or topic} ({kinds}); ground truth in {truth_path}")
+    resent = f", {report.resent} of them re-sent" if report.resent else ""
+    click.echo(
+        f"produced {report.records} records to {out or topic} ({kinds}{resent}); ground truth in {truth_path}"
+    )
 
 
 def _with_large_messages(writer: StreamWriter, options: dict[str, Any]) -> StreamWriter:
@@ -400,7 +411,7 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
 def _report_totals(stats: PipelineStats) -> None:
     click.echo(
         f"{stats.records} records, {stats.rows} changelog rows, {stats.ddls} DDLs, "
-        f"{stats.dead_letters} dead letters"
+        f"{stats.dead_letters} dead letters, {stats.resent} re-sent (skipped)"
     )
     if stats.verified_images or stats.integrity_failures:
         click.echo(
@@ -700,13 +711,12 @@ def _show_status(report: LakeStatus) -> None:
         exact = "-" if t.mirror_exact is None else ("yes" if t.mirror_exact else "no")
         tables.add_row(f"{t.database}.{t.table}", t.location, *map(_cell, sizes), exact)
     partitions = Table(
-        "group", "partition", "lake offset", "committed", "end", "lag", "lag s", "waiting", "held"
+        "group", "partition", "lake offset", "committed", "end", "lag", "lag s", "waiting", "held", "re-sent"
     )
     for p in report.partitions:
         numbers = (p.lake_offset, p.committed_offset, p.end_offset, p.lag_records, p.lag_s)
-        partitions.add_row(
-            p.group, f"{p.topic}[{p.partition}]", *map(_cell, (*numbers, p.waiting_rows, p.held_rows))
-        )
+        counts = (p.waiting_rows, p.held_rows, p.resent)
+        partitions.add_row(p.group, f"{p.topic}[{p.partition}]", *map(_cell, (*numbers, *counts)))
     console.print(tables, partitions)
     letters = report.dead_letters
     if letters is not None:

@@ -428,6 +428,7 @@ def _check_urls(config: RunConfig) -> None:
             f"source {config.source.url!r}: expected kafka://HOST:PORT/TOPIC or file:PATH.jsonl"
         )
     _check_sink(config)
+    _check_budget(config.budget)
     if config.decode.protocol == "avro" and not config.decode.schema_registry:
         raise ConfigError("decode.protocol = avro needs decode.schema_registry (the registry URL)")
     limits = config.decode
@@ -458,6 +459,15 @@ def _check_urls(config: RunConfig) -> None:
             "parallelism.processes > 1 needs a Delta or JSONL sink: Parquet takes one writer per root"
         )
     check_engine(config)
+
+
+def _check_budget(budget: BudgetConfig) -> None:
+    """A budget of nothing would stall a run (no record ever taken, every row over budget) or expire rows
+    at once, and a run that takes nothing must not look like one that applied everything."""
+    for name in ("pending_bytes", "pending_timeout_s", "max_batch_records"):
+        value = getattr(budget, name)
+        if not value > 0:
+            raise ConfigError(f"budget.{name} = {value}: it must be positive")
 
 
 def check_engine(config: RunConfig, kind: Literal["loop", "spark"] | None = None) -> None:
@@ -537,6 +547,11 @@ def _check_sink(config: RunConfig) -> None:
         raise ConfigError(str(exc)) from exc
     if kind not in ("delta", "parquet", "jsonl"):
         raise ConfigError(f"sink {config.sink.url!r}: expected delta:ROOT, parquet:ROOT or jsonl:ROOT")
+    if not root.strip():
+        raise ConfigError(
+            f"sink {config.sink.url!r} names no root: give a directory or an object-store URI after "
+            f"'{kind}:' (the current directory is no default)"
+        )
     sink = config.sink
     if (
         min(sink.mirror_interval_s, sink.mirror_interval_rows, sink.mirror_buckets, sink.mirror_split_rows)

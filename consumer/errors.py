@@ -209,6 +209,13 @@ class SinkError(ConsumerError):
     code = "sink-error"
 
 
+class ConflictingResendError(SinkError):
+    """A change TiCDC sent again whose image differs from the one the lake holds (same table, partition,
+    commit ts, key and change type): TiCDC never does this, so neither image wins silently."""
+
+    code = "conflicting-resend"
+
+
 class DependencyError(ConsumerError):
     """A service the consumer needs failed (not the record's fault): the consumer stops instead of setting
     records aside, so nothing is dead-lettered for an outage."""

@@ -23,6 +23,7 @@ _TOTALS = {
     "claim_check_bytes": "Bytes of claim-check objects fetched",
     "claim_check_seconds": "Time spent fetching claim-checks (with retries)",
     "upstream_lookups": "Row images of handle-key-only messages read from upstream TiDB",
+    "resent": "Records skipped as copies of changes already read or applied (re-sent by TiCDC)",
 }
 
 

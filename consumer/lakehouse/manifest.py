@@ -8,6 +8,7 @@ from __future__ import annotations
 import msgspec
 import pyarrow.fs as pafs
 
+from consumer.lakehouse.resends import Frontier
 from consumer.lakehouse.storage import LakeRoot
 from consumer.sources.record import TopicPartition
 
@@ -15,13 +16,21 @@ MANIFEST = "_manifest.json"
 
 
 class Manifest(msgspec.Struct, kw_only=True):
-    """A table's committed files and how far each partition's rows are applied to them."""
+    """A table's committed files and how far each partition's rows are applied to them, with the newest
+    commit ts of each partition's rows (re-sent changes: `consumer.lakehouse.resends`); per file, its rows
+    (0: a manifest written before they were kept)."""
 
     files: list[str] = []
     next_offsets: list[tuple[str, int, int]] = []  # (topic, partition, first offset not yet applied)
+    newest_ts: list[tuple[str, int, int]] = []  # (topic, partition, newest commit ts applied)
+    rows: list[int] = []  # per file of `files`
 
     def applied(self) -> dict[TopicPartition, int]:
         return {(topic, partition): offset for topic, partition, offset in self.next_offsets}
+
+    def frontiers(self) -> dict[TopicPartition, Frontier]:
+        newest = {(topic, partition): ts for topic, partition, ts in self.newest_ts}
+        return {tp: Frontier(offset, newest.get(tp, 0)) for tp, offset in self.applied().items()}
 
 
 def read_manifest(directory: str, filesystem: pafs.FileSystem) -> Manifest | None:

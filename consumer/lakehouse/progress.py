@@ -10,12 +10,15 @@
     waiting_rows, held_rows   only in a record made at a stop (the run ends, the partition goes): rows left
                               unapplied then, waiting for a WATERMARK / held for their schema; null otherwise
     topic_partitions          how many partitions the topic has, as the member knew it (null: not known)
+    resent                    records of the partition skipped as copies TiCDC sent again (since the lake
+                              began; null: not counted yet)
 
 Offsets and applied ts only ever grow as claims (a row stays true once written), so readers take the maximum
 of each per partition, a stale member's row is harmless, and appends of different members never conflict.
 The counts at a stop are no claim: readers take the newest stop row of each partition (`last_stops`).
 A topic's partition count is a claim too (the largest wins): until every partition of it has a row, the
-group's output is consistent nowhere, as a member that started late has not recorded its partitions yet.
+group's output is consistent nowhere, as a member that started late has not recorded its partitions yet. So is
+the count of re-sent records (each member goes on from the largest it finds).
 `<root>/_schemas` keeps each member's schema-cache snapshot (msgpack), so a member taking over a partition
 decodes rows whose schema no later message announces. Both are compacted to their newest rows now and then.
 """
@@ -60,6 +63,7 @@ PROGRESS_SCHEMA = pa.schema(
         pa.field("waiting_rows", pa.int64()),  # added later: older tables gain them on the next append
         pa.field("held_rows", pa.int64()),
         pa.field("topic_partitions", pa.int32()),
+        pa.field("resent", pa.int64()),
     ]
 )
 SCHEMAS_SCHEMA = pa.schema(
@@ -75,6 +79,7 @@ SCHEMAS_SCHEMA = pa.schema(
 class PartitionProgress:
     resume_offset: int
     applied_ts: int | None
+    resent: int = 0  # records skipped as copies TiCDC sent again
 
 
 @dataclass(frozen=True)
@@ -104,10 +109,12 @@ class ProgressLog:
         schema_snapshot: bytes | None = None,
         stopped: Sequence[Unapplied] | None = None,
         topic_partitions: Mapping[str, int] | None = None,
+        resent: Mapping[TopicPartition, int] | None = None,
     ) -> None:
         """Append a member's progress (and its schema snapshot, when given: record it whenever it changed).
         `stopped`: at a stop, what the partitions left unapplied (a partition not in it left nothing).
-        `topic_partitions`: per topic, its partition count, where the member knows it."""
+        `topic_partitions`: per topic, its partition count, where the member knows it. `resent`: per
+        partition, the records skipped as re-sent since the lake began."""
         counts = topic_partitions or {}
         now = datetime.now(UTC)
         if schema_snapshot:
@@ -126,6 +133,7 @@ class ProgressLog:
                 "recorded_at": now,
                 **_stop_counts((topic, partition), stopped),
                 "topic_partitions": counts.get(topic),
+                "resent": (resent or {}).get((topic, partition)),
             }
             for (topic, partition), offset in sorted(resume_offsets.items())
         ]
@@ -142,7 +150,7 @@ class ProgressLog:
         rows = self.root.scan(table).to_table(filter=pc.field("group") == group)
         return {
             (row["topic"], row["partition"]): PartitionProgress(
-                row["resume_offset_max"], row["applied_ts_max"]
+                row["resume_offset_max"], row["applied_ts_max"], row.get("resent_max") or 0
             )
             for row in _furthest(rows).to_pylist()
         }
@@ -212,8 +220,9 @@ class ProgressLog:
 
 
 def _furthest(rows: pa.Table) -> pa.Table:
+    counted = [("resent", "max")] if "resent" in rows.column_names else []  # a table older than the count
     return rows.group_by(["topic", "partition"], use_threads=False).aggregate(
-        [("resume_offset", "max"), ("applied_ts", "max")]
+        [("resume_offset", "max"), ("applied_ts", "max"), *counted]
     )
 
 
@@ -240,8 +249,10 @@ def _newest_stops(rows: pa.Table) -> list[dict[str, Any]]:
 def _newest_progress(rows: pa.Table) -> pa.Table:
     """The furthest offsets and applied ts per partition, and its newest stop row as it was."""
     now = datetime.now(UTC)
+    if "resent" not in rows.column_names:  # a table older than the count
+        rows = rows.append_column("resent", pa.nulls(rows.num_rows, pa.int64()))
     furthest = rows.group_by(["group", "topic", "partition"], use_threads=False).aggregate(
-        [("resume_offset", "max"), ("applied_ts", "max"), ("topic_partitions", "max")]
+        [("resume_offset", "max"), ("applied_ts", "max"), ("topic_partitions", "max"), ("resent", "max")]
     )
     compacted = pa.table(
         {
@@ -255,6 +266,7 @@ def _newest_progress(rows: pa.Table) -> pa.Table:
             "waiting_rows": pa.nulls(furthest.num_rows, pa.int64()),
             "held_rows": pa.nulls(furthest.num_rows, pa.int64()),
             "topic_partitions": furthest["topic_partitions_max"],
+            "resent": furthest["resent_max"],
         },
         schema=PROGRESS_SCHEMA,
     )

@@ -64,6 +64,7 @@ class PartitionStatus(msgspec.Struct, kw_only=True):
     waiting_rows: int | None  # left unapplied at the last stop: waiting for a WATERMARK (None: no stop)
     held_rows: int | None  # ... held for a schema that had not arrived
     stopped_at: datetime | None
+    resent: int | None = None  # records skipped as copies TiCDC sent again (None: none recorded)
     committed_offset: int | None = None  # Kafka's committed offset for the group
     end_offset: int | None = None  # Kafka's end (high watermark) offset
     lag_records: int | None = None  # records past where the group resumes (the later of the two offsets)
@@ -191,6 +192,7 @@ def _partitions(progress: ProgressLog, group: str | None) -> list[PartitionStatu
                     waiting_rows=None if stop is None else stop.waiting_rows,
                     held_rows=None if stop is None else stop.held_rows,
                     stopped_at=None if stop is None else stop.recorded_at,
+                    resent=recorded.resent,
                 )
             )
     return sorted(found, key=lambda p: (p.group, p.topic, p.partition))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 
 from consumer.batches.changes import table_changes
+from consumer.errors import SinkError
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.pipeline.bad_rows import BadRowRetry, RowDecoder
@@ -23,7 +24,7 @@ from consumer.pipeline.writer import SinkWriter
 from consumer.protocol.base import RecordDecoder
 from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.types import DecodeStats, ValuePolicy
-from consumer.sinks.base import CommitContext, ReportsMetrics, Sink
+from consumer.sinks.base import CommitContext, CountsCommits, ReportsMetrics, Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.sources.base import CarriesWatermarks, CountsPartitions, KnowsItsEnd, RebalanceListener, Source
 from consumer.sources.errors import SourceError
@@ -207,6 +208,7 @@ class Pipeline(RebalanceListener):
                 self._count_kept_totals()
                 if paused:
                     gc.enable()
+        self._check_committed()
         self.stats.unapplied = self.state.unapplied()
         return self.stats
 
@@ -214,7 +216,20 @@ class Pipeline(RebalanceListener):
         """The last flush and commit of records fed by `step_decoded` (`run` does its own): the sinks record
         their progress, due or not, so the lake says how far it is consistent."""
         self._flush_and_commit(final=True)
+        self._count_kept_totals()
+        self._check_committed()
         self.stats.unapplied = self.state.unapplied()
+
+    def _check_committed(self) -> None:
+        """The totals' rows are what the first sink committed, read back from its own records (its commits'
+        metadata, its manifests): a difference would make the summary a false claim, so it stops the run."""
+        sink = self.sinks[0] if self.sinks else None
+        held = sink.committed_rows() if isinstance(sink, CountsCommits) else None
+        if held is not None and held != self.stats.rows:
+            raise SinkError(
+                f"{type(sink).__name__}'s own records hold {held} rows committed by this run, the totals "
+                f"{self.stats.rows}: the lake is not what the run applied"
+            )
 
     def close(self) -> None:
         """Release the sinks, the dead-letter destination and the decode workers (after `run` has flushed

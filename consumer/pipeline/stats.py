@@ -18,6 +18,7 @@ class UnitTally:
     ddls: int = 0
     dead_letters: int = 0
     integrity_failures: int = 0
+    resent: int = 0  # records the sinks skipped as copies of changes they hold
 
 
 @dataclass
@@ -37,6 +38,7 @@ class PipelineStats:
     claim_check_bytes: int = 0
     claim_check_seconds: float = 0.0
     upstream_lookups: int = 0
+    resent: int = 0  # records skipped as copies of changes already read or applied (TiCDC re-sent them)
     rows_by_table: dict[str, int] = field(default_factory=dict)
     sink_metrics: dict[str, int] = field(default_factory=dict)  # the sinks' operation counters, summed
     stalls: dict[str, float] = field(default_factory=dict)  # per operation that stalled, its longest wait
@@ -53,6 +55,7 @@ class PipelineStats:
         self.ddls += tally.ddls
         self.dead_letters += tally.dead_letters
         self.integrity_failures += tally.integrity_failures
+        self.resent += tally.resent
 
     def combined(self, other: PipelineStats) -> PipelineStats:
         """The totals of two members of one group (the earlier start); they went idle unassigned only if
@@ -79,6 +82,7 @@ class PipelineStats:
             claim_check_bytes=self.claim_check_bytes + other.claim_check_bytes,
             claim_check_seconds=self.claim_check_seconds + other.claim_check_seconds,
             upstream_lookups=self.upstream_lookups + other.upstream_lookups,
+            resent=self.resent + other.resent,
             rows_by_table=tables,
             sink_metrics=metrics,
             stalls=stalls,

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 from consumer.batches.changes import SpooledChanges, TableChanges, block_changes
 from consumer.batches.decode_pool import DecodePool, Decoding
-from consumer.errors import DeadLetter, DecodeError
+from consumer.errors import ConflictingResendError, DeadLetter, DecodeError
 from consumer.pipeline.bad_rows import BadRowRetry
 from consumer.pipeline.stats import UnitTally
 from consumer.protocol.base import RecordDecoder
 from consumer.protocol.table import TableCodec
 from consumer.protocol.types import DecodeStats, ValuePolicy
-from consumer.sinks.base import CommitContext, DDLEvent, Sink, WritesAhead
+from consumer.sinks.base import CommitContext, DDLEvent, Sink, WritesAhead, Written
 from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.state.machine import ConsumerState
 from consumer.state.units import BlockBatch, DDLUnit, RowBatch, Unit
@@ -62,19 +62,33 @@ class UnitOutput:
         dead_letters: DeadLetterQueue,
         context: CommitContext,
         watchdog: Watchdog,
+        *,
+        fail: bool = False,
     ) -> None:
+        """`fail`: the error policy is "fail" (a conflicting copy stops the run)."""
         self.tally = UnitTally()
+        self._fail = fail
         self._sinks = sinks
         self._dead_letters = dead_letters
         self._context = context
         self._watchdog = watchdog
 
     def deliver(self, changes: TableChanges) -> None:
+        """Write to every sink; the first (the configured one) says what was committed: its rows, the
+        re-sent copies it skipped, and those that conflict, which go to the error policy."""
         name, tables = f"{changes.database}.{changes.table}", self.tally.rows_by_table
+        first: Written | None = None
         for sink in self._sinks:
             with self._watchdog.watching(f"{type(sink).__name__}.write {name}"):
-                sink.write(changes, self._context)
-        tables[name] = tables.get(name, 0) + changes.row_count
+                written = sink.write(changes, self._context)
+            first = first or written or Written(changes.row_count)
+        committed = first or Written(0)
+        tables[name] = tables.get(name, 0) + committed.rows
+        self.tally.resent += committed.resent
+        for letter in committed.conflicts:
+            if self._fail:
+                raise ConflictingResendError(letter.reason, location=letter.location)
+            self.dead_letter(letter)
 
     def apply_ddl(self, unit: DDLUnit) -> None:
         ddl = unit.ddl
@@ -259,7 +273,9 @@ class SinkWriter:
 
     def _apply(self, queued: _Queued, context: CommitContext) -> UnitTally:
         """Apply one unit to the sinks; returns what it did, for the loop's thread to add to the totals."""
-        output = UnitOutput(self.sinks, self.dead_letters, context, self.watchdog)
+        output = UnitOutput(
+            self.sinks, self.dead_letters, context, self.watchdog, fail=self.state.policy == "fail"
+        )
         unit = queued.unit
         if isinstance(unit, RowBatch):
             self._write_rows(unit, output, queued.decoding)

@@ -28,6 +28,7 @@ class SimulationReport:
     """What was produced, with the offsets a partition's records get in produce order (one producer)."""
 
     records: int = 0
+    resent: int = 0  # copies of earlier records (TiCDC's restarts)
     by_kind: dict[str, int] = field(default_factory=dict)
     end_offsets: dict[int, int] = field(default_factory=dict)
     offsets: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (kind, partition) -> offsets
@@ -35,6 +36,7 @@ class SimulationReport:
     def count(self, record: StreamRecord) -> int:
         """Count one record; returns its offset in its partition."""
         self.records += 1
+        self.resent += record.resent
         kind = type(record.message).__name__
         self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
         offset = self.end_offsets.get(record.partition, 0)

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pyarrow as pa
 
 from consumer.batches.changes import stored_name
@@ -21,7 +20,7 @@ from consumer.lakehouse.tables import entry_uri, read_delta, read_mirror, tables
 from consumer.protocol.model import DDL, DML, DDLType, DMLType, TableSchema
 from consumer.protocol.plain import value_object
 from consumer.protocol.table import TableCodec
-from consumer.simulate.workload import StreamRecord, Workload, WorkloadConfig
+from consumer.simulate.workload import StreamRecord, Workload, WorkloadConfig, as_sent
 
 TableRows = dict[Any, dict[str, Any]]
 
@@ -38,18 +37,10 @@ class TableAt:
 
 
 def sent(workload: Workload) -> list[StreamRecord]:
-    """The workload's stream as sent: each DML's images copied when produced (the simulator keeps changing
-    its row dicts afterwards, e.g. an ALTER ADD COLUMN fills the new column in)."""
+    """The workload's stream as sent once (no copies TiCDC re-sent), each message as it was sent."""
     return [
-        StreamRecord(r.partition, _copied(r.message), r.schema) if isinstance(r.message, DML) else r
-        for r in workload.records()
+        StreamRecord(r.partition, as_sent(r.message), r.schema) for r in workload.records() if not r.resent
     ]
-
-
-def _copied(dml: DML) -> DML:
-    return msgspec.structs.replace(
-        dml, data=None if dml.data is None else dict(dml.data), old=None if dml.old is None else dict(dml.old)
-    )
 
 
 def truth_at(records: Iterable[StreamRecord], tso: int) -> dict[str, TableAt]:
@@ -219,5 +210,5 @@ def changelog_images(config: WorkloadConfig) -> int:
     return sum(
         2 if record.message.type is DMLType.UPDATE else 1
         for record in Workload(config).records()
-        if isinstance(record.message, DML)
+        if isinstance(record.message, DML) and not record.resent
     )

@@ -5,10 +5,14 @@ The upstream runs transactions on several tables (every column type), DDLs at ch
 the true table contents. The sender mimics TiCDC: DML dispatched by table or by primary key, DDLs
 broadcast to every partition after the rows before them, a BOOTSTRAP before a table's first row and
 then every N rows or T seconds (to all partitions or partition 0), and WATERMARKs broadcast periodically.
+With `resends`, TiCDC restarts that many times: each time every partition gets again, at later offsets,
+the changes (rows and DDLs) it was sent after a checkpoint that lags the last WATERMARKs
+(../shared/notes/at-least-once.md), as at-least-once delivery does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import random
 import time
@@ -61,6 +65,8 @@ class WorkloadConfig:
     large_value_bytes: int = 0  # table 0's rows get a TEXT value this long: its DMLs are large messages
     max_txn_rows: int = 4
     start_physical_ms: int | None = None  # the TSO clock's start; default: now
+    resends: int = 0  # TiCDC restarts, spread over the stream: each sends again what followed its checkpoint
+    resend_lag: int = 2  # a restart's checkpoint: the WATERMARK this many before the last one sent
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class StreamRecord:
     partition: int
     message: Message
     schema: TableSchema | None = None
+    resent: bool = False  # a copy of an earlier record of the partition (TiCDC sent it again)
 
 
 @dataclass
@@ -96,6 +103,36 @@ class Workload:
 
     # -- the stream ----------------------------------------------------------------------------------
     def records(self) -> Iterator[StreamRecord]:
+        """The stream as TiCDC sends it, re-sent changes included."""
+        if not self.config.resends:
+            return self._sent_once()
+        return self._with_resends(self._sent_once())
+
+    def _with_resends(self, stream: Iterator[StreamRecord]) -> Iterator[StreamRecord]:
+        """`stream` with the copies TiCDC's restarts send: at evenly spread points (by DMLs sent), every
+        change sent after the checkpoint again, on its partition, as it was sent (its images then)."""
+        config = self.config
+        points = [config.rows * (n + 1) // (config.resends + 1) for n in range(config.resends)]
+        marks: list[int] = []  # the WATERMARKs sent
+        since: list[StreamRecord] = []  # the changes sent after the oldest checkpoint a restart may take
+        produced = 0
+        for record in stream:
+            yield record
+            message = record.message
+            if isinstance(message, Watermark):
+                if record.partition == 0:
+                    marks.append(message.commit_ts)
+                    floor = marks[-config.resend_lag - 1] if len(marks) > config.resend_lag else 0
+                    since = [r for r in since if _commit_ts(r) > floor]
+            elif isinstance(message, DML | DDL):
+                since.append(dataclasses.replace(record, message=as_sent(message), resent=True))
+                produced += isinstance(message, DML)
+                if points and produced >= points[0]:
+                    points.pop(0)
+                    checkpoint = marks[-config.resend_lag] if len(marks) >= config.resend_lag else 0
+                    yield from (r for r in since if _commit_ts(r) > checkpoint)
+
+    def _sent_once(self) -> Iterator[StreamRecord]:
         for index in range(self.config.tables):
             yield from self._create_table(index)
         produced = txns = 0
@@ -361,6 +398,22 @@ class Workload:
         table.dropped = True
         table.rows.clear()
         return DDLType.ERASE, f"DROP TABLE `{table.schema.table}`", table.schema
+
+
+def _commit_ts(record: StreamRecord) -> int:
+    return record.message.commit_ts  # type: ignore[union-attr]  # a DML's or a DDL's
+
+
+def as_sent(message: Message) -> Message:
+    """A message as it is sent: the simulator goes on changing a DML's row dicts afterwards (an ALTER fills
+    a column in)."""
+    if not isinstance(message, DML):
+        return message
+    return msgspec.structs.replace(
+        message,
+        data=None if message.data is None else dict(message.data),
+        old=None if message.old is None else dict(message.old),
+    )
 
 
 def _evolve(schema: TableSchema, version: int, **changes: Any) -> TableSchema:

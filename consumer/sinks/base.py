@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from consumer.batches.changes import SpooledChanges, TableChanges
+from consumer.errors import DeadLetter
 from consumer.protocol.model import DDL
 from consumer.sources.record import TopicPartition
 from consumer.state.machine import Unapplied
@@ -48,10 +49,32 @@ class DDLEvent:
     table: str | None
 
 
+@dataclass(frozen=True)
+class Written:
+    """What a sink's `write` committed of a batch: its rows (an UPDATE's two images count two), the records
+    it skipped as copies of changes it holds (TiCDC re-sent them), and the copies whose image differs from
+    the change it holds (`conflicting-resend`), for the error policy."""
+
+    rows: int
+    resent: int = 0
+    conflicts: tuple[DeadLetter, ...] = ()
+
+    @classmethod
+    def of(cls, parts: Sequence[Written]) -> Written:
+        """What writing the parts of one batch committed together."""
+        return cls(
+            sum(part.rows for part in parts),
+            sum(part.resent for part in parts),
+            tuple(letter for part in parts for letter in part.conflicts),
+        )
+
+
 class Sink(Protocol):
-    def write(self, changes: TableChanges, context: CommitContext) -> None:
-        """Durably apply one resolved batch of one table. Must be idempotent for replayed rows:
-        rows already applied (same table, topic, partition, offset) are skipped."""
+    def write(self, changes: TableChanges, context: CommitContext) -> Written | None:
+        """Durably apply one resolved batch of one table. Must be idempotent for replayed rows: rows
+        already applied (same table, topic, partition, offset) are skipped, and so should be copies of
+        changes it holds that TiCDC sent again (`consumer.lakehouse.resends`). None: every row of the
+        batch was committed."""
 
     def apply_ddl(self, event: DDLEvent, context: CommitContext) -> None:
         """Durably apply a DDL barrier (schema evolution, truncate, drop, rename) and log it."""
@@ -102,3 +125,13 @@ class ReportsMetrics(Protocol):
     """A sink with operation counters (e.g. delta-rs MERGE metrics) for the metrics endpoint and summary."""
 
     def operation_metrics(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class CountsCommits(Protocol):
+    """A sink whose own records (commit metadata, manifests) say how many rows it committed, so a run's
+    totals are checked against the lake, not against what the pipeline handed it."""
+
+    def committed_rows(self) -> int | None:
+        """The rows this sink committed since it was made, read back from its records (None: it keeps
+        none, e.g. a lake without a changelog); raises `SinkError` where they disagree with its count."""

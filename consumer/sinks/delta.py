@@ -82,7 +82,7 @@ from consumer.batches.changes import (
 )
 from consumer.batches.spool import SpooledPiece, read_pieces
 from consumer.config import sink_outputs
-from consumer.errors import SinkError
+from consumer.errors import DeadLetter, SinkError
 from consumer.kill_points import kill_point
 from consumer.lakehouse.catalog import CatalogEntry, MirrorVersion, Name
 from consumer.lakehouse.history import (
@@ -95,8 +95,17 @@ from consumer.lakehouse.history import (
     rechained,
     to_write,
 )
-from consumer.lakehouse.offsets import app_id, delta_applied, next_offsets, transactions, unapplied
+from consumer.lakehouse.offsets import (
+    delta_applied,
+    delta_frontiers,
+    frontier_transactions,
+    newest_commit_ts,
+    next_offsets,
+    transactions,
+    unapplied,
+)
 from consumer.lakehouse.progress import consistent_ts
+from consumer.lakehouse.resends import Fresh, Frontier, Held, conflict_letters, fresh_changes
 from consumer.lakehouse.settings import MirrorCadence, require_mirror_cadence
 from consumer.lakehouse.storage import LakeRoot, retry_commits
 from consumer.lakehouse.tables import (
@@ -109,14 +118,16 @@ from consumer.lakehouse.tables import (
     NEWEST_TS,
     STORED_AS,
     STORED_DURATION,
+    as_durations,
     bucket_of,
     latest_mirror_version,
     latest_per_key,
     mirror_versions,
+    stored_durations,
 )
 from consumer.protocol.model import DDL, DDLType, TableSchema
 from consumer.protocol.table import TableCodec
-from consumer.sinks.base import CommitContext
+from consumer.sinks.base import CommitContext, Written
 from consumer.sinks.bucket_merges import (
     SPLIT_METRICS,
     BucketOutcome,
@@ -144,6 +155,8 @@ MAX_KEY_RANGES = 16  # key ranges a MERGE names (more would make its predicate t
 PURGE_DELETES_EVERY = 32  # commits to a deletes side table between purges below the consistent point
 UNBOUNDED_TS = 2**63 - 1  # a lazy MERGE's limit when the lake has no consistent point (no watermarks)
 PROCESS_META = "ticdc.process"  # a mirror commit's metadata: the process that made it (`process_name`)
+ROWS_META = "ticdc.rows"  # a changelog commit's metadata: its rows
+WRITER_META = "ticdc.writer"  # a changelog commit's metadata: the sink that made it (`DeltaSink.writer`)
 MERGE_METRICS = (  # delta-rs MERGE metrics summed in `operation_metrics` (a split MERGE's: `SPLIT_METRICS`)
     *SPLIT_METRICS,
     "num_target_files_skipped_during_scan",
@@ -265,15 +278,20 @@ def _merger(job: MergeJob, *, defer_splits: bool) -> MirrorMerges:
 @dataclass(frozen=True)
 class AppendJob:
     """One table's changelog append of rows Spark tasks spooled, all a process needs to write its file:
-    the changelog's location (local: the files are written with `pyarrow.fs`), the spooled rows to take,
-    the schema they are typed in and the changelog's (`target`, which they are conformed to), and per
-    partition the next offset the changelog lacks (rows before it are dropped). A Spark task's input."""
+    the lake root and its storage options, the changelog's location (local: the files are written with
+    `pyarrow.fs`), the spooled rows to take, the schema they are typed in and the changelog's (`target`,
+    which they are conformed to), per partition how far the changelog holds it (rows before the next
+    offset are dropped, copies of changes it holds too: `fresh_changes`), and the table's key columns.
+    A Spark task's input."""
 
+    root: str
+    storage_options: dict[str, str]
     uri: str
     pieces: tuple[SpooledPiece, ...]
     schema: pa.Schema
     target: pa.Schema
-    applied: dict[TopicPartition, int]
+    frontiers: dict[TopicPartition, Frontier]
+    keys: tuple[str, ...]
 
     def rows(self) -> int:
         """The changelog rows the job's pieces hold (an UPDATE two), before dropping those it has."""
@@ -283,12 +301,16 @@ class AppendJob:
 @dataclass(frozen=True)
 class AppendResult:
     """The files an `AppendJob` wrote (path in the table, size, modification time in ms, Delta stats
-    JSON), the app transactions their commit sets (per partition the offset after its last row) and
-    their rows; nothing is committed yet."""
+    JSON), the app transactions their commit sets (per partition the offset after its last row and its
+    newest commit ts), their rows, and the records it skipped as re-sent and the conflicting copies (rows);
+    nothing is committed yet."""
 
     files: tuple[tuple[str, int, int, str], ...]
     next_offsets: dict[TopicPartition, int]
+    newest_ts: dict[TopicPartition, int]
     rows: int
+    resent: dict[TopicPartition, int]
+    conflicts: pa.Table
 
     def actions(self) -> list[AddAction | RemoveAction]:
         return [
@@ -304,11 +326,21 @@ _STATS_COLUMNS = ("_commit_ts", "_schema_version", "_topic", "_partition", "_off
 
 def write_changelog_files(job: AppendJob) -> AppendResult:
     """Run `job` in this process (a Spark executor's Python worker): the rows sorted as the driver would
-    sort them, conformed to the changelog's columns, in one Parquet file in the table's directory. A file
-    nothing commits (the writer died, or its commit conflicted) is an orphan `maintain`'s vacuum removes."""
-    changelog = unapplied(ordered_changelog(read_pieces(job.pieces), job.schema), job.applied)
+    sort them, without the copies of changes the changelog holds, conformed to its columns, in one Parquet
+    file in the table's directory. A file nothing commits (the writer died, or its commit conflicted) is an
+    orphan `maintain`'s vacuum removes."""
+    root = LakeRoot.of(job.root, job.storage_options)
+
+    def held(tp: TopicPartition, commit_ts: Sequence[int], columns: Sequence[str]) -> pa.Table:
+        table = root.open(job.uri)
+        return pa.table({}) if table is None else rows_at(root, table, tp, commit_ts, columns)
+
+    rows = ordered_changelog(read_pieces(job.pieces), job.schema)
+    fresh = fresh_changes(rows, job.frontiers, job.keys, held)
+    offsets = {tp: frontier.next_offset for tp, frontier in job.frontiers.items()}
+    changelog = unapplied(fresh.rows, offsets)
     if changelog.num_rows == 0:
-        return AppendResult((), {}, 0)
+        return AppendResult((), {}, {}, 0, fresh.resent, fresh.conflicts)
     data = _conform(changelog, job.target)
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
     filesystem, directory = pafs.FileSystem.from_uri(job.uri)
@@ -316,7 +348,14 @@ def write_changelog_files(job: AppendJob) -> AppendResult:
     pq.write_table(data, path, filesystem=filesystem, compression="snappy")
     size = filesystem.get_file_info(path).size
     written = (name, size, int(time.time() * 1000), file_stats(data, _STATS_COLUMNS))
-    return AppendResult((written,), next_offsets(changelog), changelog.num_rows)
+    return AppendResult(
+        (written,),
+        next_offsets(changelog),
+        newest_commit_ts(changelog),
+        changelog.num_rows,
+        fresh.resent,
+        fresh.conflicts,
+    )
 
 
 def process_name() -> str:
@@ -682,6 +721,8 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         self._committed_mirrors: dict[str, MirrorVersion | None] = {}
         self._unordered = False  # the last progress recorded had no watermark: no consistent point
         self._warned_keyless: set[tuple[str, str]] = set()
+        self.writer = f"{process_name()}:{uuid.uuid4().hex[:8]}"  # names its changelog commits
+        self._rows_committed: dict[str, int] = {}  # by changelog location: the rows this sink committed
 
     def run_merges_with(self, runner: MergeRunner) -> None:
         """Run the mirrors' MERGEs through `runner` (e.g. one Spark task per table: `consumer.spark`), each
@@ -707,29 +748,107 @@ class DeltaSink(LakehouseSink, MirrorMerges):
             )
 
     # -- Sink ------------------------------------------------------------------------------------------
-    def write(self, changes: TableChanges, context: CommitContext) -> None:
+    def write(self, changes: TableChanges, context: CommitContext) -> Written:
         """Rows go to the table holding their name at their commit ts (the catalog knows RENAMEs and
-        DROPs another member applied already)."""
+        DROPs another member applied already). Copies of changes the table holds (TiCDC re-sent them) are
+        recognised once, by the first of its tables (`_authority`), and kept from every table."""
         if changes.row_count == 0:
-            return
-        entry = self.catalog.locate((changes.database, changes.table), changes.newest_commit_ts)
+            return Written(0)
+        parts = [self._write_to(entry, part, context) for entry, part in self._located(changes)]
+        return Written.of(parts)
+
+    def _write_to(self, entry: CatalogEntry, changes: TableChanges, context: CommitContext) -> Written:
+        authority = self.root.join(entry.location, self._authority())
+        frontiers = delta_frontiers(self.root.open(authority), context.group, _partitions(changes))
+        elsewhere = isinstance(changes, SpooledChanges) and self._appends_elsewhere()
+        # rows spooled for an executor's append are judged there, not read here
+        fresh = None if elsewhere else self._fresh(authority, changes, frontiers)
+        if fresh is not None:
+            changes = dataclasses.replace(changes, changelog=fresh.rows) if fresh.skipped else changes
         lazy = self.lazy_mirrors and bool(changes.key_columns)
         if lazy:  # before the changelog: a restart finds the key of the rows it must still MERGE
             self._lazy_mirror(entry, changes)
+        written = None
         if "changelog" in self.outputs:
-            self._append(self.root.join(entry.location, "changelog"), changes, context)
+            written = self._append(self.root.join(entry.location, "changelog"), changes, context, frontiers)
+            if fresh is not None:
+                written = Written(written.rows, self._skipped(fresh.resent), self._letters(fresh, changes))
         if not changes.key_columns:
             self._warn_keyless(changes)
         if lazy:
             lagging = self._lagging[entry.location]  # MERGEd when due, after progress is recorded
-            lagging.entry, lagging.rows = entry, lagging.rows + changes.row_count
+            lagging.entry, lagging.rows = (
+                entry,
+                lagging.rows + (written.rows if written else changes.row_count),
+            )
         elif "mirror" in self.outputs and changes.key_columns:
             kill_point("mirror-merge")  # tests: the changelog committed, the mirror not MERGEd
             self._catch_up(context)
             self._merge_mirror(entry, changes, context)
         if "history" in self.outputs and changes.key_columns:
+            if fresh is None:  # the executor judged the changelog's rows: judge them alike here
+                fresh = self._fresh(authority, changes, frontiers)
+                changes = dataclasses.replace(changes, changelog=fresh.rows)
             self._merge_history(entry, changes, context)
         self._wrote(entry)
+        return written or self._written_without_changelog(changes, frontiers, fresh)
+
+    def _authority(self) -> str:
+        """The table whose records say which changes the lake holds: the changelog, which every change
+        enters first, else the mirror, else the history."""
+        return next(kind for kind in KINDS if kind in self.outputs)
+
+    def _appends_elsewhere(self) -> bool:
+        return self.append_runner is not None and "changelog" in self.outputs
+
+    def _fresh(
+        self, authority: str, changes: TableChanges, frontiers: Mapping[TopicPartition, Frontier]
+    ) -> Fresh:
+        return fresh_changes(changes.changelog, frontiers, changes.key_columns, self._held_in(authority))
+
+    def _held_in(self, uri: str) -> Held:
+        """What the table at `uri` holds of a partition at a commit ts: a changelog's rows. A mirror or a
+        history holds no changes to compare with, and needs none: taking the same change again leaves the
+        same row (a mirror's MERGE) or version (a history's) as taking it once."""
+
+        def held(tp: TopicPartition, commit_ts: Sequence[int], columns: Sequence[str]) -> pa.Table:
+            table = self.root.open(uri) if uri.endswith("/changelog") else None
+            return pa.table({}) if table is None else rows_at(self.root, table, tp, commit_ts, columns)
+
+        return held
+
+    @staticmethod
+    def _letters(fresh: Fresh, changes: TableChanges) -> tuple[DeadLetter, ...]:
+        return conflict_letters(fresh.conflicts, _name(changes))
+
+    def _written_without_changelog(
+        self, changes: TableChanges, frontiers: Mapping[TopicPartition, Frontier], fresh: Fresh | None
+    ) -> Written:
+        """What a lake without a changelog took of a batch: the rows its first table lacked."""
+        offsets = {tp: frontier.next_offset for tp, frontier in frontiers.items()}
+        rows = unapplied(changes.changelog, offsets).num_rows
+        if fresh is None:
+            return Written(rows)
+        return Written(rows, self._skipped(fresh.resent), self._letters(fresh, changes))
+
+    def committed_rows(self) -> int | None:
+        """The changelog rows this sink committed, read back from the changelogs' logs (the commits it
+        named `WRITER_META`); a count that disagrees with what it committed is a `SinkError`. None
+        without a changelog."""
+        if "changelog" not in self.outputs:
+            return None
+        total = 0
+        for uri, counted in sorted(self._rows_committed.items()):
+            table = self.root.existing(uri)
+            logged = sum(
+                int(commit.get(ROWS_META) or 0)
+                for commit in table.history()
+                if commit.get(WRITER_META) == self.writer
+            )
+            if logged != counted:
+                raise SinkError(f"{uri}: its log holds {logged} rows of this run's commits, not {counted}")
+            total += logged
+        return total
 
     def _warn_keyless(self, changes: TableChanges) -> None:
         name = (changes.database, changes.table)
@@ -949,11 +1068,16 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         return dict(self._metrics)
 
     # -- rows ------------------------------------------------------------------------------------------
-    def _append(self, uri: str, changes: TableChanges, context: CommitContext) -> None:
+    def _append(
+        self,
+        uri: str,
+        changes: TableChanges,
+        context: CommitContext,
+        frontiers: Mapping[TopicPartition, Frontier],
+    ) -> Written:
         if isinstance(changes, SpooledChanges) and self.append_runner is not None:
-            self._append_elsewhere(uri, changes, self.append_runner, context)
-        else:
-            self._append_changelog(uri, changes.changelog, context)
+            return self._append_elsewhere(uri, changes, self.append_runner, context, frontiers)
+        return Written(self._append_changelog(uri, changes.changelog, context))
 
     def write_ahead(self, batches: Sequence[SpooledChanges], context: CommitContext) -> None:
         """Have the runner write the changelog files of `batches` (about to be written one by one) at once:
@@ -972,13 +1096,18 @@ class DeltaSink(LakehouseSink, MirrorMerges):
             self._written[id(changes)] = (changes, job.uri, version, result)
 
     def _append_elsewhere(
-        self, uri: str, changes: SpooledChanges, runner: AppendRunner, context: CommitContext
-    ) -> None:
+        self,
+        uri: str,
+        changes: SpooledChanges,
+        runner: AppendRunner,
+        context: CommitContext,
+        frontiers: Mapping[TopicPartition, Frontier],
+    ) -> Written:
         """Have `runner` write the files of the rows the changelog lacks (or take those `write_ahead` had
         written for the same table state), then commit them here with their app transactions; a conflict
         writes them again (the files of the attempt are orphans)."""
 
-        def attempt() -> None:
+        def attempt() -> AppendResult:
             ahead = self._written.pop(id(changes), None)
             table = self.root.open(uri)
             if ahead is not None and table is not None and ahead[1:3] == (uri, table.version()):
@@ -987,18 +1116,22 @@ class DeltaSink(LakehouseSink, MirrorMerges):
                 table, job = self._append_job(uri, changes, context)
                 [result] = runner([job])
             if not result.files:
-                return
+                return result
             kill_point("changelog-files-written")  # tests: files written, not committed
-            offsets = [
-                Transaction(app_id(context.group, *tp), end) for tp, end in result.next_offsets.items()
-            ]
-            properties = _properties(context, offsets)
+            offsets = frontier_transactions(context.group, result.next_offsets, result.newest_ts)
             table.create_write_transaction(
-                result.actions(), mode="append", schema=table.schema(), commit_properties=properties
+                result.actions(),
+                mode="append",
+                schema=table.schema(),
+                commit_properties=self._append_properties(context, offsets, result.rows),
             )
+            return result
 
-        self._commit(f"changelog {uri}", attempt)
+        result = self._commit(f"changelog {uri}", attempt)
         kill_point("changelog-files-committed")  # tests: committed, nothing after
+        self._rows_committed[uri] = self._rows_committed.get(uri, 0) + result.rows
+        letters = conflict_letters(result.conflicts, _name(changes))
+        return Written(result.rows, self._skipped(result.resent), letters)
 
     def _append_job(
         self, uri: str, changes: SpooledChanges, context: CommitContext
@@ -1006,8 +1139,18 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         """The changelog at `uri` (created or grown for the batch's columns) and the job writing the batch's
         rows it lacks."""
         table = self._changelog_with(uri, changes.changelog_schema, context)
-        applied = delta_applied(table, context.group, changes.partitions())
-        return table, AppendJob(uri, tuple(changes.pieces), changes.changelog_schema, _schema(table), applied)
+        frontiers = delta_frontiers(table, context.group, changes.partitions())
+        job = AppendJob(
+            self.root.uri,
+            dict(self.root.storage_options),
+            uri,
+            tuple(changes.pieces),
+            changes.changelog_schema,
+            _schema(table),
+            frontiers,
+            changes.key_columns,
+        )
+        return table, job
 
     def _changelog_with(self, uri: str, schema: pa.Schema, context: CommitContext) -> DeltaTable:
         """The changelog at `uri`, created or grown (an empty commit) until it has every column of
@@ -1028,22 +1171,37 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         assert created is not None
         return created
 
-    def _append_changelog(self, uri: str, changelog: pa.Table, context: CommitContext) -> None:
-        def attempt() -> None:
+    def _append_changelog(self, uri: str, changelog: pa.Table, context: CommitContext) -> int:
+        """Append the rows the changelog lacks; returns how many."""
+
+        def attempt() -> int:
             table = self.root.open(uri)
             fresh = unapplied(changelog, delta_applied(table, context.group, next_offsets(changelog)))
             if fresh.num_rows == 0:
-                return
+                return 0
             write_deltalake(
                 table if table is not None else uri,
                 _conform(fresh, _arrow_schema(table)),
                 mode="append",
                 schema_mode="merge",
                 storage_options=self.root.options(),
-                commit_properties=_properties(context, transactions(fresh, context.group)),
+                commit_properties=self._append_properties(
+                    context, transactions(fresh, context.group), fresh.num_rows
+                ),
             )
+            return fresh.num_rows
 
-        self._commit(f"changelog {uri}", attempt)
+        rows = self._commit(f"changelog {uri}", attempt)
+        self._rows_committed[uri] = self._rows_committed.get(uri, 0) + rows
+        return rows
+
+    def _append_properties(
+        self, context: CommitContext, offsets: list[Transaction], rows: int
+    ) -> CommitProperties:
+        """A changelog commit's: the context, its rows and this sink's name, so a run's total can be read
+        back from the log (`committed_rows`)."""
+        marks = {ROWS_META: str(rows), WRITER_META: self.writer}
+        return CommitProperties(custom_metadata=commit_metadata(context) | marks, app_transactions=offsets)
 
     def _merge_mirror(self, entry: CatalogEntry, changes: TableChanges, context: CommitContext) -> None:
         """Stale changes (older than the mirror's row, or than a later delete of the key) never win; an
@@ -1234,21 +1392,54 @@ def _prefix_up_to(rows: pa.Table, upto: int, point: int) -> tuple[pa.Table, int,
     return rows.filter(pc.invert(left_out)), complete, left.num_rows
 
 
+def _partitions(changes: TableChanges) -> set[TopicPartition]:
+    if isinstance(changes, SpooledChanges):
+        return changes.partitions()
+    return set(next_offsets(changes.changelog))
+
+
+def _name(changes: TableChanges) -> str:
+    return f"{changes.database}.{changes.table}"
+
+
 def _changes_after(root: LakeRoot, changelog: DeltaTable, since: int) -> pa.Table:
     """The changelog's rows with a commit ts after `since` (or unknown, 0), reading only the files whose
     statistics allow such rows."""
-    actions = pa.table(changelog.get_add_actions(flatten=True))
-    files = changelog.file_uris()
-    if "max._commit_ts" in actions.column_names and "min._commit_ts" in actions.column_names:
-        lows, highs = actions["min._commit_ts"].to_pylist(), actions["max._commit_ts"].to_pylist()
-        wanted = {  # by file name: unique in a Delta table, and free of the paths' encodings
-            path.rsplit("/", 1)[-1]
-            for path, low, high in zip(actions["path"].to_pylist(), lows, highs, strict=True)
-            if low is None or high is None or high > since or low <= 0
-        }
-        files = [uri for uri in files if uri.rsplit("/", 1)[-1] in wanted]
+    files = _files_holding(changelog, lambda low, high: high > since or low <= 0)
     ts = pc.field("_commit_ts")
     return root.scan(changelog, files).to_table(filter=(ts > since) | (ts == 0))
+
+
+def rows_at(
+    root: LakeRoot, table: DeltaTable, tp: TopicPartition, commit_ts: Sequence[int], columns: Sequence[str]
+) -> pa.Table:
+    """A changelog's rows of one partition at the given commit ts (those of `columns` it has), reading only
+    the files whose statistics allow such rows: what a re-sent change is compared with (`fresh_changes`)."""
+    low, high = min(commit_ts), max(commit_ts)
+    files = _files_holding(table, lambda first, last: first <= high and last >= low)
+    topic, partition = tp
+    where = pc.field("_commit_ts").isin(list(commit_ts)) & (pc.field("_topic") == topic)
+    where &= pc.field("_partition") == partition
+    have = pa.schema(table.schema().to_arrow())
+    wanted = [name for name in columns if name in have.names]
+    rows = root.scan(table, files).to_table(columns=wanted, filter=where)
+    return as_durations(rows, stored_durations(have))
+
+
+def _files_holding(table: DeltaTable, holds: Callable[[int, int], bool]) -> list[str]:
+    """The table's files whose `_commit_ts` statistics (low, high) may hold wanted rows (`holds`), and every
+    file without statistics."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    files = table.file_uris()
+    if "max._commit_ts" not in actions.column_names or "min._commit_ts" not in actions.column_names:
+        return files
+    lows, highs = actions["min._commit_ts"].to_pylist(), actions["max._commit_ts"].to_pylist()
+    wanted = {  # by file name: unique in a Delta table, and free of the paths' encodings
+        path.rsplit("/", 1)[-1]
+        for path, low, high in zip(actions["path"].to_pylist(), lows, highs, strict=True)
+        if low is None or high is None or holds(low, high)
+    }
+    return [uri for uri in files if uri.rsplit("/", 1)[-1] in wanted]
 
 
 # -- MERGE predicates ----------------------------------------------------------------------------------

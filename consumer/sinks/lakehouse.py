@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+import numpy as np
 import pyarrow as pa
 
-from consumer.batches.changes import stored_name, stored_schema
+from consumer.batches.changes import SpooledChanges, TableChanges, stored_name, stored_schema
 from consumer.lakehouse.catalog import Catalog, CatalogEntry, Name
 from consumer.lakehouse.ddl import DDLLog, renamed_from
 from consumer.lakehouse.progress import ProgressLog
@@ -40,6 +41,8 @@ class LakehouseSink:
         self.catalog = Catalog(self.root)
         self.ddl_log = DDLLog(self.root)
         self.progress = ProgressLog(self.root)
+        self._resent: dict[TopicPartition, int] = {}  # records skipped as re-sent since this sink was made
+        self._resent_before: dict[str, dict[TopicPartition, int]] = {}  # per group: what the lake counted
 
     def apply_ddl(self, event: DDLEvent, context: CommitContext) -> None:
         """Apply the DDL's effect, then append it to `<root>/_ddl`; a DDL already there is skipped whole
@@ -71,6 +74,32 @@ class LakehouseSink:
             return self.catalog.drop(name, ddl.commit_ts)
         return None
 
+    def _located(self, changes: TableChanges) -> list[tuple[CatalogEntry, TableChanges]]:
+        """The batch's rows by the table that held their name at their commit ts: one table, but for changes
+        TiCDC sent again after a DROP, TRUNCATE or RENAME (rows of a table the name no longer names)."""
+        name = (changes.database, changes.table)
+        entry = self.catalog.locate(name, changes.newest_commit_ts)
+        stamps = _commit_ts(changes)
+        known = stamps[stamps != 0]  # 0: unknown (an Avro tombstone), after the rows before it: the newest's
+        if not len(known) or self.catalog.locate(name, int(known.min())).location == entry.location:
+            return [(entry, changes)]
+        rows = changes.changelog  # spooled rows are read here: a rare batch
+        ts = rows["_commit_ts"].to_numpy()
+        places: dict[str, tuple[CatalogEntry, list[int]]] = {}
+        for stamp in np.unique(ts).tolist():
+            found = self.catalog.locate(name, stamp) if stamp else entry
+            places.setdefault(found.location, (found, []))[1].append(stamp)
+        return [
+            (found, TableChanges(changes.schema, rows.filter(pa.array(np.isin(ts, stamps)))))
+            for found, stamps in places.values()
+        ]
+
+    def _skipped(self, resent: Mapping[TopicPartition, int]) -> int:
+        """Count records skipped as re-sent (for the progress records); returns how many."""
+        for tp, count in resent.items():
+            self._resent[tp] = self._resent.get(tp, 0) + count
+        return sum(resent.values())
+
     def _wrote(self, entry: CatalogEntry) -> None:
         """After a write to the table's location: its first makes it ready in the catalog."""
         if not entry.ready:
@@ -93,6 +122,11 @@ class LakehouseSink:
     def record_progress(self, context: CommitContext) -> None:
         """Append the pipeline's progress to `_progress` (and its schema snapshot to `_schemas` when the
         context carries one)."""
+        before = self._resent_before.get(context.group)
+        if before is None:  # what earlier runs counted: this sink's counts go on from there
+            recorded = self.progress.partitions(context.group)
+            before = self._resent_before[context.group] = {tp: p.resent for tp, p in recorded.items()}
+        resent = {tp: before.get(tp, 0) + self._resent.get(tp, 0) for tp in context.resume_offsets}
         self.progress.record(
             context.group,
             context.resume_offsets,
@@ -100,10 +134,18 @@ class LakehouseSink:
             context.schema_snapshot or None,
             context.stopped,
             context.topic_partitions,
+            resent,
         )
 
     def close(self) -> None:
         return None
+
+
+def _commit_ts(changes: TableChanges) -> np.ndarray:
+    """The batch's rows' commit ts (of a spooled batch, from its index: no rows read)."""
+    if isinstance(changes, SpooledChanges):
+        return np.concatenate([block.commit_ts for block in changes.blocks])
+    return changes.changelog["_commit_ts"].to_numpy()
 
 
 def _columns(ddl: DDL) -> pa.Schema | None:

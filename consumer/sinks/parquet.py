@@ -17,20 +17,25 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from consumer.batches.changes import TableChanges
+from consumer.errors import SinkError
+from consumer.lakehouse.catalog import CatalogEntry
 from consumer.lakehouse.manifest import MANIFEST, Manifest, read_manifest
-from consumer.lakehouse.offsets import advanced, unapplied
-from consumer.lakehouse.tables import STORED_AS, STORED_DURATION
-from consumer.sinks.base import CommitContext
+from consumer.lakehouse.offsets import advanced, newest_commit_ts, unapplied
+from consumer.lakehouse.resends import Held, conflict_letters, fresh_changes
+from consumer.lakehouse.tables import STORED_AS, STORED_DURATION, as_durations, stored_durations
+from consumer.sinks.base import CommitContext, Written
 from consumer.sinks.lakehouse import LakehouseSink
+from consumer.sources.record import TopicPartition
 
 
 class ParquetSink(LakehouseSink):
@@ -51,33 +56,81 @@ class ParquetSink(LakehouseSink):
         self._filesystem, base = self.root.filesystem()
         self._base = base.rstrip("/")
         self._manifests: dict[str, Manifest] = {}
+        self._added: dict[str, int] = {}  # by directory: how many files this sink committed there
 
-    def write(self, changes: TableChanges, context: CommitContext) -> None:
-        """Rows go to the table holding their name at their commit ts (see the catalog)."""
+    def write(self, changes: TableChanges, context: CommitContext) -> Written:
+        """Rows go to the table holding their name at their commit ts (see the catalog); copies of changes
+        the table holds (TiCDC re-sent them) are skipped."""
         if not changes.changelog.num_rows:
-            return
-        newest = max(changes.changelog["_commit_ts"].to_pylist())
-        entry = self.catalog.locate((changes.database, changes.table), newest)
+            return Written(0)
+        parts = [self._write_to(entry, part) for entry, part in self._located(changes)]
+        return Written.of(parts)
+
+    def _write_to(self, entry: CatalogEntry, changes: TableChanges) -> Written:
         directory = f"{self._base}/{entry.location}/changelog"
         manifest = self._manifest(directory)
-        fresh = unapplied(changes.changelog, manifest.applied())
-        if not fresh.num_rows:
-            return  # a replay of rows already committed
-        files = self._write_files(fresh, directory)
-        applied = advanced(manifest.applied(), fresh)
+        fresh = fresh_changes(
+            changes.changelog, manifest.frontiers(), changes.key_columns, self._held_in(directory, manifest)
+        )
+        rows = unapplied(fresh.rows, manifest.applied())
+        letters = conflict_letters(fresh.conflicts, f"{changes.database}.{changes.table}")
+        if not rows.num_rows:
+            return Written(0, self._skipped(fresh.resent), letters)  # a replay, or copies
+        files = self._write_files(rows, directory)
+        applied = advanced(manifest.applied(), rows)
+        held = {tp: frontier.newest_ts for tp, frontier in manifest.frontiers().items()}
+        newest_ts = {tp: max(ts, held.get(tp, 0)) for tp, ts in newest_commit_ts(rows).items()}
         committed = Manifest(
-            files=[*manifest.files, *files],
-            next_offsets=[
-                (topic, partition, offset) for (topic, partition), offset in sorted(applied.items())
-            ],
+            files=[*manifest.files, *(name for name, _ in files)],
+            next_offsets=_listed(applied),
+            newest_ts=_listed({**held, **newest_ts}),
+            rows=[*_rows_of(manifest), *(count for _, count in files)],
         )
         self._replace(f"{directory}/{MANIFEST}", msgspec.json.encode(committed))
         self._manifests[directory] = committed
+        self._added[directory] = self._added.get(directory, 0) + len(files)
         self._wrote(entry)
+        return Written(rows.num_rows, self._skipped(fresh.resent), letters)
 
-    def _write_files(self, changelog: pa.Table, directory: str) -> list[str]:
+    def committed_rows(self) -> int:
+        """The rows this sink committed, read back from the manifests (the rows of the files it added);
+        a count that disagrees with what it wrote is a `SinkError`."""
+        total = 0
+        for directory, added in sorted(self._added.items()):
+            manifest = read_manifest(directory, self._filesystem) or Manifest()
+            counts = _rows_of(manifest)[len(manifest.files) - added :]
+            names = manifest.files[len(manifest.files) - added :]
+            read = sum(
+                pq.ParquetFile(f"{directory}/{name}", filesystem=self._filesystem).metadata.num_rows
+                for name in names
+            )
+            if read != sum(counts):
+                raise SinkError(f"{directory}: its files hold {read} rows, its manifest says {sum(counts)}")
+            total += read
+        return total
+
+    def _held_in(self, directory: str, manifest: Manifest) -> Held:
+        """The committed rows of a partition at a commit ts, for `fresh_changes`."""
+
+        def held(tp: TopicPartition, commit_ts: Sequence[int], columns: Sequence[str]) -> pa.Table:
+            import pyarrow.dataset as pads  # with the pandas it imports: only a batch with copies pays it
+
+            files = [f"{directory}/{name}" for name in manifest.files]
+            if not files:
+                return pa.table({})
+            dataset = pads.dataset(files, format="parquet", filesystem=self._filesystem)
+            topic, partition = tp
+            where = pc.field("_commit_ts").isin(list(commit_ts)) & (pc.field("_topic") == topic)
+            where &= pc.field("_partition") == partition
+            wanted = [name for name in columns if name in dataset.schema.names]
+            rows = dataset.to_table(columns=wanted, filter=where)
+            return as_durations(rows, stored_durations(rows.schema))
+
+        return held
+
+    def _write_files(self, changelog: pa.Table, directory: str) -> list[tuple[str, int]]:
         """The batch in files of at most `rows_per_file` rows, TIME as marked int64 microseconds (Parquet
-        has no duration type either)."""
+        has no duration type either); each file's name and rows."""
         self._filesystem.create_dir(directory, recursive=True)
         table = _storable(changelog)
         names = []
@@ -88,7 +141,7 @@ class ParquetSink(LakehouseSink):
                 part, f"{directory}/{name}", filesystem=self._filesystem, compression=self.compression
             )
             self._sync(f"{directory}/{name}")
-            names.append(name)
+            names.append((name, part.num_rows))
         self._sync(directory)
         return names
 
@@ -132,6 +185,15 @@ class ParquetSink(LakehouseSink):
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
+
+
+def _listed(by_partition: Mapping[TopicPartition, int]) -> list[tuple[str, int, int]]:
+    return [(topic, partition, value) for (topic, partition), value in sorted(by_partition.items())]
+
+
+def _rows_of(manifest: Manifest) -> list[int]:
+    """Each listed file's rows (0 where an older manifest did not say)."""
+    return [*manifest.rows, *[0] * (len(manifest.files) - len(manifest.rows))]
 
 
 def _storable(changelog: pa.Table) -> pa.Table:

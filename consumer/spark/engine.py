@@ -251,9 +251,13 @@ class ChangeBatches:
                 raise
 
     def close(self) -> None:
-        """Apply the batch handed over last, then release the sinks and the dead-letter destination."""
+        """Apply the batch handed over last, then release the sinks and the dead-letter destination. A run
+        that had no batch to apply still feeds what an earlier run left unapplied (its carry): applied now
+        if it can be, else reported as unapplied again (a run never claims what it did not apply)."""
         try:
             self.drain()
+            if self._pipeline is None and self.failure is None:
+                self._feed_carried()
             if self._pipeline is not None:
                 self._pipeline.finish()
         finally:
@@ -296,6 +300,16 @@ class ChangeBatches:
         for missed in range(0 if latest is None else latest + 1, batch_id):
             self._apply(missed, self._read_again(missed))
         return False
+
+    def _feed_carried(self) -> None:
+        """Feed the rows the latest recorded batch carried, as a batch of nothing new under its id."""
+        latest = self._store.latest()
+        if latest is None:
+            return
+        carry = self._store.read(latest)
+        if carry.segments:
+            self._start(carry)
+            self._apply(latest, [])
 
     def _read_again(self, batch_id: int) -> list[Segment]:
         ranges = self._store.intent(batch_id)

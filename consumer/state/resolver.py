@@ -7,6 +7,11 @@ Emission rule:
   (commit_ts, topic, partition, offset) order. Rows are never dropped for being below the watermark.
 - A row also waits while an earlier-or-equal commit_ts row of its table is still held for a schema
   (a per-table barrier until that row is released or expires), so held rows are never overtaken.
+- A table's rows of one partition go out in offset order: a row waits while a row of its table that
+  came before it on its partition still waits (TiCDC re-sent it at a later offset, with an older commit
+  ts; or the rows of two partitions of a partitioned table interleave). Sinks record how far they hold a
+  partition by offset, so a row that went out ahead of an earlier one would make the earlier one look
+  applied. Such rows then go out together, in commit-ts order.
 - A DDL goes out once the global watermark has reached its commit_ts (TiCDC writes a DDL to every
   partition before any checkpoint at or past it, so by then every owned copy has arrived) and no row of a
   table it touches with commit_ts <= its own is still held. DDLs go out in (commit_ts, arrival) order.
@@ -19,6 +24,7 @@ Emission rule:
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
@@ -87,17 +93,68 @@ class _TableRows:
     entries: list[_Entry]
     table_ids: set[int]
     ordered: bool = True  # entries sorted; appends from one partition usually keep them so
+    unsure: bool = False  # entries were appended out of order since it was last empty: check each take
     blocks: list[tuple[RowBlock, TableSchema]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.entries or self.blocks)
 
-    def take_blocks(self, limit: int) -> list[tuple[RowBlock, TableSchema]]:
-        """Remove and return the blocks' rows with commit_ts <= limit (a block splits where it straddles)."""
+    def take(self, limit: int) -> tuple[list[_Entry], list[tuple[RowBlock, TableSchema]]]:
+        """Remove and return the rows with commit_ts <= limit, each partition's up to its first row that
+        stays (`_first_kept`): the entries in emission order, and the blocks' (a block splits where it
+        straddles)."""
+        entries = self._take_entries(limit)
+        if not self.blocks and not self.unsure:
+            return entries, []
+        belows = [block.commit_ts <= limit for block, _ in self.blocks]
+        stays = _first_kept(
+            [
+                *(((e[1], e[2]), e[3]) for e in (self.entries if self.unsure else ())),
+                *(
+                    (block.tp, int(block.offsets[~below].min()))
+                    for (block, _), below in zip(self.blocks, belows, strict=True)
+                    if not below.all()
+                ),
+            ]
+        )
+        entries = self._held_back(entries, stays)
+        self.unsure = self.unsure and bool(self.entries)
+        return entries, self._take_blocks(belows, stays)
+
+    def _take_entries(self, limit: int) -> list[_Entry]:
+        entries = self.entries
+        if not entries:
+            return []
+        if not self.ordered:
+            entries.sort()
+            self.ordered, self.unsure = True, True
+        if entries[-1][0] <= limit:
+            self.entries = []
+            return entries
+        cut = bisect_right(entries, limit, key=_commit_ts)
+        taken = entries[:cut]
+        del entries[:cut]
+        return taken
+
+    def _held_back(self, taken: list[_Entry], stays: dict[TopicPartition, int]) -> list[_Entry]:
+        """`taken` but the entries after a row of their partition that stays: those go back."""
+        if not stays:
+            return taken
+        late = [e for e in taken if e[3] > stays.get((e[1], e[2]), e[3])]
+        if late:
+            taken = [e for e in taken if e[3] <= stays.get((e[1], e[2]), e[3])]
+            self.entries[:0] = late  # still sorted: every entry kept is later than every one taken
+        return taken
+
+    def _take_blocks(
+        self, belows: list[np.ndarray], stays: dict[TopicPartition, int]
+    ) -> list[tuple[RowBlock, TableSchema]]:
         taken: list[tuple[RowBlock, TableSchema]] = []
         kept: list[tuple[RowBlock, TableSchema]] = []
-        for block, schema in self.blocks:
-            below = block.commit_ts <= limit
+        for (block, schema), below in zip(self.blocks, belows, strict=True):
+            first = stays.get(block.tp)
+            if first is not None:
+                below = below & (block.offsets < first)
             if below.all():
                 taken.append((block, schema))
             elif below.any():
@@ -108,21 +165,14 @@ class _TableRows:
         self.blocks = kept
         return taken
 
-    def take(self, limit: int) -> list[_Entry]:
-        """Remove and return the entries with commit_ts <= limit, in emission order."""
-        entries = self.entries
-        if not entries:
-            return []
-        if not self.ordered:
-            entries.sort()
-            self.ordered = True
-        if entries[-1][0] <= limit:
-            self.entries = []
-            return entries
-        cut = bisect_right(entries, limit, key=_commit_ts)
-        taken = entries[:cut]
-        del entries[:cut]
-        return taken
+
+def _first_kept(kept: Iterable[tuple[TopicPartition, int]]) -> dict[TopicPartition, int]:
+    """Per partition, the lowest offset among rows that stay: its rows after it stay too."""
+    first: dict[TopicPartition, int] = {}
+    for tp, offset in kept:
+        if offset < first.get(tp, offset + 1):
+            first[tp] = offset
+    return first
 
 
 @dataclass(slots=True, eq=False)
@@ -277,7 +327,7 @@ class Resolver:
         firsts: list[tuple[SortKey, RowBatch | BlockBatch]] = []
         for name, table in list(self._tables.items()):
             cut = _cut(name, table, limit, floors.get(name), barriers)
-            taken, blocks = table.take(cut), table.take_blocks(cut)
+            taken, blocks = table.take(cut)
             if not table:
                 del self._tables[name]
             if taken:

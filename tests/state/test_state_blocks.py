@@ -67,19 +67,19 @@ def test_held_offsets_of_blocks_merge_with_the_records_held_around_them() -> Non
 
 def test_blocks_of_two_partitions_resolve_at_the_global_watermark_as_one_batch() -> None:
     state = state_knowing(1)
-    state.process_blocks([block(0, [0, 1, 3], [100, 300, 200]), block(1, [0, 1], [150, 250])])
+    state.process_blocks([block(0, [0, 1, 3], [100, 200, 300]), block(1, [0, 1], [150, 250])])
     state.process(at(0, 4), watermark(200))
     state.process(at(1, 2), watermark(260))
     [unit] = state.resolve()
     assert isinstance(unit, BlockBatch) and unit.schema == schema(version=1)
-    assert rows_of(unit) == [(100, 0, 0), (150, 1, 0), (200, 0, 3)]  # 300 and 250 wait
+    assert rows_of(unit) == [(100, 0, 0), (150, 1, 0), (200, 0, 1)]  # 300 and 250 wait
     state.confirm(unit)
-    assert state.committable() == {(TOPIC, 0): 1, (TOPIC, 1): 1}
-    assert state.unapplied_offsets() == {(TOPIC, 0): [1], (TOPIC, 1): [1]}  # WATERMARKs are not held
+    assert state.committable() == {(TOPIC, 0): 3, (TOPIC, 1): 1}
+    assert state.unapplied_offsets() == {(TOPIC, 0): [3], (TOPIC, 1): [1]}  # WATERMARKs are not held
     state.process(at(0, 5), watermark(400))
     state.process(at(1, 3), watermark(400))
     [later] = state.resolve()
-    assert rows_of(later) == [(250, 1, 1), (300, 0, 1)]
+    assert rows_of(later) == [(250, 1, 1), (300, 0, 3)]
     state.confirm(later)
     assert state.committable() == {(TOPIC, 0): 6, (TOPIC, 1): 4}
 
@@ -100,15 +100,15 @@ def test_a_ddl_is_a_barrier_for_blocks_of_the_versions_before_and_after_it() -> 
 
 def test_a_row_waiting_for_its_schema_holds_back_the_later_blocks_of_its_table() -> None:
     state = state_knowing(1, partitions=1)
-    state.process(at(0, 0), row(120, version=3))  # its schema is not known yet
-    state.process_blocks([block(0, [1, 2], [100, 150])])
+    state.process(at(0, 1), row(120, version=3))  # its schema is not known yet
+    state.process_blocks([block(0, [0, 2], [100, 150])])
     state.process(at(0, 3), watermark(400))
     [unit] = state.resolve()
-    assert rows_of(unit) == [(100, 0, 1)]  # 150 would overtake the held row
+    assert rows_of(unit) == [(100, 0, 0)]  # 150 would overtake the held row
     state.confirm(unit)
     state.process(at(0, 4), bootstrap(schema(version=3)))
     units = state.resolve()
-    assert [rows_of(unit) for unit in units] == [[(120, 0, 0)], [(150, 0, 2)]]
+    assert [rows_of(unit) for unit in units] == [[(120, 0, 1)], [(150, 0, 2)]]
     assert [type(unit).__name__ for unit in units] == ["RowBatch", "BlockBatch"]
     confirm_all(state, units)
     assert state.committable() == {(TOPIC, 0): 5}
