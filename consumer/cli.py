@@ -53,7 +53,7 @@ T = TypeVar("T")
 # Exit codes (the README's table): 1 is an unexpected error (a traceback), 2 also click's usage errors.
 EXIT_BAD_INPUT = 2  # stopped on a ConsumerError: a bad record under policy "fail", a sink that failed...
 EXIT_SCHEMA_MISSING = 3  # `decode`: DMLs whose schema never came
-EXIT_UNAPPLIED = 3  # `run --until-idle`: went idle with rows still waiting (for a WATERMARK or a schema)
+EXIT_UNAPPLIED = 3  # `run --until-idle`: went idle with rows still waiting (a WATERMARK, a schema) or unread
 EXIT_SOURCE_UNAVAILABLE = 4  # the brokers refused this client, or none could be reached
 # `run --until-idle`: went idle with no partition held by any of its members (never assigned, or lost)
 EXIT_UNASSIGNED = 5
@@ -399,10 +399,11 @@ def run_command(config_path: Path | None, until_idle: float | None, **flags: Any
     finally:
         reporter.close()
     _report_totals(stats)
+    _report_ends(stats)
     if stats.unapplied:
         _report_unapplied(stats)
-        if not stats.stopped_on_request:
-            sys.exit(EXIT_UNAPPLIED)
+    if (stats.unapplied or any(end.unread for end in stats.ends)) and not stats.stopped_on_request:
+        sys.exit(EXIT_UNAPPLIED)
     if stats.unassigned_s is not None and not stats.stopped_on_request:
         _report_unassigned(config, stats.unassigned_s)
         sys.exit(EXIT_UNASSIGNED)
@@ -437,6 +438,23 @@ def _report_totals(stats: PipelineStats) -> None:
     if stats.stalls:
         waits = ", ".join(f"{operation} {seconds:.1f} s" for operation, seconds in stats.stalls.items())
         click.echo(f"stalls (longest wait of each operation that stalled): {waits}", err=True)
+
+
+def _report_ends(stats: PipelineStats) -> None:
+    """Per topic, the offsets read against its end offsets, as a fetch found them when the run went idle:
+    exit 0 claims every partition was read to its end. What is left, per partition, exits 3."""
+    totals: dict[str, list[int]] = {}
+    for end in stats.ends:
+        read, ends, partitions = totals.setdefault(end.topic, [0, 0, 0])
+        totals[end.topic] = [read + end.end - end.unread, ends + end.end, partitions + 1]
+    for topic, (read, ends, partitions) in sorted(totals.items()):
+        click.echo(f"{topic}: read to {read} of its end offsets' {ends} ({partitions} partitions)")
+    left = [end for end in stats.ends if end.unread]
+    if left:
+        offsets = sum(end.unread for end in left)
+        click.echo(f"{offsets} offset(s) left unread (not committed: a restart reads them):", err=True)
+        for end in left:
+            click.echo(f"  {end}", err=True)
 
 
 def _report_unassigned(config: RunConfig, seconds: float) -> None:

@@ -26,7 +26,15 @@ from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.types import DecodeStats, ValuePolicy
 from consumer.sinks.base import CommitContext, CountsCommits, ReportsMetrics, Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
-from consumer.sources.base import CarriesWatermarks, CountsPartitions, KnowsItsEnd, RebalanceListener, Source
+from consumer.sources.base import (
+    CarriesWatermarks,
+    CountsPartitions,
+    FindsItsEnds,
+    KnowsItsEnd,
+    RebalanceListener,
+    Source,
+)
+from consumer.sources.ends import EARLIEST, unread
 from consumer.sources.errors import SourceError
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.sources.retry import SourceRetry
@@ -148,6 +156,7 @@ class Pipeline(RebalanceListener):
         # partition goes: a broker may drop commit metadata, and the member may be given it back
         self._carried: dict[TopicPartition, tuple[int, int]] = {}
         self._paused: set[TopicPartition] = set()
+        self._read: dict[TopicPartition, int] = {}  # per owned partition, the next offset to read
         self._idle = 0.0  # seconds spent waiting in polls since the last change record
         self._unassigned_since: float | None = None  # holding no partition since (with `until_idle`)
         self._changed = False  # a change record arrived in the current cycle
@@ -168,8 +177,9 @@ class Pipeline(RebalanceListener):
         stop: StopRequest | None = None,
     ) -> PipelineStats:
         """Consume until `stop` is requested or, with `until_idle`, until no change record arrived for that
-        many seconds (TiCDC keeps broadcasting WATERMARKs while the upstream is idle: those don't count);
-        everything resolved by then is applied and committed. The totals say what was left unapplied, and
+        many seconds (TiCDC keeps broadcasting WATERMARKs while the upstream is idle: those don't count) and
+        every partition is read to its end; everything resolved by then is applied and committed. The totals
+        say what was left unapplied, where each partition was read to against its end offset (`ends`), and
         whether the run went idle holding no partition (`unassigned_s`)."""
         self.open()
         self.attach(source)
@@ -256,11 +266,30 @@ class Pipeline(RebalanceListener):
         """Idle for `until_idle` seconds, and at the end of the partitions where the source can tell
         (`KnowsItsEnd`): polls that come back empty on a loaded machine while records wait are no idle
         topic. A source that stays behind without returning anything (e.g. offsets of transaction
-        markers past the last record) counts as at its end after `BEHIND_GRACE_S` more."""
+        markers past the last record) counts as at its end after `BEHIND_GRACE_S` more. Then the ends are
+        checked (`_read_to_the_end`)."""
         idle = self._idle_for(source)
-        if idle < until_idle or idle >= until_idle + BEHIND_GRACE_S:
-            return idle >= until_idle
-        return not (isinstance(source, KnowsItsEnd) and source.behind())
+        if idle < until_idle:
+            return False
+        patient = idle < until_idle + BEHIND_GRACE_S
+        if patient and isinstance(source, KnowsItsEnd) and source.behind():
+            return False
+        return self._read_to_the_end(source, patient=patient)
+
+    def _read_to_the_end(self, source: Source, *, patient: bool) -> bool:
+        """Whether to stop: a fetch from where each owned partition was read to finds its end (`ends`,
+        paused partitions included). Records left on a partition this loop reads are read on while
+        `patient`; those of a partition it holds back cannot be, and the totals say so."""
+        if not isinstance(source, FindsItsEnds):
+            return True
+        positions = {tp: EARLIEST if offset is None else offset for tp, offset in self._positions().items()}
+        self.stats.ends = source.end_offsets(positions, self._paused)
+        readable = [end for end in unread(self.stats.ends) if not end.paused]
+        return not (readable and patient)
+
+    def _positions(self) -> dict[TopicPartition, int | None]:
+        """Per owned partition, the next offset to read (None: its earliest)."""
+        return {tp: self._read.get(tp) for tp in self.state.partition_states()}
 
     def _went_idle(self) -> None:
         """Say if this member went idle holding no partition: whether that fails the command is for the
@@ -281,6 +310,7 @@ class Pipeline(RebalanceListener):
         With decode workers, a batch still decoding is left for a later cycle (at most about one cycle's
         records wait so), so the workers decode while this loop fetches and orders the next records."""
         self.stats.records += len(records)
+        self._read.update({(record.topic, record.partition): record.offset + 1 for record in records})
         self._changed = self._intake.take(self._intake.decode(records))
         self._settle(until=None if self._writer.concurrent else time.monotonic() + self.apply_seconds)
 
@@ -320,6 +350,10 @@ class Pipeline(RebalanceListener):
         recorded = self._progress.assigned()
         committed = self._committed(partitions)
         starts = later_starts(partitions, recorded, committed)
+        for tp in partitions:
+            start = starts.get(tp, committed.get(tp))
+            if start is not None:
+                self._read[tp] = start
         carried = self._committed_watermarks(partitions)
         self.state.resume_watermarks(
             resumed_watermarks(partitions, {**committed, **starts}, carried, self._carried)
@@ -334,6 +368,7 @@ class Pipeline(RebalanceListener):
         self.state.revoke(partitions)
         for tp in partitions:
             self._resume.pop(tp, None)
+            self._read.pop(tp, None)
             self._paused.discard(tp)
 
     def _committed(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from consumer.sources.ends import PartitionEnd
 from consumer.state.machine import Unapplied
 
 
@@ -45,6 +46,8 @@ class PipelineStats:
     started: float = field(default_factory=time.monotonic)
     stopped_on_request: bool = False  # Ctrl-C, SIGTERM...: not idle, not at the end of its input
     unapplied: list[Unapplied] = field(default_factory=list)  # per partition, when the run ended
+    # per partition, where it was read to against its end offset, when an `until_idle` run went idle
+    ends: list[PartitionEnd] = field(default_factory=list)
     # went idle (`until_idle`) holding no partition, for this many seconds: never assigned, or lost them
     unassigned_s: float | None = None
 
@@ -89,6 +92,7 @@ class PipelineStats:
             started=min(self.started, other.started),
             stopped_on_request=self.stopped_on_request or other.stopped_on_request,
             unapplied=[*self.unapplied, *other.unapplied],
+            ends=[*self.ends, *other.ends],
             unassigned_s=_unassigned(self.unassigned_s, other.unassigned_s),
         )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
+from consumer.sources.ends import PartitionEnd
 from consumer.sources.record import SourceRecord, TopicPartition
 
 
@@ -91,6 +92,19 @@ class KnowsItsEnd(Protocol):
     def behind(self) -> bool:
         """Whether an assigned partition is known to hold records past those returned (or not known yet
         to be at its end)."""
+        ...
+
+
+@runtime_checkable
+class FindsItsEnds(Protocol):
+    """A source that can find where its partitions' records end by fetching (`consumer.sources.ends`): a
+    run that went idle checks it read everything before it says so."""
+
+    def end_offsets(
+        self, positions: Mapping[TopicPartition, int], paused: Iterable[TopicPartition]
+    ) -> list[PartitionEnd]:
+        """Per partition of `positions` (the next offset the reader reads, or `ends.EARLIEST`), where its
+        records end; `paused`: those the reader held back."""
         ...
 
 

@@ -35,6 +35,7 @@ from consumer.kafka_config import create_client, redact_config, scrubbed, secret
 from consumer.sources.base import RebalanceListener, Source
 from consumer.sources.capture import write_capture
 from consumer.sources.commit_metadata import metadata_watermark, watermark_metadata
+from consumer.sources.ends import EndOffsets, PartitionEnd
 from consumer.sources.errors import SourceAuthenticationError, SourceError, SourceUnreachableError
 from consumer.sources.record import SourceRecord, TopicPartition
 
@@ -133,6 +134,7 @@ class KafkaSource:
         self._counts: dict[str, int] = {}
         self._paused: set[TopicPartition] = set()  # by `pause`, until `resume`
         self._counts_stale = True  # read the metadata again: nothing read yet, or partitions were assigned
+        self._ends: EndOffsets | None = None  # made when first asked (`end_offsets`)
         log.info(
             "kafka source for %s, config %s",
             self._topics,
@@ -327,6 +329,15 @@ class KafkaSource:
             log.info("cannot tell whether the assigned partitions are at their end: %s", exc)
         return False
 
+    def end_offsets(
+        self, positions: Mapping[TopicPartition, int], paused: Iterable[TopicPartition]
+    ) -> list[PartitionEnd]:
+        """`FindsItsEnds`, with a client of its own (this one's fetch positions stay as they are)."""
+        if self._ends is None:
+            self._ends = EndOffsets(str(self._config["bootstrap.servers"]), self._config)
+        found = self._ends.probe(positions, paused)
+        return [found[tp] for tp in sorted(found)]
+
     def partition_counts(self) -> dict[str, int]:
         """`CountsPartitions`: read once and again after each assignment (a topic may have grown); the last
         counts known while the metadata cannot be read."""
@@ -341,6 +352,8 @@ class KafkaSource:
         idempotent."""
         if not self._closed:
             self._closed = True
+            if self._ends is not None:
+                self._ends.close()
             self._consumer.close()
 
     def __enter__(self) -> KafkaSource:

@@ -62,12 +62,14 @@ from consumer.errors import ConsumerError
 from consumer.kill_points import start_gate
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.pipeline import DecodedRecord, Pipeline, PipelineStats
+from consumer.pipeline.loop import BEHIND_GRACE_S
 from consumer.pipeline.resume import PROGRESS_SECONDS, recorded_offsets
 from consumer.protocol.model import Watermark
 from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.sinks.delta import DeltaSink
 from consumer.sinks.foreach_batch import BatchFunction, ForeachBatchSink
+from consumer.sources.ends import EARLIEST, EndOffsets, PartitionEnd, unread
 from consumer.sources.group_commits import GroupCommits
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import Carry, CarryStore
@@ -78,6 +80,7 @@ from consumer.spark.source import (
     TASK_SETTINGS,
     OffsetRange,
     TicdcOptions,
+    parse_offsets,
     read_range,
     register,
     starting_offsets,
@@ -216,6 +219,7 @@ class ChangeBatches:
         self._starts: dict[TopicPartition, int] = {}  # the lake's resume offsets, where ahead of the query
         self._applier = ThreadPoolExecutor(1, thread_name_prefix="ticdc-apply")
         self._applying: Future[None] | None = None  # the batch handed over last, while it is applied
+        self._ends: EndOffsets | None = None  # made when first asked (`check_ends`)
 
     @property
     def stats(self) -> PipelineStats:
@@ -250,6 +254,20 @@ class ChangeBatches:
                 self._stopped(exc)
                 raise
 
+    def check_ends(self, positions: Mapping[TopicPartition, int]) -> list[PartitionEnd]:
+        """Where the query read each partition to (`positions`: its progress's end offsets; a partition
+        missing from them, from its earliest), against where a fetch from there finds its end, the
+        partitions the engine holds back marked: the totals' `ends`."""
+        if self._ends is None:
+            options = self.options
+            self._ends = EndOffsets(options.bootstrap_servers, options.kafka, group=options.client_group)
+        partitions = self._ends.listed(self.options.topics)
+        latest = self._store.latest_metadata()
+        paused = latest[2] if latest is not None else set()
+        found = self._ends.probe({tp: positions.get(tp, EARLIEST) for tp in partitions}, paused)
+        self._stats.ends = [found[tp] for tp in sorted(found)]
+        return self._stats.ends
+
     def close(self) -> None:
         """Apply the batch handed over last, then release the sinks and the dead-letter destination. A run
         that had no batch to apply still feeds what an earlier run left unapplied (its carry): applied now
@@ -263,6 +281,8 @@ class ChangeBatches:
         finally:
             self._applier.shutdown()
             self._commits.close()
+            if self._ends is not None:
+                self._ends.close()
             if self._pipeline is not None:
                 self._pipeline.close()
             else:
@@ -620,33 +640,53 @@ def _query_starter(
     return start
 
 
-def _awaited(start: QueryStarter, trigger: dict[str, Any], handler: ChangeBatches, stop: StopRequest) -> None:
+def _awaited(
+    start: QueryStarter, trigger: dict[str, Any], handler: ChangeBatches, stop: StopRequest
+) -> StreamingQuery:
     """Start a query and await it (`_await`), starting it again when its Python worker was too slow to
-    connect back (`WorkerStartError`), up to WORKER_STARTS times."""
-    for attempt in range(1, WORKER_STARTS + 1):
+    connect back (`WorkerStartError`), up to WORKER_STARTS times; the query that ran."""
+    attempt = 1
+    while True:
+        query = start(trigger)
         try:
-            _await(start(trigger), handler, stop)
-            return
+            _await(query, handler, stop)
+            return query
         except WorkerStartError as exc:
             if attempt == WORKER_STARTS or stop.requested:
                 raise
-            log.warning("%s; starting the query again (%d of %d)", exc, attempt + 1, WORKER_STARTS)
+            attempt += 1
+            log.warning("%s; starting the query again (%d of %d)", exc, attempt, WORKER_STARTS)
 
 
 def _run_until_idle(
     start: QueryStarter, until_idle: float, handler: ChangeBatches, stop: StopRequest
 ) -> None:
+    """availableNow queries until one found no change record, `until_idle` seconds passed since the last
+    that did, and every partition is read to the end a fetch finds (`ChangeBatches.check_ends`): records
+    left on a partition the engine does not hold back are read on (for `BEHIND_GRACE_S` at most)."""
     idle_since = time.monotonic()
+    positions: dict[TopicPartition, int] = {}
     while not stop.requested:
         changed = handler.changed_batches
-        _awaited(start, {"availableNow": True}, handler, stop)
+        positions.update(_read_to(_awaited(start, {"availableNow": True}, handler, stop)))
         now = time.monotonic()
+        idle = now - idle_since
         if handler.changed_batches != changed:
             idle_since = now
-        elif now - idle_since >= until_idle:
-            return
+        elif idle >= until_idle:
+            readable = [end for end in unread(handler.check_ends(positions)) if not end.paused]
+            if not readable or idle >= until_idle + BEHIND_GRACE_S:
+                return
+            log.info("idle, yet records are left: reading on from %s", ", ".join(map(str, readable)))
         else:
-            stop.wait(min(IDLE_POLL_SECONDS, until_idle - (now - idle_since)))
+            stop.wait(min(IDLE_POLL_SECONDS, until_idle - idle))
+
+
+def _read_to(query: StreamingQuery) -> dict[TopicPartition, int]:
+    """Where the query's last progress says it read its source to (the offsets its checkpoint holds)."""
+    progress = query.lastProgress
+    ended = progress.sources[0].endOffset if progress is not None and progress.sources else None
+    return parse_offsets(ended) if ended else {}
 
 
 def _run_continuously(

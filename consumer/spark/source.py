@@ -31,8 +31,6 @@ from typing import Any
 
 import msgspec
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaException
-from confluent_kafka import TopicPartition as KafkaPartition
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -48,6 +46,7 @@ from consumer.configured import build_decoder, build_policy
 from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.types import ValuePolicy
 from consumer.sources.base import FixedStarts
+from consumer.sources.ends import EndOffsets
 from consumer.sources.errors import SourceError
 from consumer.sources.kafka import KafkaSource
 from consumer.sources.record import SourceRecord, TopicPartition
@@ -539,36 +538,21 @@ def _schemas_for(location: str) -> SchemaCache:
 
 # -- planning -------------------------------------------------------------------------------------------
 class _KafkaOffsets:
-    """The subscribed topics' partitions and their earliest and latest offsets (the planner's client)."""
+    """The subscribed topics' partitions and their earliest and end offsets (the planner's client). The ends
+    are those a fetch finds (`EndOffsets.bounds`): the broker's listed ends alone can fall short of the
+    records a reader gets (tansu lists a partition's last producer batch as one record)."""
 
     def __init__(self, options: TicdcOptions) -> None:
         self._topics = options.topics
-        config = {
-            **options.kafka,
-            "bootstrap.servers": options.bootstrap_servers,
-            "group.id": options.client_group,
-        }
-        self._consumer = Consumer({**config, "enable.auto.commit": False})
+        self._ends = EndOffsets(
+            options.bootstrap_servers, options.kafka, group=options.client_group, timeout=_METADATA_TIMEOUT_S
+        )
 
     def bounds(self) -> dict[TopicPartition, tuple[int, int]]:
-        try:
-            metadata = self._consumer.list_topics(timeout=_METADATA_TIMEOUT_S)
-            bounds = {}
-            for topic in self._topics:
-                info = metadata.topics.get(topic)
-                if info is None or info.error is not None:
-                    raise SourceError(f"topic {topic!r} does not exist", client_code="UNKNOWN_TOPIC_OR_PART")
-                for partition in sorted(info.partitions):
-                    low, high = self._consumer.get_watermark_offsets(
-                        KafkaPartition(topic, partition), timeout=_METADATA_TIMEOUT_S, cached=False
-                    )
-                    bounds[(topic, partition)] = (low, high)
-            return bounds
-        except KafkaException as exc:
-            raise SourceError(f"cannot read offsets of {list(self._topics)}: {exc.args[0].str()}") from None
+        return self._ends.bounds(self._topics)
 
     def close(self) -> None:
-        self._consumer.close()
+        self._ends.close()
 
 
 def _resolve(setting: str, bounds: Mapping[TopicPartition, tuple[int, int]]) -> dict[TopicPartition, int]:
@@ -661,6 +645,11 @@ def _offsets_json(offsets: Mapping[TopicPartition, int]) -> Offsets:
     for (topic, partition), offset in sorted(offsets.items()):
         result.setdefault(topic, {})[str(partition)] = offset
     return result
+
+
+def parse_offsets(text: str) -> dict[TopicPartition, int]:
+    """Offsets in Spark's Kafka JSON form, as a query's progress and checkpoint hold them."""
+    return _from_json(json.loads(text))
 
 
 def _from_json(offsets: Mapping[str, Mapping[str, int]]) -> dict[TopicPartition, int]:

@@ -18,7 +18,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from consumer.testing.extra import missing_extra
@@ -130,8 +138,8 @@ class EmbeddedBroker:
     def produce(self, topic: str, messages: Iterable[tuple[int, bytes | None, bytes | None]]) -> None:
         """Write `(partition, key, value)` messages and wait until all are acknowledged.
 
-        One message per produce batch: tansu reports the high watermark as the last batch's base offset + 1,
-        so only unbatched writes make it exact.
+        One message per produce batch: tansu lists a partition's end (ListOffsets) as its last batch's base
+        offset + 1, so only unbatched writes make the listed end exact (fetches report it right).
         """
         failures: list[str] = []
 
@@ -145,6 +153,34 @@ class EmbeddedBroker:
             producer.poll(0)
         if producer.flush(timeout=30.0) or failures:
             raise BrokerError(f"produce to {topic!r} failed: {failures or 'delivery timed out'}")
+
+    def end_offsets(self, topic: str, timeout: float = 30.0) -> dict[int, int]:
+        """Per partition of `topic`, one past its last record, found by reading it to the end (not by
+        asking: see `produce`)."""
+        client = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap_servers,
+                "group.id": "end-offsets",
+                "enable.partition.eof": True,
+            }
+        )
+        try:
+            partitions = client.list_topics(topic, timeout=timeout).topics[topic].partitions
+            client.assign([TopicPartition(topic, partition, OFFSET_BEGINNING) for partition in partitions])
+            ends: dict[int, int] = {}
+            deadline = time.monotonic() + timeout
+            while len(ends) < len(partitions) and time.monotonic() < deadline:
+                message = client.poll(1.0)
+                error = message.error() if message is not None else None
+                if message is not None and error is not None and error.code() == KafkaError._PARTITION_EOF:
+                    ends[message.partition() or 0] = message.offset() or 0  # an EOF event carries both
+        finally:
+            client.close()
+        if len(ends) < len(partitions):
+            raise BrokerError(
+                f"{topic}: partitions {sorted(set(partitions) - set(ends))} not read to the end"
+            )
+        return dict(sorted(ends.items()))
 
     def reset_group(self, group: str, topic: str, timeout: float = 10.0) -> None:
         """Delete `group` and commit its offsets of `topic` again, as they were.
