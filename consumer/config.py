@@ -462,12 +462,15 @@ def _check_urls(config: RunConfig) -> None:
 
 
 def _check_budget(budget: BudgetConfig) -> None:
-    """A budget of nothing would stall a run (no record ever taken, every row over budget) or expire rows
-    at once, and a run that takes nothing must not look like one that applied everything."""
-    for name in ("pending_bytes", "pending_timeout_s", "max_batch_records"):
+    """A budget of nothing would stall a run (no record ever taken, every row over budget), and a run that
+    takes nothing must not look like one that applied everything. A pending timeout of 0 is a choice: rows
+    without their schema go to the error policy at once."""
+    for name in ("pending_bytes", "max_batch_records"):
         value = getattr(budget, name)
         if not value > 0:
             raise ConfigError(f"budget.{name} = {value}: it must be positive")
+    if not budget.pending_timeout_s >= 0:
+        raise ConfigError(f"budget.pending_timeout_s = {budget.pending_timeout_s}: it must be 0 or more")
 
 
 def check_engine(config: RunConfig, kind: Literal["loop", "spark"] | None = None) -> None:

@@ -76,18 +76,20 @@ class LakehouseSink:
 
     def _located(self, changes: TableChanges) -> list[tuple[CatalogEntry, TableChanges]]:
         """The batch's rows by the table that held their name at their commit ts: one table, but for changes
-        TiCDC sent again after a DROP, TRUNCATE or RENAME (rows of a table the name no longer names)."""
+        TiCDC sent again after a DROP, TRUNCATE or RENAME (rows of a table the name no longer names). A row
+        whose commit ts no table held the name at goes with the newest."""
         name = (changes.database, changes.table)
         entry = self.catalog.locate(name, changes.newest_commit_ts)
         stamps = _commit_ts(changes)
         known = stamps[stamps != 0]  # 0: unknown (an Avro tombstone), after the rows before it: the newest's
-        if not len(known) or self.catalog.locate(name, int(known.min())).location == entry.location:
+        oldest = self.catalog.find(name, int(known.min())) if len(known) else None
+        if oldest is None or oldest.location == entry.location:
             return [(entry, changes)]
         rows = changes.changelog  # spooled rows are read here: a rare batch
         ts = rows["_commit_ts"].to_numpy()
         places: dict[str, tuple[CatalogEntry, list[int]]] = {}
         for stamp in np.unique(ts).tolist():
-            found = self.catalog.locate(name, stamp) if stamp else entry
+            found = (self.catalog.find(name, stamp) if stamp else None) or entry
             places.setdefault(found.location, (found, []))[1].append(stamp)
         return [
             (found, TableChanges(changes.schema, rows.filter(pa.array(np.isin(ts, stamps)))))
