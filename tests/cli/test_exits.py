@@ -472,3 +472,47 @@ def test_a_group_went_idle_unassigned_only_if_every_member_did() -> None:
     assert held.combined(three).unassigned_s is None
     assert three.combined(held).unassigned_s is None
     assert five.combined(three).unassigned_s == 3.0  # the group was without partitions this long
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        (["--max-batch-records", "0"], "budget.max_batch_records = 0: it must be positive"),
+        (["--max-batch-records", "-3"], "budget.max_batch_records = -3: it must be positive"),
+        (["--pending-bytes", "0"], "budget.pending_bytes = 0: it must be positive"),
+        (["--pending-timeout-s", "-1"], "budget.pending_timeout_s = -1.0: it must be 0 or more"),
+        (["--sink", "delta:"], "sink 'delta:' names no root"),
+        (["--sink", "parquet: "], "sink 'parquet: ' names no root"),
+    ],
+)
+def test_a_setting_that_would_make_a_run_read_or_write_nothing_is_refused_at_start(
+    tmp_path: Path, setting: list[str], said: str
+) -> None:
+    """Issue 39: these ran and exited 0 with everything unread (or wrote the lake into the current
+    directory); they are a `ConfigError` now, exit 2, before anything is read."""
+    capture = tmp_path / "c.jsonl"
+    write_capture_file(
+        Workload(WorkloadConfig(rows=20, tables=1, partitions=1)), MessageEncoder(), "t", capture
+    )
+    sink = ["--sink", f"delta:{tmp_path / 'lake'}"] if "--sink" not in setting else []
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "consumer",
+            "run",
+            "--source",
+            f"file:{capture}",
+            *sink,
+            *setting,
+            "--until-idle",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert said in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["c.jsonl"])  # nothing written anywhere
