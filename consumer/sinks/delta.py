@@ -278,8 +278,8 @@ def _merger(job: MergeJob, *, defer_splits: bool) -> MirrorMerges:
 @dataclass(frozen=True)
 class AppendJob:
     """One table's changelog append of rows Spark tasks spooled, all a process needs to write its file:
-    the lake root and its storage options, the changelog's location (local: the files are written with
-    `pyarrow.fs`), the spooled rows to take, the schema they are typed in and the changelog's (`target`,
+    the lake root and its storage options, the changelog's location (the file is written with `pyarrow.fs`),
+    the spooled rows to take, the schema they are typed in and the changelog's (`target`,
     which they are conformed to), per partition how far the changelog holds it (rows before the next
     offset are dropped, copies of changes it holds too: `fresh_changes`), and the table's key columns.
     A Spark task's input."""
@@ -343,8 +343,8 @@ def write_changelog_files(job: AppendJob) -> AppendResult:
         return AppendResult((), {}, {}, 0, fresh.resent, fresh.conflicts)
     data = _conform(changelog, job.target)
     name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-    filesystem, directory = pafs.FileSystem.from_uri(job.uri)
-    path = f"{directory}/{name}"
+    filesystem, base = root.filesystem()  # the sink's storage options reach an object store from here too
+    path = f"{base}{job.uri.removeprefix(root.uri)}/{name}"
     pq.write_table(data, path, filesystem=filesystem, compression="snappy")
     size = filesystem.get_file_info(path).size
     written = (name, size, int(time.time() * 1000), file_stats(data, _STATS_COLUMNS))
@@ -734,10 +734,10 @@ class DeltaSink(LakehouseSink, MirrorMerges):
 
     def append_with(self, runner: AppendRunner) -> None:
         """Have `runner` write the changelog files of batches whose rows are spooled (`SpooledChanges`,
-        the Spark engine: a task per table on the executors); this process commits them, with the same app
-        transactions and metadata as its own appends. Local roots only: elsewhere the rows are read and
-        appended here."""
-        self.append_runner = runner if self.root.is_local else None
+        the Spark engine: a task per table on the executors, on any root: the tasks reach an object store
+        with the sink's storage options); this process commits them, with the same app transactions and
+        metadata as its own appends."""
+        self.append_runner = runner
 
     def _lazy(self, lazy: bool) -> None:
         self.lazy_mirrors = "mirror" in self.outputs and lazy

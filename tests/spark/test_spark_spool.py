@@ -14,7 +14,7 @@ from lakehouse_checks import changelog_duplicates, changelog_rows, spark_config
 from pyspark.sql import DataFrame, SparkSession
 
 from consumer.batches.spool import SpooledRows
-from consumer.config import RunConfig
+from consumer.config import RunConfig, load_config
 from consumer.protocol.model import RawDML
 from consumer.protocol.simple.decoder import MessageDecoder
 from consumer.protocol.simple.encoder import MessageEncoder
@@ -26,6 +26,7 @@ from consumer.spark import engine
 from consumer.spark.merges import ExecutorAppends
 from consumer.spark.segments import INDEX_SCHEMA
 from consumer.testing.broker import EmbeddedBroker
+from consumer.testing.s3 import LocalS3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.e2e]
 
@@ -109,3 +110,43 @@ def _dmls(values: list[bytes]) -> int:
 def _values(rows: list[dict[str, Any]]) -> list[bytes]:
     """The Kafka values of the records tasks did not type."""
     return [v for row in rows for v in pa.ipc.open_stream(row["records"]).read_all()["value"].to_pylist()]
+
+
+def test_an_object_store_lake_is_written_by_the_executors(
+    spark: SparkSession,
+    kafka_broker: EmbeddedBroker,
+    kafka_topic: Any,
+    s3_server: LocalS3Server,
+    s3_lake: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On `s3://` too, the changelog's files are written by Spark tasks (reaching the store with the sink's
+    storage options, the only way executors learn them) and committed by the driver, which appends no row
+    it did not type itself; the mirrors, MERGEd on the executors, equal the truth."""
+    topic = kafka_topic(3)
+    workload = Workload(WorkloadConfig(rows=1500, tables=2, partitions=3, dispatch="primary-key", ddl=False))
+    produce_to_kafka(workload, MessageEncoder("json", "none"), kafka_broker.bootstrap_servers, topic)
+    truth = write_ground_truth(workload, tmp_path / "truth.json")
+    appended_here: list[int] = []
+    append = DeltaSink._append_changelog
+
+    def appending(sink: DeltaSink, uri: str, changelog: pa.Table, context: Any) -> int:
+        appended_here.append(changelog.num_rows)
+        return append(sink, uri, changelog, context)
+
+    monkeypatch.setattr(DeltaSink, "_append_changelog", appending)
+    config = load_config(
+        environ={},
+        overrides={
+            "source": {"url": f"kafka://{kafka_broker.bootstrap_servers}/{topic}", "group": f"{topic}.s3"},
+            "sink": {"url": f"delta:{s3_lake}", "storage_options": s3_server.environment()},
+            "engine": {"kind": "spark", "checkpoint": str(tmp_path / "checkpoint")},
+            "budget": {"max_batch_records": 1500},
+        },
+    )
+    stats = engine.run(config, until_idle=1.0, spark=spark)
+    options = s3_server.environment()
+    assert differences(delta_mirror_state(s3_lake, (t.schema for t in workload.tables), options), truth) == []
+    assert changelog_rows(s3_lake, options) == stats.rows == changelog_images(workload.config)
+    assert sum(appended_here) < stats.rows / 10  # only rows of the first batch a task could not type
