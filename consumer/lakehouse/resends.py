@@ -81,12 +81,27 @@ def fresh_changes(
     ts = rows["_commit_ts"].to_numpy()
     candidate = (rows["_offset"].to_numpy() >= next_offset) & (ts != 0)  # commit ts 0: unknown, never a copy
     suspect = candidate & (ts <= newest)
-    copies, conflicting = _copies(rows, identity_columns(rows, keys), candidate, suspect, bool(keys), held)
+    before = _before(held, frontiers)
+    copies, conflicting = _copies(rows, identity_columns(rows, keys), candidate, suspect, bool(keys), before)
     skipped = copies | conflicting
     if not skipped.any():
         return Fresh(rows, {}, rows.slice(0, 0))
     resent = _records(rows.filter(pa.array(copies)))
     return Fresh(rows.filter(pa.array(~skipped)), resent, rows.filter(pa.array(conflicting)))
+
+
+def _before(held: Held, frontiers: Mapping[TopicPartition, Frontier]) -> Held:
+    """`held` without rows at or after the partition's next offset: rows of this very batch, which a table
+    written before the check is made (e.g. a history after its changelog) may already hold."""
+
+    def rows(tp: TopicPartition, commit_ts: Sequence[int], columns: Sequence[str]) -> pa.Table:
+        have = held(tp, commit_ts, columns)
+        frontier = frontiers.get(tp)
+        if not have.num_rows or frontier is None or "_offset" not in have.column_names:
+            return have
+        return have.filter(pc.less(have["_offset"], frontier.next_offset))
+
+    return rows
 
 
 def _frontier_per_row(
