@@ -66,7 +66,6 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
@@ -358,6 +357,106 @@ def write_changelog_files(job: AppendJob) -> AppendResult:
     )
 
 
+@dataclass(frozen=True)
+class HistoryJob:
+    """One table's history MERGE of rows Spark tasks spooled, all a process needs to run it: the lake root
+    and its storage options, the history's location and the changelog's (what re-sent copies are compared
+    with, `fresh_changes`, with `frontiers` read before the batch), the spooled rows and their schema, the
+    table's key, its floor (a TRUNCATE or DROP another member applied), and what its commit records."""
+
+    root: str
+    storage_options: dict[str, str]
+    uri: str
+    authority: str
+    pieces: tuple[SpooledPiece, ...]
+    schema: pa.Schema
+    keys: tuple[str, ...]
+    frontiers: dict[TopicPartition, Frontier]
+    floor: int
+    context: CommitContext
+    max_commit_retries: int
+    retry_backoff: float
+
+
+HistoryRunner = Callable[[Sequence[HistoryJob]], Sequence[int]]
+"""Runs history MERGEs (`DeltaSink.history_with`): each job as `write_history` does; the changes each
+took, in the jobs' order."""
+
+
+def write_history(job: HistoryJob) -> int:
+    """Run `job` in this process (a Spark executor's Python worker); returns the changes it took."""
+    root = LakeRoot.of(job.root, job.storage_options)
+
+    def held(tp: TopicPartition, commit_ts: Sequence[int], columns: Sequence[str]) -> pa.Table:
+        table = root.open(job.authority) if job.authority.endswith("/changelog") else None
+        return pa.table({}) if table is None else rows_at(root, table, tp, commit_ts, columns)
+
+    rows = ordered_changelog(read_pieces(job.pieces), job.schema)
+    fresh = fresh_changes(rows, job.frontiers, job.keys, held).rows
+
+    def attempt() -> int:
+        return merge_history(root, job.uri, fresh, job.keys, job.floor, job.context)
+
+    try:
+        return retry_commits(
+            f"history {job.uri}", attempt, retries=job.max_commit_retries, backoff=job.retry_backoff
+        )
+    except (DeltaError, OSError, pa.ArrowException) as exc:
+        raise SinkError(f"history {job.uri}: {exc}") from exc
+
+
+def merge_history(
+    root: LakeRoot, uri: str, changelog: pa.Table, keys: tuple[str, ...], floor: int, context: CommitContext
+) -> int:
+    """Each change opens a version; the batch's keys' stored versions are re-chained with the new ones (a
+    late change splits the version it falls in), and one MERGE writes the new versions and the ends that
+    moved. Applied offsets (app transactions) and versions already stored are skipped. Returns the changes
+    taken; one attempt (the caller retries a conflict)."""
+    history = root.existing(uri)
+    fresh = unapplied(changelog, delta_applied(history, context.group, next_offsets(changelog)))
+    if fresh.num_rows == 0:
+        return 0
+    columns = [n for n in changelog.column_names if n not in META_COLUMNS]
+    cuts = [*_cuts(history), *([floor] if floor else [])]
+    schema = _evolved(history, change_versions(fresh.slice(0, 0), columns).schema)
+    new = _conform(change_versions(fresh, columns), schema)
+    stored = _conform(_versions_of(root, history, new, keys), schema)
+    new = matching(new, stored, identity(keys), found=False)  # stored already (another group's)
+    both = pa.concat_tables([marked(stored, stored=True), marked(new, stored=False)])
+    source = to_write(rechained(both, keys, cuts))
+    if source.num_rows:
+        _merge_versions(history, source, keys, _properties(context, transactions(fresh, context.group)))
+    return fresh.num_rows
+
+
+def _versions_of(root: LakeRoot, history: DeltaTable, versions: pa.Table, keys: tuple[str, ...]) -> pa.Table:
+    """The history's versions of the keys `versions` has (files pruned by the first key's stats)."""
+    wanted = pc.unique(versions[keys[0]])
+    rows = root.scan(history).to_table(filter=pc.field(keys[0]).isin(wanted))
+    return rows if len(keys) == 1 else matching(rows, versions, keys, found=True)
+
+
+def _merge_versions(
+    history: DeltaTable, source: pa.Table, keys: tuple[str, ...], properties: CommitProperties
+) -> None:
+    """A version is its key and the change that opened it: a stored one gets its new end, a new one is
+    inserted."""
+    assignments = {_quote(n): f"s.{_quote(n)}" for n in source.column_names}
+    (
+        history.merge(
+            source,
+            _merge_predicate(history, source, identity(keys), keys),
+            source_alias="s",
+            target_alias="t",
+            streamed_exec=False,
+            commit_properties=properties,
+        )
+        .when_matched_update({"_valid_to_ts": "s._valid_to_ts"})
+        .when_not_matched_insert(assignments)
+        .execute()
+    )
+
+
 def process_name() -> str:
     """This process, as mirror commits name the one that made them (`PROCESS_META`): `host:pid`."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -457,7 +556,7 @@ class MirrorMerges:
             latest = self._without_revived(deletes_uri, latest, keys)
             if latest.num_rows == 0:
                 return None
-            source = _conform(latest.select(columns), self._evolved(mirror, latest.select(columns).schema))
+            source = _conform(latest.select(columns), _evolved(mirror, latest.select(columns).schema))
             source = _bucketed(source, mirror, keys).append_column("_change_type", latest["_change_type"])
             newest = pc.max(fresh["_commit_ts"]).as_py()
             offsets = transactions(fresh, context.group)
@@ -559,16 +658,6 @@ class MirrorMerges:
         if any(table.metadata().configuration.get(k) != v for k, v in properties.items()):
             table.alter.set_table_properties(properties, raise_if_not_exists=False)
         return table
-
-    def _evolved(self, table: DeltaTable, schema: pa.Schema) -> pa.Schema:
-        """The table's schema after adding the batch's columns it lacks (a schema version it was not
-        ALTERed to yet, e.g. written by a member ahead of this one)."""
-        current = _schema(table)
-        added = [Field.from_arrow(_storable(f)) for f in schema if f.name not in current.names]
-        if added:
-            table.alter.add_columns(added)
-            current = _schema(table)
-        return current
 
     def _append_deletes(self, uri: str, deleted: pa.Table, group: str) -> None:
         """Blind appends: they never conflict, and a replayed delete only repeats a fact. Every
@@ -706,6 +795,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         self.mirror_interval_s, self.mirror_interval_rows = mirror_interval_s, mirror_interval_rows
         self.merge_runner: MergeRunner | None = None  # None: MERGEs run in this process
         self.append_runner: AppendRunner | None = None  # None: spooled rows are appended from here
+        self.history_runner: HistoryRunner | None = None  # None: histories are MERGEd from here
         # by `id` of the batch (held, so the id is not reused): the files `write_ahead` wrote for it, and
         # the changelog's location and version they were written for
         self._written: dict[int, tuple[SpooledChanges, str, int, AppendResult]] = {}
@@ -739,6 +829,12 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         metadata as its own appends."""
         self.append_runner = runner
 
+    def history_with(self, runner: HistoryRunner) -> None:
+        """Have `runner` MERGE the histories of batches whose rows are spooled (the Spark engine: a task per
+        table, on the executors), each from the rows where they are: no history row passes through this
+        process."""
+        self.history_runner = runner
+
     def _lazy(self, lazy: bool) -> None:
         self.lazy_mirrors = "mirror" in self.outputs and lazy
         if self.lazy_mirrors and "changelog" not in self.outputs:
@@ -764,7 +860,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         # rows spooled for an executor's append are judged there, not read here
         fresh = None if elsewhere else self._fresh(authority, changes, frontiers)
         if fresh is not None:
-            changes = dataclasses.replace(changes, changelog=fresh.rows) if fresh.skipped else changes
+            changes = TableChanges(changes.schema, fresh.rows) if fresh.skipped else changes
         lazy = self.lazy_mirrors and bool(changes.key_columns)
         if lazy:  # before the changelog: a restart finds the key of the rows it must still MERGE
             self._lazy_mirror(entry, changes)
@@ -786,10 +882,10 @@ class DeltaSink(LakehouseSink, MirrorMerges):
             self._catch_up(context)
             self._merge_mirror(entry, changes, context)
         if "history" in self.outputs and changes.key_columns:
-            if fresh is None:  # the executor judged the changelog's rows: judge them alike here
+            if fresh is None and self.history_runner is None:  # judged where the changelog's were: alike
                 fresh = self._fresh(authority, changes, frontiers)
-                changes = dataclasses.replace(changes, changelog=fresh.rows)
-            self._merge_history(entry, changes, context)
+                changes = TableChanges(changes.schema, fresh.rows)
+            self._merge_history(entry, changes, context, frontiers)
         self._wrote(entry)
         return written or self._written_without_changelog(changes, frontiers, fresh)
 
@@ -1211,40 +1307,52 @@ class DeltaSink(LakehouseSink, MirrorMerges):
         self._committed_mirrors[entry.location] = None
 
     # -- history ---------------------------------------------------------------------------------------
-    def _merge_history(self, entry: CatalogEntry, changes: TableChanges, context: CommitContext) -> None:
-        """Each change opens a version; the batch's keys' stored versions are re-chained with the new ones
-        (a late change splits the version it falls in), and one MERGE writes the new versions and the ends
-        that moved. Applied offsets (app transactions) and versions already stored are skipped."""
+    def _merge_history(
+        self,
+        entry: CatalogEntry,
+        changes: TableChanges,
+        context: CommitContext,
+        frontiers: Mapping[TopicPartition, Frontier],
+    ) -> None:
+        """The batch's changes into the table's history (`merge_history`): here, or, for rows spooled by
+        Spark tasks with a history runner (`history_with`), in a task that reads them where they are and
+        judges re-sent copies as the changelog's task did."""
         keys = changes.key_columns
         uri = self.root.join(entry.location, "history")
-        columns = [n for n in changes.changelog.column_names if n not in META_COLUMNS]
+        columns = [n for n in changes.changelog_schema.names if n not in META_COLUMNS]
+        schema = pa.schema([changes.changelog_schema.field(n) for n in columns])
+        floor = self._history(uri, schema, keys, entry)  # created here, where the catalog is
+        context = CommitContext(group=context.group, resolved_ts=context.resolved_ts)
+        if isinstance(changes, SpooledChanges) and self.history_runner is not None:
+            authority = self.root.join(entry.location, self._authority())
+            job = HistoryJob(
+                self.root.uri,
+                dict(self.root.storage_options),
+                uri,
+                authority,
+                tuple(changes.pieces),
+                changes.changelog_schema,
+                keys,
+                dict(frontiers),
+                floor,
+                context,
+                self.max_commit_retries,
+                self.retry_backoff,
+            )
+            self.history_runner([job])
+            return
+        changelog = changes.changelog
 
         def attempt() -> None:
-            history, cuts = self._history(uri, changes.changelog.select(columns).schema, keys, entry)
-            fresh = unapplied(
-                changes.changelog, delta_applied(history, context.group, next_offsets(changes.changelog))
-            )
-            if fresh.num_rows == 0:
-                return
-            schema = self._evolved(history, change_versions(fresh.slice(0, 0), columns).schema)
-            new = _conform(change_versions(fresh, columns), schema)
-            stored = _conform(self._versions_of(history, new, keys), schema)
-            new = matching(new, stored, identity(keys), found=False)  # stored already (another group's)
-            both = pa.concat_tables([marked(stored, stored=True), marked(new, stored=False)])
-            source = to_write(rechained(both, keys, cuts))
-            if source.num_rows:
-                self._merge_versions(
-                    history, source, keys, _properties(context, transactions(fresh, context.group))
-                )
+            merge_history(self.root, uri, changelog, keys, floor, context)
 
         self._commit(f"history {uri}", attempt)
 
-    def _history(
-        self, uri: str, schema: pa.Schema, keys: tuple[str, ...], entry: CatalogEntry
-    ) -> tuple[DeltaTable, list[int]]:
-        """The history at `uri`, created on first use with its key recorded, and where versions end
-        regardless of later changes: its table's TRUNCATEs and DROP, from the history's property and the
-        catalog (its creator re-reads the catalog: a DDL applied before it existed recorded nothing)."""
+    def _history(self, uri: str, schema: pa.Schema, keys: tuple[str, ...], entry: CatalogEntry) -> int:
+        """The history at `uri`, created on first use with its key recorded; returns its table's floor (a
+        TRUNCATE or DROP: versions end there regardless of later changes, as at the history's own
+        `CLOSED_PROPERTY`; its creator re-reads the catalog: a DDL applied before it existed recorded
+        nothing in it)."""
         table = self.root.open(uri)
         if table is None:
             stored = pa.schema([*(_storable(field) for field in schema), *HISTORY_FIELDS])
@@ -1252,33 +1360,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
             entry = next(e for e in self.catalog.refresh() if e.location == entry.location)
         if table.metadata().configuration.get(KEY_PROPERTY) != ",".join(keys):
             table.alter.set_table_properties({KEY_PROPERTY: ",".join(keys)}, raise_if_not_exists=False)
-        return table, [*_cuts(table), *([entry.floor] if entry.floor else [])]
-
-    def _versions_of(self, history: DeltaTable, versions: pa.Table, keys: tuple[str, ...]) -> pa.Table:
-        """The history's versions of the keys `versions` has (files pruned by the first key's stats)."""
-        wanted = pc.unique(versions[keys[0]])
-        rows = self.root.scan(history).to_table(filter=pc.field(keys[0]).isin(wanted))
-        return rows if len(keys) == 1 else matching(rows, versions, keys, found=True)
-
-    def _merge_versions(
-        self, history: DeltaTable, source: pa.Table, keys: tuple[str, ...], properties: CommitProperties
-    ) -> None:
-        """A version is its key and the change that opened it: a stored one gets its new end, a new one is
-        inserted."""
-        assignments = {_quote(n): f"s.{_quote(n)}" for n in source.column_names}
-        (
-            history.merge(
-                source,
-                _merge_predicate(history, source, identity(keys), keys),
-                source_alias="s",
-                target_alias="t",
-                streamed_exec=False,
-                commit_properties=properties,
-            )
-            .when_matched_update({"_valid_to_ts": "s._valid_to_ts"})
-            .when_not_matched_insert(assignments)
-            .execute()
-        )
+        return entry.floor
 
     def _close_history(self, entry: CatalogEntry, commit_ts: int, context: CommitContext) -> None:
         """End the versions valid at a TRUNCATE or DROP; the property first, so a lagging member's later
@@ -1390,6 +1472,17 @@ def _prefix_up_to(rows: pa.Table, upto: int, point: int) -> tuple[pa.Table, int,
     oldest = pc.min(known).as_py() if len(known) else None
     complete = point if oldest is None else min(point, oldest - 1)
     return rows.filter(pc.invert(left_out)), complete, left.num_rows
+
+
+def _evolved(table: DeltaTable, schema: pa.Schema) -> pa.Schema:
+    """The table's schema after adding the batch's columns it lacks (a schema version it was not ALTERed to
+    yet, e.g. written by a member ahead of this one)."""
+    current = _schema(table)
+    added = [Field.from_arrow(_storable(f)) for f in schema if f.name not in current.names]
+    if added:
+        table.alter.add_columns(added)
+        current = _schema(table)
+    return current
 
 
 def _partitions(changes: TableChanges) -> set[TopicPartition]:

@@ -73,7 +73,7 @@ from consumer.sources.ends import EARLIEST, EndOffsets, PartitionEnd, unread
 from consumer.sources.group_commits import GroupCommits
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import Carry, CarryStore
-from consumer.spark.merges import ExecutorAppends, ExecutorMerges
+from consumer.spark.merges import ExecutorAppends, ExecutorHistories, ExecutorMerges
 from consumer.spark.segments import Segment
 from consumer.spark.session import spark_session
 from consumer.spark.source import (
@@ -199,6 +199,8 @@ class ChangeBatches:
         for sink in self.sinks:  # the changelog written and the mirrors MERGEd from it on the executors
             if isinstance(sink, DeltaSink) and "changelog" in sink.outputs:
                 sink.append_with(ExecutorAppends())
+            if isinstance(sink, DeltaSink) and "history" in sink.outputs:
+                sink.history_with(ExecutorHistories())
             if self.merges is not None and isinstance(sink, DeltaSink) and "mirror" in sink.outputs:
                 sink.run_merges_with(self.merges)
         self.failure: BaseException | None = None  # what stopped the query, if this function did

@@ -44,17 +44,20 @@ from consumer.sinks.bucket_merges import BucketOutcome, BucketPart, merge_bucket
 from consumer.sinks.delta import (
     AppendJob,
     AppendResult,
+    HistoryJob,
     MergeJob,
     MergeResult,
     finish_split,
     prepare_merge_job,
     write_changelog_files,
+    write_history,
 )
 from consumer.spark.workers import settle_worker
 
 JOB_DESCRIPTION = "ticdc: mirror MERGEs"
 BUCKETS_DESCRIPTION = "ticdc: mirror MERGEs in bucket groups"
 APPEND_DESCRIPTION = "ticdc: changelog files"
+HISTORY_DESCRIPTION = "ticdc: history MERGEs"
 APPEND_TASK_ROWS = 50_000  # changelog rows one task writes at most, unless one table's batch is larger
 # Spark SQL runs Python tasks (the `ticdc` source's reads) with this variable set; Spark keeps a pool of
 # Python workers per environment, so RDD tasks with it too run in the same workers, which imported the SDK
@@ -123,6 +126,19 @@ class ExecutorAppends:
     def __call__(self, jobs: Sequence[AppendJob]) -> list[AppendResult]:
         return _as_tasks(
             self._context, APPEND_DESCRIPTION, write_changelog_files, _packed(jobs), "changelog files"
+        )
+
+
+class ExecutorHistories:
+    """MERGEs histories as Spark tasks, one per table (`DeltaSink.history_with(ExecutorHistories())`), on
+    the active Spark context; a job that fails as often as Spark allows raises `SinkError`."""
+
+    def __init__(self, context: SparkContext | None = None) -> None:
+        self._context = context
+
+    def __call__(self, jobs: Sequence[HistoryJob]) -> list[int]:
+        return _as_tasks(
+            self._context, HISTORY_DESCRIPTION, write_history, [[job] for job in jobs], "histories"
         )
 
 

@@ -10,9 +10,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from lakehouse_checks import changelog_duplicates, changelog_rows, spark_config
+from lakehouse_checks import changelog_duplicates, changelog_rows, lake_contents, spark_config
 from pyspark.sql import DataFrame, SparkSession
 
+from consumer import app
 from consumer.batches.spool import SpooledRows
 from consumer.config import RunConfig, load_config
 from consumer.protocol.model import RawDML
@@ -21,9 +22,9 @@ from consumer.protocol.simple.encoder import MessageEncoder
 from consumer.simulate.output import produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
-from consumer.sinks.delta import AppendJob, AppendResult, DeltaSink
+from consumer.sinks.delta import AppendJob, AppendResult, DeltaSink, HistoryJob
 from consumer.spark import engine
-from consumer.spark.merges import ExecutorAppends
+from consumer.spark.merges import ExecutorAppends, ExecutorHistories
 from consumer.spark.segments import INDEX_SCHEMA
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.s3 import LocalS3Server
@@ -150,3 +151,53 @@ def test_an_object_store_lake_is_written_by_the_executors(
     assert differences(delta_mirror_state(s3_lake, (t.schema for t in workload.tables), options), truth) == []
     assert changelog_rows(s3_lake, options) == stats.rows == changelog_images(workload.config)
     assert sum(appended_here) < stats.rows / 10  # only rows of the first batch a task could not type
+
+
+def test_histories_are_merged_by_the_executors_as_the_loop_engine_merges_them(
+    spark: SparkSession,
+    kafka_broker: EmbeddedBroker,
+    kafka_topic: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--mode both,history`: each batch's history MERGE runs in a Spark task reading the spooled rows (the
+    driver reads none: that raises here), and the lake (changelogs, mirrors, histories) is the loop
+    engine's, row for row."""
+    topic = kafka_topic(3)
+    workload = Workload(WorkloadConfig(rows=1500, tables=2, partitions=3, dispatch="primary-key"))
+    produce_to_kafka(workload, MessageEncoder("json", "none"), kafka_broker.bootstrap_servers, topic)
+    source = {"url": f"kafka://{kafka_broker.bootstrap_servers}/{topic}"}
+    mode = "changelog,mirror,history"
+    loop = load_config(
+        environ={},
+        overrides={
+            "source": {**source, "group": f"{topic}.loop"},
+            "sink": {"url": f"delta:{tmp_path / 'loop'}", "mode": mode},
+            "parallelism": {"decode_workers": 0},
+        },
+    )
+    app.run(loop, until_idle=1.0)
+    histories: list[int] = []
+    run_histories = ExecutorHistories.__call__
+
+    def merged(runner: ExecutorHistories, jobs: Sequence[HistoryJob]) -> list[int]:
+        histories.extend(run_histories(runner, jobs))
+        return histories[-len(jobs) :]
+
+    def refused(*args: object) -> None:
+        raise AssertionError("a spooled row was read on the driver")
+
+    monkeypatch.setattr(ExecutorHistories, "__call__", merged)
+    monkeypatch.setattr(SpooledRows, "read", refused)
+    config = load_config(
+        environ={},
+        overrides={
+            "source": {**source, "group": f"{topic}.spark"},
+            "sink": {"url": f"delta:{tmp_path / 'spark'}", "mode": mode},
+            "engine": {"kind": "spark", "checkpoint": str(tmp_path / "checkpoint")},
+            "budget": {"max_batch_records": 500},
+        },
+    )
+    stats = engine.run(config, until_idle=1.0, spark=spark)
+    assert lake_contents(tmp_path / "spark") == lake_contents(tmp_path / "loop")
+    assert sum(histories) > stats.rows / 2  # the changes the executors' MERGEs took (untyped rows aside)
