@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from consumer import app
 from consumer.config import load_config
+from consumer.lakehouse.manifest import manifest_files
 from consumer.lakehouse.progress import consistent_ts
 from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import entry_uri, read_delta, read_mirror, tables
@@ -93,18 +95,32 @@ def write(stream: Stream, path: Path) -> Path:
     return path
 
 
-def consume(capture: Path, root: Path, protocol: str = "simple", **sink: Any) -> PipelineStats:
-    """`run` of the capture into a Delta lake at `root`, in this process, until it has read it all."""
+def consume(capture: Path, root: Path, protocol: str = "simple", kind: str = "delta") -> PipelineStats:
+    """`run` of the capture into a lake at `root` (`kind`: delta or parquet), in this process, until it has
+    read it all."""
+    sink = {"url": f"{kind}:{root}", **({"mode": MODE} if kind == "delta" else {})}
     config = load_config(
         environ={},
         overrides={
             "source": {"url": f"file:{capture}", "group": GROUP},
             "decode": {"protocol": protocol},
-            "sink": {"url": f"delta:{root}", "mode": MODE, **sink},
+            "sink": sink,
             "parallelism": {"decode_workers": 0},
         },
     )
     return app.run(config, until_idle=0.3)
+
+
+def parquet_lake(root: Path) -> dict[str, list[str]]:
+    """Every table's committed Parquet rows, order aside and offsets aside."""
+    lakehouse = LakeRoot.of(root)
+    found = {}
+    for entry in tables(lakehouse):
+        names = manifest_files(lakehouse, entry.location) or []
+        parts = [pq.read_table(name).drop_columns(["_offset"]) for name in names]
+        rows = pa.concat_tables(parts, promote_options="permissive") if parts else None
+        found[entry.location] = [] if rows is None else sorted(map(repr, _rows(rows)))
+    return found
 
 
 def lake(root: Path) -> dict[tuple[str, str], list[str]]:

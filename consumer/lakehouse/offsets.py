@@ -44,14 +44,6 @@ def next_offsets(changelog: pa.Table) -> dict[TopicPartition, int]:
     return {(topic, partition): offset + 1 for topic, partition, offset in zip(*columns, strict=True)}
 
 
-def advanced(applied: Mapping[TopicPartition, int], changelog: pa.Table) -> dict[TopicPartition, int]:
-    """`applied` moved past the batch's rows."""
-    merged = dict(applied)
-    for tp, offset in next_offsets(changelog).items():
-        merged[tp] = max(merged.get(tp, 0), offset)
-    return merged
-
-
 def unapplied(changelog: pa.Table, applied: Mapping[TopicPartition, int]) -> pa.Table:
     """The rows at or after each partition's next unapplied offset."""
     old = None

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -26,12 +27,14 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from consumer.batches.changes import TableChanges
+from consumer.batches.changes import SpooledChanges, TableChanges, ordered_changelog
+from consumer.batches.spool import SpooledPiece, read_pieces
 from consumer.errors import SinkError
 from consumer.lakehouse.catalog import CatalogEntry
 from consumer.lakehouse.manifest import MANIFEST, Manifest, read_manifest
-from consumer.lakehouse.offsets import advanced, newest_commit_ts, unapplied
-from consumer.lakehouse.resends import Held, conflict_letters, fresh_changes
+from consumer.lakehouse.offsets import newest_commit_ts, next_offsets, unapplied
+from consumer.lakehouse.resends import Frontier, Held, conflict_letters, fresh_changes
+from consumer.lakehouse.storage import LakeRoot
 from consumer.lakehouse.tables import STORED_AS, STORED_DURATION, as_durations, stored_durations
 from consumer.sinks.base import CommitContext, Written
 from consumer.sinks.lakehouse import LakehouseSink
@@ -57,40 +60,62 @@ class ParquetSink(LakehouseSink):
         self._base = base.rstrip("/")
         self._manifests: dict[str, Manifest] = {}
         self._added: dict[str, int] = {}  # by directory: how many files this sink committed there
+        self.append_runner: ParquetRunner | None = None  # None: spooled rows are written from here
 
     def write(self, changes: TableChanges, context: CommitContext) -> Written:
         """Rows go to the table holding their name at their commit ts (see the catalog); copies of changes
         the table holds (TiCDC re-sent them) are skipped."""
-        if not changes.changelog.num_rows:
+        if not changes.row_count:
             return Written(0)
         parts = [self._write_to(entry, part) for entry, part in self._located(changes)]
         return Written.of(parts)
 
+    def append_with(self, runner: ParquetRunner) -> None:
+        """Have `runner` write the files of batches whose rows are spooled (the Spark engine: a task per
+        table, on the executors); this process commits them in the manifest."""
+        self.append_runner = runner
+
     def _write_to(self, entry: CatalogEntry, changes: TableChanges) -> Written:
         directory = f"{self._base}/{entry.location}/changelog"
         manifest = self._manifest(directory)
-        fresh = fresh_changes(
-            changes.changelog, manifest.frontiers(), changes.key_columns, self._held_in(directory, manifest)
+        job = self._job(directory, manifest, changes)
+        if isinstance(changes, SpooledChanges) and self.append_runner is not None:
+            [done] = self.append_runner([job])
+        else:
+            done = fresh_files(job, changes.changelog)
+        letters = conflict_letters(done.conflicts, f"{changes.database}.{changes.table}")
+        if done.files:
+            self._commit_files(directory, manifest, done)
+            self._wrote(entry)
+        return Written(sum(rows for _, rows in done.files), self._skipped(done.resent), letters)
+
+    def _job(self, directory: str, manifest: Manifest, changes: TableChanges) -> ParquetJob:
+        return ParquetJob(
+            self.root.uri,
+            dict(self.root.storage_options),
+            directory,
+            tuple(changes.pieces) if isinstance(changes, SpooledChanges) else (),
+            changes.changelog_schema,
+            changes.key_columns,
+            manifest.frontiers(),
+            tuple(manifest.files),
+            self.rows_per_file,
+            self.compression,
         )
-        rows = unapplied(fresh.rows, manifest.applied())
-        letters = conflict_letters(fresh.conflicts, f"{changes.database}.{changes.table}")
-        if not rows.num_rows:
-            return Written(0, self._skipped(fresh.resent), letters)  # a replay, or copies
-        files = self._write_files(rows, directory)
-        applied = advanced(manifest.applied(), rows)
+
+    def _commit_files(self, directory: str, manifest: Manifest, done: ParquetFiles) -> None:
+        """List the files in the manifest with how far they take each partition: the commit."""
+        applied = manifest.applied()
         held = {tp: frontier.newest_ts for tp, frontier in manifest.frontiers().items()}
-        newest_ts = {tp: max(ts, held.get(tp, 0)) for tp, ts in newest_commit_ts(rows).items()}
         committed = Manifest(
-            files=[*manifest.files, *(name for name, _ in files)],
-            next_offsets=_listed(applied),
-            newest_ts=_listed({**held, **newest_ts}),
-            rows=[*_rows_of(manifest), *(count for _, count in files)],
+            files=[*manifest.files, *(name for name, _ in done.files)],
+            next_offsets=_listed(_furthest(applied, done.next_offsets)),
+            newest_ts=_listed(_furthest(held, done.newest_ts)),
+            rows=[*_rows_of(manifest), *(rows for _, rows in done.files)],
         )
         self._replace(f"{directory}/{MANIFEST}", msgspec.json.encode(committed))
         self._manifests[directory] = committed
-        self._added[directory] = self._added.get(directory, 0) + len(files)
-        self._wrote(entry)
-        return Written(rows.num_rows, self._skipped(fresh.resent), letters)
+        self._added[directory] = self._added.get(directory, 0) + len(done.files)
 
     def committed_rows(self) -> int:
         """The rows this sink committed, read back from the manifests (the rows of the files it added);
@@ -108,42 +133,6 @@ class ParquetSink(LakehouseSink):
                 raise SinkError(f"{directory}: its files hold {read} rows, its manifest says {sum(counts)}")
             total += read
         return total
-
-    def _held_in(self, directory: str, manifest: Manifest) -> Held:
-        """The committed rows of a partition at a commit ts, for `fresh_changes`."""
-
-        def held(tp: TopicPartition, commit_ts: Sequence[int], columns: Sequence[str]) -> pa.Table:
-            import pyarrow.dataset as pads  # with the pandas it imports: only a batch with copies pays it
-
-            files = [f"{directory}/{name}" for name in manifest.files]
-            if not files:
-                return pa.table({})
-            dataset = pads.dataset(files, format="parquet", filesystem=self._filesystem)
-            topic, partition = tp
-            where = pc.field("_commit_ts").isin(list(commit_ts)) & (pc.field("_topic") == topic)
-            where &= pc.field("_partition") == partition
-            wanted = [name for name in columns if name in dataset.schema.names]
-            rows = dataset.to_table(columns=wanted, filter=where)
-            return as_durations(rows, stored_durations(rows.schema))
-
-        return held
-
-    def _write_files(self, changelog: pa.Table, directory: str) -> list[tuple[str, int]]:
-        """The batch in files of at most `rows_per_file` rows, TIME as marked int64 microseconds (Parquet
-        has no duration type either); each file's name and rows."""
-        self._filesystem.create_dir(directory, recursive=True)
-        table = _storable(changelog)
-        names = []
-        for index in range(math.ceil(table.num_rows / self.rows_per_file)):
-            name = f"part-{uuid.uuid4().hex}.parquet"
-            part = table.slice(index * self.rows_per_file, self.rows_per_file)
-            pq.write_table(
-                part, f"{directory}/{name}", filesystem=self._filesystem, compression=self.compression
-            )
-            self._sync(f"{directory}/{name}")
-            names.append((name, part.num_rows))
-        self._sync(directory)
-        return names
 
     def _manifest(self, directory: str) -> Manifest:
         manifest = self._manifests.get(directory)
@@ -176,15 +165,111 @@ class ParquetSink(LakehouseSink):
         self._sync(str(Path(path).parent))
 
     def _sync(self, path: str) -> None:
-        """On a local disk, flush a file or directory entry: the sink's writes must be durable when they
-        return (an object store's PUT is once it is acknowledged)."""
-        if not self.root.is_local:
-            return
-        descriptor = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        if self.root.is_local:
+            _synced(path)
+
+
+@dataclass(frozen=True)
+class ParquetJob:
+    """One table's batch of changelog rows to write as Parquet files, all a process needs to write them: the
+    lake root and its storage options, the table's directory (in the root's filesystem), the spooled rows
+    (when Spark tasks spooled them) and their schema, the table's key, how far the manifest holds each
+    partition and its files (what re-sent copies are compared with), and how files are cut. A Spark task's
+    input."""
+
+    root: str
+    storage_options: dict[str, str]
+    directory: str
+    pieces: tuple[SpooledPiece, ...]
+    schema: pa.Schema
+    keys: tuple[str, ...]
+    frontiers: dict[TopicPartition, Frontier]
+    files: tuple[str, ...]
+    rows_per_file: int
+    compression: str
+
+
+@dataclass(frozen=True)
+class ParquetFiles:
+    """What a `ParquetJob` wrote, uncommitted: each file's name and rows, per partition the offset after
+    its last row and its newest commit ts, the records it skipped as re-sent and the conflicting copies."""
+
+    files: tuple[tuple[str, int], ...]
+    next_offsets: dict[TopicPartition, int]
+    newest_ts: dict[TopicPartition, int]
+    resent: dict[TopicPartition, int]
+    conflicts: pa.Table
+
+
+ParquetRunner = Callable[[Sequence[ParquetJob]], Sequence[ParquetFiles]]
+"""Writes Parquet files (`ParquetSink.append_with`): each job as `write_parquet_files` does, in order."""
+
+
+def write_parquet_files(job: ParquetJob) -> ParquetFiles:
+    """Run `job` in this process (a Spark executor's Python worker) on its spooled rows."""
+    return fresh_files(job, ordered_changelog(read_pieces(job.pieces), job.schema))
+
+
+def fresh_files(job: ParquetJob, changelog: pa.Table) -> ParquetFiles:
+    """The rows of `changelog` the table lacks (neither before its next offsets nor copies of changes it
+    holds) in files of at most `rows_per_file` rows, TIME as marked int64 microseconds (Parquet has no
+    duration type either); nothing is committed."""
+    root = LakeRoot.of(job.root, job.storage_options)
+    filesystem, _ = root.filesystem()
+    fresh = fresh_changes(changelog, job.frontiers, job.keys, _held(filesystem, job.directory, job.files))
+    rows = unapplied(fresh.rows, {tp: frontier.next_offset for tp, frontier in job.frontiers.items()})
+    if not rows.num_rows:
+        return ParquetFiles((), {}, {}, fresh.resent, fresh.conflicts)
+    filesystem.create_dir(job.directory, recursive=True)
+    table = _storable(rows)
+    files = []
+    for index in range(math.ceil(table.num_rows / job.rows_per_file)):
+        name = f"part-{uuid.uuid4().hex}.parquet"
+        part = table.slice(index * job.rows_per_file, job.rows_per_file)
+        pq.write_table(part, f"{job.directory}/{name}", filesystem=filesystem, compression=job.compression)
+        if root.is_local:
+            _synced(f"{job.directory}/{name}")
+        files.append((name, part.num_rows))
+    if root.is_local:
+        _synced(job.directory)
+    return ParquetFiles(
+        tuple(files), next_offsets(rows), newest_commit_ts(rows), fresh.resent, fresh.conflicts
+    )
+
+
+def _held(filesystem: pafs.FileSystem, directory: str, names: Sequence[str]) -> Held:
+    """A Parquet changelog's committed rows of a partition at some commit ts, for `fresh_changes`."""
+
+    def held(tp: TopicPartition, commit_ts: Sequence[int], columns: Sequence[str]) -> pa.Table:
+        import pyarrow.dataset as pads  # with the pandas it imports: only a batch with copies pays it
+
+        if not names:
+            return pa.table({})
+        dataset = pads.dataset([f"{directory}/{n}" for n in names], format="parquet", filesystem=filesystem)
+        topic, partition = tp
+        where = pc.field("_commit_ts").isin(list(commit_ts)) & (pc.field("_topic") == topic)
+        where &= pc.field("_partition") == partition
+        wanted = [name for name in columns if name in dataset.schema.names]
+        rows = dataset.to_table(columns=wanted, filter=where)
+        return as_durations(rows, stored_durations(rows.schema))
+
+    return held
+
+
+def _synced(path: str) -> None:
+    """Flush a local file or directory entry: the sink's writes must be durable when it commits them (an
+    object store's PUT is once it is acknowledged)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _furthest(
+    held: Mapping[TopicPartition, int], more: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, int]:
+    return {tp: max(held.get(tp, 0), more.get(tp, 0)) for tp in held.keys() | more.keys()}
 
 
 def _listed(by_partition: Mapping[TopicPartition, int]) -> list[tuple[str, int, int]]:

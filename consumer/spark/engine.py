@@ -69,11 +69,12 @@ from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import DeadLetterQueue
 from consumer.sinks.delta import DeltaSink
 from consumer.sinks.foreach_batch import BatchFunction, ForeachBatchSink
+from consumer.sinks.parquet import ParquetSink
 from consumer.sources.ends import EARLIEST, EndOffsets, PartitionEnd, unread
 from consumer.sources.group_commits import GroupCommits
 from consumer.sources.record import SourceRecord, TopicPartition
 from consumer.spark.carry import Carry, CarryStore
-from consumer.spark.merges import ExecutorAppends, ExecutorHistories, ExecutorMerges
+from consumer.spark.merges import ExecutorAppends, ExecutorHistories, ExecutorMerges, ExecutorParquet
 from consumer.spark.segments import Segment
 from consumer.spark.session import spark_session
 from consumer.spark.source import (
@@ -201,6 +202,8 @@ class ChangeBatches:
                 sink.append_with(ExecutorAppends())
             if isinstance(sink, DeltaSink) and "history" in sink.outputs:
                 sink.history_with(ExecutorHistories())
+            if isinstance(sink, ParquetSink):
+                sink.append_with(ExecutorParquet())
             if self.merges is not None and isinstance(sink, DeltaSink) and "mirror" in sink.outputs:
                 sink.run_merges_with(self.merges)
         self.failure: BaseException | None = None  # what stopped the query, if this function did

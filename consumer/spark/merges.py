@@ -52,12 +52,14 @@ from consumer.sinks.delta import (
     write_changelog_files,
     write_history,
 )
+from consumer.sinks.parquet import ParquetFiles, ParquetJob, write_parquet_files
 from consumer.spark.workers import settle_worker
 
 JOB_DESCRIPTION = "ticdc: mirror MERGEs"
 BUCKETS_DESCRIPTION = "ticdc: mirror MERGEs in bucket groups"
 APPEND_DESCRIPTION = "ticdc: changelog files"
 HISTORY_DESCRIPTION = "ticdc: history MERGEs"
+PARQUET_DESCRIPTION = "ticdc: Parquet files"
 APPEND_TASK_ROWS = 50_000  # changelog rows one task writes at most, unless one table's batch is larger
 # Spark SQL runs Python tasks (the `ticdc` source's reads) with this variable set; Spark keeps a pool of
 # Python workers per environment, so RDD tasks with it too run in the same workers, which imported the SDK
@@ -140,6 +142,18 @@ class ExecutorHistories:
         return _as_tasks(
             self._context, HISTORY_DESCRIPTION, write_history, [[job] for job in jobs], "histories"
         )
+
+
+class ExecutorParquet:
+    """Writes a Parquet changelog's files as Spark tasks, one per table (`ParquetSink.append_with`), on the
+    active Spark context; a job that fails as often as Spark allows raises `SinkError`."""
+
+    def __init__(self, context: SparkContext | None = None) -> None:
+        self._context = context
+
+    def __call__(self, jobs: Sequence[ParquetJob]) -> list[ParquetFiles]:
+        tasks = [[job] for job in jobs]
+        return _as_tasks(self._context, PARQUET_DESCRIPTION, write_parquet_files, tasks, "Parquet files")
 
 
 def _packed(jobs: Sequence[AppendJob]) -> list[list[AppendJob]]:

@@ -17,6 +17,7 @@ from resent_streams import (
     consume,
     differences,
     lake,
+    parquet_lake,
     point,
     simulated,
     table_names,
@@ -215,3 +216,17 @@ def test_re_sends_anywhere_make_the_lake_of_the_stream_sent_once(
         assert as_of(root, table_names(SMALL), marks) == once["as_of"]
         assert point(root) == once["point"]
         assert stats.resent <= copies
+
+
+def test_a_parquet_lake_takes_each_re_sent_change_once(tmp_path: Path) -> None:
+    """The Parquet sink's manifest keeps each partition's newest commit ts beside its next offset: the first
+    third of each partition sent again at its end adds nothing."""
+    stream, _ = simulated(WORKLOAD)
+    resent = stream
+    for partition, records in stream.items():
+        dmls = _dml_positions(records)
+        resent = with_copies(resent, partition, 0, dmls[len(dmls) // 3], len(records))
+    once = consume(write(stream, tmp_path / "once.jsonl"), tmp_path / "once", kind="parquet")
+    again = consume(write(resent, tmp_path / "resent.jsonl"), tmp_path / "resent", kind="parquet")
+    assert parquet_lake(tmp_path / "resent") == parquet_lake(tmp_path / "once")
+    assert again.rows == once.rows and again.resent > 0

@@ -22,7 +22,7 @@ from consumer.protocol.model import DDL, Column, DataType, DDLType, DMLType, Ind
 from consumer.protocol.table import TableCodec
 from consumer.simulate.workload import _ALL_TYPES_COLUMNS, _random_value
 from consumer.sinks.base import CommitContext, DDLEvent
-from consumer.sinks.parquet import ParquetSink
+from consumer.sinks.parquet import ParquetSink, fresh_files
 from consumer.spark.readers import read_changelog, read_ddl_log
 from consumer.testing.messages import raw_dml
 
@@ -122,8 +122,8 @@ def test_files_of_a_crash_before_the_manifest_are_ignored_then_rewritten(
     sink.write(committed, CONTEXT)
     lost = batch(ORDERS, inserts(3, 2), offset=2)
     directory = tmp_path / "shop" / "orders" / "changelog"
-    written = sink._write_files(lost.changelog, str(directory))  # the first commit step only: then it dies
-    orphans = [name for name, _ in written]
+    job = sink._job(str(directory), sink._manifest(str(directory)), lost)
+    orphans = [name for name, _ in fresh_files(job, lost.changelog).files]  # the first commit step: it dies
     assert orphans and all((directory / name).exists() for name in orphans)
     assert rows_of(read_changelog(spark, tmp_path, "shop", "orders", format="parquet")) == expected(committed)
 

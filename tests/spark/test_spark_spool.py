@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable
 from lakehouse_checks import changelog_duplicates, changelog_rows, lake_contents, spark_config
 from pyspark.sql import DataFrame, SparkSession
+from resent_streams import parquet_lake
 
 from consumer import app
 from consumer.batches.spool import SpooledRows
@@ -23,8 +24,9 @@ from consumer.simulate.output import produce_to_kafka, write_ground_truth
 from consumer.simulate.truth import changelog_images, delta_mirror_state, differences
 from consumer.simulate.workload import Workload, WorkloadConfig
 from consumer.sinks.delta import AppendJob, AppendResult, DeltaSink, HistoryJob
+from consumer.sinks.parquet import ParquetFiles, ParquetJob
 from consumer.spark import engine
-from consumer.spark.merges import ExecutorAppends, ExecutorHistories
+from consumer.spark.merges import ExecutorAppends, ExecutorHistories, ExecutorParquet
 from consumer.spark.segments import INDEX_SCHEMA
 from consumer.testing.broker import EmbeddedBroker
 from consumer.testing.s3 import LocalS3Server
@@ -201,3 +203,54 @@ def test_histories_are_merged_by_the_executors_as_the_loop_engine_merges_them(
     stats = engine.run(config, until_idle=1.0, spark=spark)
     assert lake_contents(tmp_path / "spark") == lake_contents(tmp_path / "loop")
     assert sum(histories) > stats.rows / 2  # the changes the executors' MERGEs took (untyped rows aside)
+
+
+def test_a_parquet_lake_is_written_by_the_executors_as_the_loop_engine_writes_it(
+    spark: SparkSession,
+    kafka_broker: EmbeddedBroker,
+    kafka_topic: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Parquet sink's files are written by Spark tasks from the spooled rows (the driver reads none: that
+    raises here) and listed in the manifest by the driver: every table holds the rows the loop engine's
+    run writes, and the totals are read back from the manifests."""
+    topic = kafka_topic(3)
+    workload = Workload(WorkloadConfig(rows=1500, tables=2, partitions=3, dispatch="primary-key"))
+    produce_to_kafka(workload, MessageEncoder("json", "none"), kafka_broker.bootstrap_servers, topic)
+    source = {"url": f"kafka://{kafka_broker.bootstrap_servers}/{topic}"}
+    loop = load_config(
+        environ={},
+        overrides={
+            "source": {**source, "group": f"{topic}.loop"},
+            "sink": {"url": f"parquet:{tmp_path / 'loop'}"},
+            "parallelism": {"decode_workers": 0},
+        },
+    )
+    app.run(loop, until_idle=1.0)
+
+    def refused(*args: object) -> None:
+        raise AssertionError("a spooled row was read on the driver")
+
+    files: list[int] = []
+    write = ExecutorParquet.__call__
+
+    def written(runner: ExecutorParquet, jobs: Sequence[ParquetJob]) -> list[ParquetFiles]:
+        done = write(runner, jobs)
+        files.extend(len(result.files) for result in done)
+        return done
+
+    monkeypatch.setattr(SpooledRows, "read", refused)
+    monkeypatch.setattr(ExecutorParquet, "__call__", written)
+    config = load_config(
+        environ={},
+        overrides={
+            "source": {**source, "group": f"{topic}.spark"},
+            "sink": {"url": f"parquet:{tmp_path / 'spark'}"},
+            "engine": {"kind": "spark", "checkpoint": str(tmp_path / "checkpoint")},
+            "budget": {"max_batch_records": 500},
+        },
+    )
+    stats = engine.run(config, until_idle=1.0, spark=spark)
+    assert parquet_lake(tmp_path / "spark") == parquet_lake(tmp_path / "loop")
+    assert stats.rows == changelog_images(workload.config) and sum(files) > 1
