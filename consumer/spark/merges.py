@@ -30,9 +30,10 @@ from __future__ import annotations
 import random
 import re
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
 from pyspark import SparkContext
@@ -118,42 +119,51 @@ class ExecutorMerges:
         return [result if result is not None else next(redone) for result in results]
 
 
-class ExecutorAppends:
-    """Writes changelog files as Spark tasks, one per job (`DeltaSink.append_with(ExecutorAppends())`), on
-    the active Spark context; a job that fails as often as Spark allows raises `SinkError`."""
+class _ExecutorJobs(ABC, Generic[Job, Result]):
+    """Runs jobs of one kind as Spark tasks, a job a task (`_tasks`), on the active Spark context (or
+    `context`); a job that fails as often as Spark allows raises `SinkError`."""
+
+    description: ClassVar[str]  # the Spark job's, as the UI shows it
+    what: ClassVar[str]  # what the jobs write, as a failure names it
 
     def __init__(self, context: SparkContext | None = None) -> None:
         self._context = context
 
-    def __call__(self, jobs: Sequence[AppendJob]) -> list[AppendResult]:
-        return _as_tasks(
-            self._context, APPEND_DESCRIPTION, write_changelog_files, _packed(jobs), "changelog files"
-        )
+    def __call__(self, jobs: Sequence[Job]) -> list[Result]:
+        return _as_tasks(self._context, self.description, self._run, self._tasks(jobs), self.what)
+
+    @staticmethod
+    @abstractmethod
+    def _run(job: Job) -> Result:
+        """One job, in a task."""
+
+    def _tasks(self, jobs: Sequence[Job]) -> list[list[Job]]:
+        return [[job] for job in jobs]
 
 
-class ExecutorHistories:
-    """MERGEs histories as Spark tasks, one per table (`DeltaSink.history_with(ExecutorHistories())`), on
-    the active Spark context; a job that fails as often as Spark allows raises `SinkError`."""
+class ExecutorAppends(_ExecutorJobs[AppendJob, AppendResult]):
+    """Writes changelog files (`DeltaSink.append_with(ExecutorAppends())`), a small batch's tables in one
+    task (`_packed`)."""
 
-    def __init__(self, context: SparkContext | None = None) -> None:
-        self._context = context
+    description, what = APPEND_DESCRIPTION, "changelog files"
+    _run = staticmethod(write_changelog_files)
 
-    def __call__(self, jobs: Sequence[HistoryJob]) -> list[int]:
-        return _as_tasks(
-            self._context, HISTORY_DESCRIPTION, write_history, [[job] for job in jobs], "histories"
-        )
+    def _tasks(self, jobs: Sequence[AppendJob]) -> list[list[AppendJob]]:
+        return _packed(jobs)
 
 
-class ExecutorParquet:
-    """Writes a Parquet changelog's files as Spark tasks, one per table (`ParquetSink.append_with`), on the
-    active Spark context; a job that fails as often as Spark allows raises `SinkError`."""
+class ExecutorHistories(_ExecutorJobs[HistoryJob, int]):
+    """MERGEs histories, a task per table (`DeltaSink.history_with(ExecutorHistories())`)."""
 
-    def __init__(self, context: SparkContext | None = None) -> None:
-        self._context = context
+    description, what = HISTORY_DESCRIPTION, "histories"
+    _run = staticmethod(write_history)
 
-    def __call__(self, jobs: Sequence[ParquetJob]) -> list[ParquetFiles]:
-        tasks = [[job] for job in jobs]
-        return _as_tasks(self._context, PARQUET_DESCRIPTION, write_parquet_files, tasks, "Parquet files")
+
+class ExecutorParquet(_ExecutorJobs[ParquetJob, ParquetFiles]):
+    """Writes a Parquet changelog's files, a task per table (`ParquetSink.append_with`)."""
+
+    description, what = PARQUET_DESCRIPTION, "Parquet files"
+    _run = staticmethod(write_parquet_files)
 
 
 def _packed(jobs: Sequence[AppendJob]) -> list[list[AppendJob]]:

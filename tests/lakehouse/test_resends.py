@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,23 @@ def _dml_positions(records: list[Sent]) -> list[int]:
     return [index for index, sent in enumerate(records) if sent.kind == "DML"]
 
 
+def _copied_in_each_partition(
+    stream: Stream, place: Callable[[list[int], int], tuple[int, int, int]]
+) -> tuple[Stream, int]:
+    """`stream` with copies in each partition of the records `place(DML positions, records)` names (start,
+    end, where the copies go), and how many DMLs were copied."""
+    resent, copies = stream, 0
+    for partition, records in stream.items():
+        start, end, at = place(_dml_positions(records), len(records))
+        resent = with_copies(resent, partition, start, end, at)
+        copies += sum(1 for sent in records[start:end] if sent.kind == "DML")
+    return resent, copies
+
+
+def _first_third_at_the_end(dmls: list[int], size: int) -> tuple[int, int, int]:
+    return 0, dmls[len(dmls) // 3], size
+
+
 def _same_lake(protocol: str, stream: Stream, once: Path, tmp_path: Path) -> int:
     """Consume `stream` into a lake of its own and check it against the lake sent once; returns how many
     records the run skipped as re-sent."""
@@ -74,12 +92,12 @@ def test_a_block_sent_again_in_the_middle_of_each_partition(
 ) -> None:
     """A third of each partition's DMLs sent again after the next third: the copies are mid-stream."""
     protocol, stream, once = sent_once
-    resent, copies = stream, 0
-    for partition, records in stream.items():
-        dmls = _dml_positions(records)
+
+    def middle(dmls: list[int], size: int) -> tuple[int, int, int]:
         third = len(dmls) // 3
-        resent = with_copies(resent, partition, dmls[third], dmls[2 * third], dmls[2 * third] + 1)
-        copies += sum(1 for sent in records[dmls[third] : dmls[2 * third]] if sent.kind == "DML")
+        return dmls[third], dmls[2 * third], dmls[2 * third] + 1
+
+    resent, copies = _copied_in_each_partition(stream, middle)
     assert _same_lake(protocol, resent, once, tmp_path) == copies
 
 
@@ -87,12 +105,7 @@ def test_the_first_third_sent_again_at_the_end_as_after_a_restart_from_an_old_ch
     sent_once: tuple[str, Stream, Path], tmp_path: Path
 ) -> None:
     protocol, stream, once = sent_once
-    resent, copies = stream, 0
-    for partition, records in stream.items():
-        dmls = _dml_positions(records)
-        end = dmls[len(dmls) // 3]
-        resent = with_copies(resent, partition, 0, end, len(records))
-        copies += sum(1 for sent in records[:end] if sent.kind == "DML")
+    resent, copies = _copied_in_each_partition(stream, _first_third_at_the_end)
     assert _same_lake(protocol, resent, once, tmp_path) == copies
 
 
@@ -222,10 +235,7 @@ def test_a_parquet_lake_takes_each_re_sent_change_once(tmp_path: Path) -> None:
     """The Parquet sink's manifest keeps each partition's newest commit ts beside its next offset: the first
     third of each partition sent again at its end adds nothing."""
     stream, _ = simulated(WORKLOAD)
-    resent = stream
-    for partition, records in stream.items():
-        dmls = _dml_positions(records)
-        resent = with_copies(resent, partition, 0, dmls[len(dmls) // 3], len(records))
+    resent, _ = _copied_in_each_partition(stream, _first_third_at_the_end)
     once = consume(write(stream, tmp_path / "once.jsonl"), tmp_path / "once", kind="parquet")
     again = consume(write(resent, tmp_path / "resent.jsonl"), tmp_path / "resent", kind="parquet")
     assert parquet_lake(tmp_path / "resent") == parquet_lake(tmp_path / "once")
