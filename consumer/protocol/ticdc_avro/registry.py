@@ -64,8 +64,10 @@ class SchemaRegistry:
             raise self._not_a_schema(schema_id)
         try:
             parsed = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UnknownSchemaError(f"schema id {schema_id} is not JSON: {exc}") from exc
+        except json.JSONDecodeError as exc:  # Python's words are not ours: where it breaks is what tells
+            raise UnknownSchemaError(
+                f"schema id {schema_id} is not JSON (its schema text breaks at character {exc.pos})"
+            ) from exc
         with self._lock:
             self._schemas[schema_id] = parsed
         return parsed
