@@ -374,8 +374,8 @@ REGISTRY_REFUSALS = [  # (settings, the setting named, words of the reason)
     ({"schema_registry_config": {"no.such": "1"}}, 'decode.schema_registry_config."no.such"', "no.such"),
     (
         {"schema_registry_config": {"ssl.key.location": "/k", "ssl.key.password": "hunter2"}},
-        'decode.schema_registry_config."ssl.key.location", decode.schema_registry_config."ssl.key.password"',
-        "ssl.key.password = ***",
+        'decode.schema_registry_config."ssl.key.location"',  # (and ssl.key.password, in what the client said)
+        "ssl.certificate.location required",
     ),
     ({"schema_registry_auth": "hunter2"}, "decode.schema_registry_auth", "basic.auth.user.info = ***"),
     ({"schema_registry": "ftp://user:hunter2@127.0.0.1:9"}, "decode.schema_registry", "ftp://***@127.0.0.1"),
