@@ -23,6 +23,7 @@ from consumer.large_messages.dsn import connection_options
 from consumer.large_messages.storage import parse_location
 from consumer.protocol.limits import DecodeLimits
 from consumer.protocol.protocols import resolves_by_watermark
+from consumer.protocol.ticdc_avro import registry_settings
 from consumer.watchdog import DEFAULT_STALL_AFTER_S
 
 ENV_PREFIX = "TICDC_CONSUMER_"
@@ -109,7 +110,8 @@ class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
         str, described("USER:PASSWORD for the registry (HTTP basic auth: basic.auth.user.info)")
     ] = ""
     schema_registry_config: Annotated[
-        dict[str, str], described("other settings of the registry's client (SchemaRegistryClient)")
+        dict[str, str | int | float | bool],
+        described("other settings of the registry's client (SchemaRegistryClient); numbers also as text"),
     ] = msgspec.field(default_factory=dict)
     timestamp_zone: Annotated[str, described("TiCDC Avro: the zone of TIMESTAMP text, TiCDC's --tz")] = "UTC"
     unknown_types: Annotated[
@@ -131,9 +133,11 @@ class DecodeConfig(msgspec.Struct, forbid_unknown_fields=True):
         float, described("a commitTs further than this past this machine's clock is corrupt")
     ] = _LIMITS.max_commit_ts_ahead_s
 
-    def registry_config(self) -> dict[str, str]:
+    def registry_config(self) -> dict[str, Any]:
+        """The registry client's settings, its numbers as numbers (`RegistrySettingsError` for one that is
+        none)."""
         auth = {"basic.auth.user.info": self.schema_registry_auth} if self.schema_registry_auth else {}
-        return {**self.schema_registry_config, **auth}
+        return registry_settings.typed({**self.schema_registry_config, **auth})
 
     def watermark_ordering(self) -> bool:
         return self.ordering == "watermark" or (
@@ -396,7 +400,8 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         rest = name[len(ENV_PREFIX) :].lower()
         client = next((s for s in _CLIENT_SETTINGS if rest.startswith(s)), None)
         if client is not None:
-            settings = found.setdefault(_CLIENT_SETTINGS[client], {}).setdefault("kafka", {})
+            client_section, table = _CLIENT_SETTINGS[client]
+            settings = found.setdefault(client_section, {}).setdefault(table, {})
             settings[rest[len(client) :].replace("_", ".")] = value
             continue
         section = next((s for s in RunConfig.__struct_fields__ if rest.startswith(s + "_")), None)
@@ -406,8 +411,13 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     return found
 
 
-# librdkafka settings in the environment, by prefix: the source's consumer, a dead-letter topic's producer
-_CLIENT_SETTINGS = {"kafka_": "source", "errors_kafka_": "errors"}
+# Client settings in the environment, by prefix (dots as underscores): the source's consumer, a dead-letter
+# topic's producer (librdkafka's), the schema registry's client
+_CLIENT_SETTINGS = {
+    "kafka_": ("source", "kafka"),
+    "errors_kafka_": ("errors", "kafka"),
+    "decode_schema_registry_config_": ("decode", "schema_registry_config"),
+}
 _LIST_FIELDS = frozenset(("claim_check_roots",))  # comma-separated in the environment
 
 
@@ -431,6 +441,10 @@ def _check_urls(config: RunConfig) -> None:
     _check_budget(config.budget)
     if config.decode.protocol == "avro" and not config.decode.schema_registry:
         raise ConfigError("decode.protocol = avro needs decode.schema_registry (the registry URL)")
+    try:
+        config.decode.registry_config()
+    except registry_settings.RegistrySettingsError as exc:
+        raise registry_setting_error(exc, config.decode) from exc
     limits = config.decode
     if min(limits.max_decompressed_bytes, limits.max_nesting_depth, limits.max_value_bytes) < 1:
         raise ConfigError(
@@ -471,6 +485,21 @@ def _check_budget(budget: BudgetConfig) -> None:
             raise ConfigError(f"budget.{name} = {value}: it must be positive")
     if not budget.pending_timeout_s >= 0:
         raise ConfigError(f"budget.pending_timeout_s = {budget.pending_timeout_s}: it must be 0 or more")
+
+
+def registry_setting_error(exc: registry_settings.RegistrySettingsError, decode: DecodeConfig) -> ConfigError:
+    """The refusal of a registry client setting, named as the configuration names it: the URL is
+    `decode.schema_registry`, the credentials `decode.schema_registry_auth` when set, any other a key of
+    `decode.schema_registry_config`."""
+    names = [
+        "decode.schema_registry"
+        if name == "url"
+        else "decode.schema_registry_auth"
+        if name == "basic.auth.user.info" and decode.schema_registry_auth
+        else f'decode.schema_registry_config."{name}"'
+        for name in exc.settings
+    ]
+    return ConfigError(f"{', '.join(names)}: {exc}")
 
 
 def check_engine(config: RunConfig, kind: Literal["loop", "spark"] | None = None) -> None:

@@ -8,12 +8,19 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from consumer.config import ConfigError, DecodeConfig, RunConfig, kafka_source_parts
+from consumer.config import (
+    ConfigError,
+    DecodeConfig,
+    RunConfig,
+    kafka_source_parts,
+    registry_setting_error,
+)
 from consumer.large_messages.resolver import LargeMessageResolver
 from consumer.large_messages.storage import ClaimCheckStore
 from consumer.protocol.base import DecoderSettings, RecordDecoder
 from consumer.protocol.protocols import record_decoder
 from consumer.protocol.simple.decoder import MessageDecoder
+from consumer.protocol.ticdc_avro.registry_settings import RegistrySettingsError
 from consumer.protocol.types import ValuePolicy
 from consumer.sinks.base import Sink
 from consumer.sinks.dead_letter import (
@@ -106,16 +113,20 @@ def build_state(config: RunConfig, decoder: RecordDecoder) -> ConsumerState:
 
 
 def build_decoder(decode: DecodeConfig, policy: ValuePolicy) -> RecordDecoder:
-    return record_decoder(
-        DecoderSettings(
-            protocol=decode.protocol,
-            encoding=decode.encoding,
-            compression=decode.compression,
-            registry_url=decode.schema_registry,
-            registry_config=decode.registry_config(),
-            policy=policy,
+    """The configured protocol's decoder; a registry setting its client refuses stops the start, named."""
+    try:
+        return record_decoder(
+            DecoderSettings(
+                protocol=decode.protocol,
+                encoding=decode.encoding,
+                compression=decode.compression,
+                registry_url=decode.schema_registry,
+                registry_config=decode.registry_config(),
+                policy=policy,
+            )
         )
-    )
+    except RegistrySettingsError as exc:
+        raise registry_setting_error(exc, decode) from exc
 
 
 def build_large_messages(config: RunConfig, policy: ValuePolicy) -> LargeMessageResolver:

@@ -16,6 +16,7 @@ import pyarrow.fs as pafs
 
 from consumer.errors import ClaimCheckInvalidError, DecodeError
 from consumer.protocol.model import KeyOnlyDML, RawDML
+from consumer.protocol.parse_errors import JSON_ERRORS, json_problem
 from consumer.protocol.simple.decoder import MessageDecoder
 
 RawValueSetting = bool | Literal["auto"]
@@ -41,11 +42,11 @@ def unwrap(stored: bytes, raw_value: RawValueSetting = "auto") -> bytes:
         return stored
     try:
         return _ENVELOPE.decode(stored).value
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except JSON_ERRORS as exc:
         if raw_value == "auto":
             return stored
         raise ClaimCheckInvalidError(
-            f'claim-check object is not a {{"key","value"}} envelope: {exc}'
+            f'claim-check object is not a {{"key","value"}} envelope: {json_problem(exc, stored)}'
         ) from exc
 
 

@@ -24,12 +24,13 @@ import contextlib
 import io
 import json
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from consumer.protocol.parse_errors import datum_problem
 
 _SYNC = b"ticdc-consumer.."  # 16 bytes: the container's sync marker
 _SENTINEL = os.urandom(8)
@@ -47,13 +48,10 @@ def zigzag(number: int) -> bytes:
     return bytes(out)
 
 
-def datum_error(exc: Exception) -> str:
-    """A reason for fastavro's error on a bad datum, without the address of its stream it names: the same
-    bytes must give the same reason."""
-    return "invalid Avro datum: " + _STREAM.sub("the datum", f"{type(exc).__name__}: {exc}")
-
-
-_STREAM = re.compile(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
+def datum_error(exc: Exception, stream: io.BytesIO) -> str:
+    """A reason for fastavro's error on the datum `stream` holds, in the SDK's words (`parse_errors`): the
+    same bytes give the same reason, whatever fastavro's release."""
+    return f"invalid Avro datum: {datum_problem(exc, stream.getvalue(), stream.tell())}"
 
 
 def private_field(name: str) -> str:

@@ -52,13 +52,14 @@ def decompress(
             return _snappy_bounded(value, max_bytes)
     except CompressionError:
         raise
-    except Exception as exc:  # the libraries raise assorted types for corrupt input
+    except Exception as exc:  # the libraries raise assorted types (and words) for corrupt input
         if sniffed and compression == "snappy":
             first = f"0x{value[0]:02x}" if value else "nothing"
             raise CompressionError(
-                f"value starts with {first}: not JSON, Avro or LZ4, and not snappy either ({exc})"
+                f"value starts with {first}: not JSON, Avro or LZ4, and not a valid snappy block either"
             ) from exc
-        raise CompressionError(f"{compression} decompression failed: {exc}") from exc
+        what = "LZ4 frame" if compression == "lz4" else "snappy block"
+        raise CompressionError(f"{compression} decompression failed: not a valid {what}") from exc
     raise CompressionError(f"unknown compression {compression!r}")
 
 

@@ -33,6 +33,7 @@ from consumer.errors import (
 )
 from consumer.protocol.limits import DecodeLimits, nesting_depth
 from consumer.protocol.model import Column, DataType
+from consumer.protocol.parse_errors import json_problem
 
 UNSIGNED_BIGINT = "com.pingcap.simple.avro.UnsignedBigint"
 AVRO_TIMESTAMP = "com.pingcap.simple.avro.Timestamp"
@@ -547,7 +548,12 @@ class JsonColumn(ColumnType):
             parsed = -1
         if parsed != len(documents):  # invalid, or a value that was several documents ("1,2")
             for value in documents:
-                msgspec.json.decode(value)
+                try:
+                    msgspec.json.decode(value)
+                except msgspec.ValidationError:
+                    continue  # a number beyond msgspec's range: valid JSON (`_parse_json_document`)
+                except msgspec.DecodeError as exc:
+                    raise ValueError(str(json_problem(exc, value))) from exc
             raise ValueError("a value holds more than one JSON document")
         return text
 

@@ -388,17 +388,26 @@ def _json_object(value: bytes) -> Any:
         return None
 
 
-def _paths(document: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    """Paths to every value of a JSON document (not the document itself)."""
-    if isinstance(document, dict):
-        items: Any = document.items()
-    elif isinstance(document, list):
-        items = enumerate(document)
-    else:
-        return
-    for key, item in items:
-        yield (*prefix, key)
-        yield from _paths(item, (*prefix, key))
+def _paths(document: Any) -> Iterator[tuple[Any, ...]]:
+    """Paths to every value of a JSON document (not the document itself), depth first. Without recursion:
+    Python 3.13's `json.loads` parses documents nested deeper than the recursion limit (3.11's refused
+    them)."""
+    stack: list[tuple[tuple[Any, ...], Iterator[tuple[Any, Any]]]] = [((), _children(document))]
+    while stack:
+        prefix, children = stack[-1]
+        for key, item in children:
+            path = (*prefix, key)
+            yield path
+            stack.append((path, _children(item)))
+            break
+        else:
+            stack.pop()
+
+
+def _children(value: Any) -> Iterator[tuple[Any, Any]]:
+    if isinstance(value, dict):
+        return iter(value.items())
+    return iter(enumerate(value) if isinstance(value, list) else ())
 
 
 def _replace(document: Any, path: tuple[Any, ...], value: Any) -> None:

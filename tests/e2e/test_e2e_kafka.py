@@ -162,6 +162,20 @@ class _StallingFetches:
             self._stalled_until = time.monotonic() + self._stall_s
         return records
 
+    # Spelled out: from Python 3.12 an isinstance check of a runtime-checkable protocol (`KnowsItsEnd`,
+    # `CountsPartitions`, `CarriesWatermarks`) looks methods up statically, past `__getattr__`
+    def behind(self) -> bool:
+        return self._source.behind()
+
+    def partition_counts(self) -> dict[str, int]:
+        return self._source.partition_counts()
+
+    def commit(self, offsets: Any, watermarks: Any = None) -> None:
+        self._source.commit(offsets, watermarks)
+
+    def committed_watermarks(self, partitions: Any) -> Any:
+        return self._source.committed_watermarks(partitions)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._source, name)
 

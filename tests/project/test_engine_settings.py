@@ -177,6 +177,7 @@ HONOURED: dict[Field, Callable[[Built], Any]] = {
 EXPECTED: dict[Field, Any] = {  # where what the engine built reads differently from the TOML value
     ("source", "url"): ("127.0.0.1:9", ["orders", "payments"]),
     ("decode", "protocol"): "DebeziumDecoder",
+    ("decode", "schema_registry_config"): {"timeout": 3.0},  # the client takes numbers only
 }
 LOOP_ONLY: dict[Field, str] = {  # the Spark engine refuses these; the loop engine's `HONOURED` reads them
     ("source", "retries"): "retries a failed task itself",
@@ -361,3 +362,72 @@ def test_tasks_get_the_registry_from_no_option(tmp_path: Path) -> None:
     assert options["decode.protocol"] == "avro"
     assert not [name for name in options if "registry" in name]
     assert "secret" not in repr(msgspec.json.encode(engine.stream_options(config)))
+
+
+REGISTRY_REFUSALS = [  # (settings, the setting named, words of the reason)
+    ({"schema_registry_config": {"timeout": "soon"}}, 'decode.schema_registry_config."timeout"', "a number"),
+    (
+        {"schema_registry_config": {"max.retries": "2.5"}},
+        'decode.schema_registry_config."max.retries"',
+        "a whole number of retries",
+    ),
+    ({"schema_registry_config": {"no.such": "1"}}, 'decode.schema_registry_config."no.such"', "no.such"),
+    (
+        {"schema_registry_config": {"ssl.key.location": "/k", "ssl.key.password": "hunter2"}},
+        'decode.schema_registry_config."ssl.key.location"',  # (and ssl.key.password, in what the client said)
+        "ssl.certificate.location required",
+    ),
+    ({"schema_registry_auth": "hunter2"}, "decode.schema_registry_auth", "basic.auth.user.info = ***"),
+    ({"schema_registry": "ftp://user:hunter2@127.0.0.1:9"}, "decode.schema_registry", "ftp://***@127.0.0.1"),
+]
+
+
+@pytest.mark.parametrize(("settings", "named", "words"), REGISTRY_REFUSALS)
+@pytest.mark.parametrize("kind", ["loop", "spark"])
+def test_each_engine_refuses_a_registry_setting_at_start_naming_it_without_secrets(
+    kind: str,
+    settings: dict[str, Any],
+    named: str,
+    words: str,
+    tmp_path: Path,
+    built_by: Callable[[str, RunConfig], Built],
+) -> None:
+    """What the registry client refuses stops the start with a `ConfigError` that names the setting and
+    masks passwords, as loading the configuration does where it can tell without the client."""
+    decode = {"protocol": "avro", "schema_registry": "http://127.0.0.1:9/registry", **settings}
+    overrides = {
+        "source": {"url": "kafka://127.0.0.1:9/orders"},
+        "sink": {"url": f"delta:{tmp_path}/lake"},
+        "engine": {"kind": kind},
+        "decode": decode,
+    }
+    try:
+        config = load_config(environ={}, overrides=overrides)
+    except ConfigError as exc:
+        refused = exc  # the configuration alone tells: a number that is none
+    else:
+        with pytest.raises(ConfigError) as caught:
+            built_by(kind, config)
+        refused = caught.value
+    assert str(refused).startswith(named) and words in str(refused)
+    assert "hunter2" not in str(refused)
+
+
+def test_registry_numbers_come_as_numbers_from_toml_and_the_environment(tmp_path: Path) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text('[decode.schema_registry_config]\ntimeout = "2.5"\n"cache.capacity" = 50\n')
+    environ = {
+        "TICDC_CONSUMER_DECODE_SCHEMA_REGISTRY_CONFIG_MAX_RETRIES": "4",
+        "TICDC_CONSUMER_DECODE_SCHEMA_REGISTRY_CONFIG_RETRIES_WAIT_MS": " 250 ",
+    }
+    config = load_config(
+        toml,
+        environ=environ,
+        overrides={"source": {"url": "kafka://h:9/t"}, "sink": {"url": f"delta:{tmp_path}"}},
+    )
+    assert config.decode.registry_config() == {
+        "timeout": 2.5,
+        "cache.capacity": 50,
+        "max.retries": 4,
+        "retries.wait.ms": 250,
+    }

@@ -354,7 +354,7 @@ def _debezium_insert(compression: Compression = "none") -> tuple[bytes, bytes]:
     ("part", "bad", "words"),
     [
         ("value", b"\xff\xfe not JSON", "needs compression = snappy"),  # was compression-bomb
-        ("value", b'[{"payload": {}}]', "got `array`"),  # was compression-invalid
+        ("value", b'[{"payload": {}}]', "JSON: expected an object, got an array"),  # was compression-invalid
         ("key", b"not JSON", "invalid Debezium key"),  # was compression-invalid
     ],
     ids=["invalid-utf8", "json-array", "non-json-key"],
@@ -438,8 +438,11 @@ def test_debezium_hostile_shapes_are_typed_errors() -> None:
     before["fields"] = after["fields"] = [True]
     with pytest.raises(MalformedMessageError):
         decoder.decode_record(key, json.dumps(document).encode())
-    with pytest.raises(MalformedMessageError):  # invalid UTF-8 inside a string
-        decoder.decode_record(key, value.replace(b'"db":"db"', b'"db":"d\xff"'))
+    bad = value.replace(b'"db":"db"', b'"db":"d\xff"')
+    at = bad.index(b"\xff") - bad.index(b'"payload":') - len(b'"payload":')  # offsets are the payload's
+    with pytest.raises(MalformedMessageError) as caught:
+        decoder.decode_record(key, bad)
+    assert str(caught.value) == f"invalid Debezium payload: invalid UTF-8 at byte {at} (0xff), in `source.db`"
     change = {"type": "CREATE", "id": '"db"."t"', "table": {"columns": [False]}}
     source = {"db": "db", "table": "t", "commit_ts": COMMIT_TS}
     ddl = {"payload": {"source": source, "ddl": "CREATE TABLE t", "tableChanges": [change]}}

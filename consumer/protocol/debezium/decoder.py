@@ -45,6 +45,7 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
+from consumer.protocol.parse_errors import json_problem
 from consumer.protocol.self_described import (
     TEXT,
     split_allowed,
@@ -241,10 +242,13 @@ class DebeziumDecoder:
         else:
             try:
                 envelope = _ENVELOPE.decode(value)
-                body = bytes(envelope.payload)
-                payload = _PAYLOAD.decode(body)
             except INVALID as exc:
                 raise self._invalid("JSON", value, exc) from exc
+            body = bytes(envelope.payload)
+            try:
+                payload = _PAYLOAD.decode(body)
+            except INVALID as exc:  # its path and bytes are the payload's
+                raise self._invalid("payload", body, exc) from exc
             schema_bytes = bytes(envelope.schema)
             if payload.op in _OPS:
                 self._remember_suffix(value, schema_bytes)
@@ -340,7 +344,8 @@ class DebeziumDecoder:
             try:
                 images = _IMAGES.decode(body)
             except INVALID as exc:
-                raise MalformedMessageError(f"invalid Debezium row images: {exc}") from exc
+                problem = json_problem(exc, body)
+                raise MalformedMessageError(f"invalid Debezium row images: {problem}") from exc
             schema_bytes = "\0".join(images.after or images.before or {}).encode()
             typed = False
         else:
@@ -387,7 +392,7 @@ class DebeziumDecoder:
             and data.lstrip()[:1] not in (b"{", b"[")
         ):
             hint = " (not JSON: a changefeed compressing with snappy needs compression = snappy)"
-        return MalformedMessageError(f"invalid Debezium {what}: {exc}{hint}")
+        return MalformedMessageError(f"invalid Debezium {what}: {json_problem(exc, data)}{hint}")
 
 
 def _key_of(parsed: _KeyEnvelope | None) -> tuple[Any, tuple[str, ...]]:
@@ -418,10 +423,14 @@ def _version(*parts: bytes | str) -> int:
 def _typed_schema(database: str, table: str, schema_bytes: bytes, keys: tuple[str, ...]) -> TableSchema:
     try:
         parts = _VALUE_SCHEMA.decode(schema_bytes).fields
-        image = next((p.fields for p in parts if p.field in ("after", "before")), None)
-        fields = _CONNECT_FIELDS.decode(image) if image is not None and bytes(image) != NULL else None
     except INVALID as exc:
-        raise MalformedMessageError(f"invalid Debezium schema: {exc}") from exc
+        raise MalformedMessageError(f"invalid Debezium schema: {json_problem(exc, schema_bytes)}") from exc
+    image = next((p.fields for p in parts if p.field in ("after", "before")), None)
+    try:
+        fields = _CONNECT_FIELDS.decode(image) if image is not None and bytes(image) != NULL else None
+    except INVALID as exc:  # its path and bytes are the image's fields'
+        problem = json_problem(exc, bytes(image) if image is not None else b"")
+        raise MalformedMessageError(f"invalid Debezium schema fields: {problem}") from exc
     if fields is None:
         raise MalformedMessageError("the Debezium schema has no before/after fields")
     columns = tuple(_column(f) for f in fields)

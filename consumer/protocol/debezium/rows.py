@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import re
 from collections.abc import Sequence
 from itertools import repeat
 from operator import attrgetter, is_
@@ -24,6 +23,7 @@ from consumer.protocol.model import (
     RawDML,
     TableSchema,
 )
+from consumer.protocol.parse_errors import json_problem, utf8_problem
 from consumer.protocol.self_described import (
     enum_labels,
     set_labels,
@@ -149,7 +149,9 @@ class DebeziumRows:
             try:
                 body = bodies[index] if bodies is not None else decode(raw.payload)
             except INVALID as exc:
-                raise ValueDecodeError(str(exc), column=_column_in(str(exc)), row=index) from exc
+                problem = json_problem(exc, raw.payload)
+                column = problem.column(_IMAGES, tuple(c.name for c in self.columns)) or "<row>"
+                raise ValueDecodeError(str(problem), column=column, row=index) from exc
             if raw.type is DMLType.UPDATE:
                 if body.before is not None:
                     images.append(body.before)
@@ -276,7 +278,7 @@ def _wire_values(column: ColumnType, decoder: msgspec.json.Decoder[Any], raws: S
         try:
             out.append(None if raw is None else decoder.decode(raw))
         except INVALID as exc:
-            raise ValueDecodeError(str(exc), column=column.name, row=row) from exc
+            raise ValueDecodeError(str(json_problem(exc, raw)), column=column.name, row=row) from exc
     return out
 
 
@@ -288,7 +290,7 @@ def _json_texts(values: list[Any], name: str) -> list[str | None]:
         try:
             out.append(None if raw is None or raw == NULL else raw.decode())
         except UnicodeDecodeError as exc:
-            raise ValueDecodeError(f"value is not UTF-8: {exc}", column=name, row=row) from exc
+            raise ValueDecodeError(str(utf8_problem(raw or b"")), column=name, row=row) from exc
     return out
 
 
@@ -329,6 +331,4 @@ def _typed_values(column: ColumnType, values: list[Any]) -> pa.Array:
     return pa.array(values, pa.string())
 
 
-def _column_in(message: str) -> str:
-    found = re.search(r"at `\$\.(?:before|after)\.(.+?)`", message)
-    return found.group(1) if found else "<row>"
+_IMAGES = ("before", "after")  # a row's images: a column's JSON path starts with one

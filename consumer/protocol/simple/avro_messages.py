@@ -39,6 +39,7 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
+from consumer.protocol.parse_errors import utf8_problem
 from consumer.protocol.types import fsp_of
 
 AvroVariant = Literal["ticdc", "tiflow"]
@@ -112,7 +113,7 @@ def _read_exactly(payload: bytes, start: int, schema: Any) -> Any:
     try:
         datum = fastavro.schemaless_reader(stream, schema, None)
     except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError... for corrupt input
-        raise MalformedMessageError(datum_error(exc)) from exc
+        raise MalformedMessageError(datum_error(exc, stream)) from exc
     if stream.tell() != len(payload):
         raise MalformedMessageError(f"{len(payload) - stream.tell()} bytes of garbage after the Avro datum")
     overlong = overlong_varint(payload, start, schema, _NAMED)
@@ -412,7 +413,8 @@ class _HeaderReader:
         try:
             text = self.buffer[self.position : end].decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise MalformedMessageError(f"invalid UTF-8 in Avro DML header: {exc}") from exc
+            problem = utf8_problem(self.buffer[self.position : end], self.position)
+            raise MalformedMessageError(f"Avro DML header: {problem}") from exc
         self.position = end
         return text
 

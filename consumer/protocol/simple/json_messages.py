@@ -22,6 +22,7 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
+from consumer.protocol.parse_errors import JSON_ERRORS, json_problem
 
 _DDL_TYPES = frozenset(DDLType)
 _DML_TYPES = {kind.value: kind for kind in DMLType}
@@ -84,8 +85,6 @@ _GO_ESCAPES = (
 
 
 _DEFAULT_CHECKS = MessageChecks()
-# msgspec reports invalid UTF-8 inside a string as UnicodeDecodeError, not as one of its own errors.
-_INVALID = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
 def decode(payload: bytes, checks: MessageChecks = _DEFAULT_CHECKS) -> DecodedMessage:
@@ -97,8 +96,8 @@ def decode(payload: bytes, checks: MessageChecks = _DEFAULT_CHECKS) -> DecodedMe
     """
     try:
         envelope = _ENVELOPE.decode(payload)
-    except _INVALID as exc:
-        raise MalformedMessageError(f"invalid JSON message: {exc}") from exc
+    except JSON_ERRORS as exc:
+        raise MalformedMessageError(f"invalid JSON message: {json_problem(exc, payload)}") from exc
     kind = _DML_TYPES.get(envelope.type)
     if kind is not None:  # inlined: DMLs are nearly every message
         if not envelope.database:
@@ -125,8 +124,8 @@ def decode(payload: bytes, checks: MessageChecks = _DEFAULT_CHECKS) -> DecodedMe
     check_nesting(payload, checks.max_nesting_depth, f"{envelope.type[:20]} message")
     try:
         wire = _WIRE.decode(payload)
-    except _INVALID as exc:
-        raise MalformedMessageError(f"invalid {envelope.type} message: {exc}") from exc
+    except JSON_ERRORS as exc:
+        raise MalformedMessageError(f"invalid {envelope.type} message: {json_problem(exc, payload)}") from exc
     if _ABSENT in (wire.commit_ts, wire.build_ts):
         raise MalformedMessageError(f"{wire.type} message without commitTs/buildTs")
     return checks.message(_schema_or_watermark(wire))

@@ -7,7 +7,6 @@ straight into per-column fields without building dicts; each column then becomes
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from itertools import chain
 from operator import attrgetter
@@ -27,6 +26,7 @@ from consumer.errors import (
 from consumer.protocol.base import ChangeImages, ImageKind, RowImages, collector_paused
 from consumer.protocol.containment import contained
 from consumer.protocol.model import DML, Checksum, DMLType, RawDML, TableSchema
+from consumer.protocol.parse_errors import JSON_ERRORS, json_problem
 from consumer.protocol.simple import avro_messages, avro_rows
 from consumer.protocol.types import ColumnType, ValuePolicy
 
@@ -162,7 +162,7 @@ class SimpleRows:
                 bodies = list(map(self._batch_body.decode, payloads))
                 checksums = [b.checksum for b in bodies]
                 return [b.data for b in bodies], [b.old for b in bodies], checksums, longest, None
-            except (*_INVALID_JSON, AttributeError, RecursionError):
+            except (*JSON_ERRORS, AttributeError, RecursionError):
                 pass
         if len(set(map(_ENCODING, raws))) > 1:  # an Avro payload fails the JSON path: settled here
             raise _MixedEncodings
@@ -185,8 +185,10 @@ class SimpleRows:
                 raise ValueDecodeError(exc.reason, column="<row>", row=row) from exc
         try:
             return decoder.decode(raw.payload)
-        except _INVALID_JSON as exc:
-            raise ValueDecodeError(str(exc), column=_column_in(str(exc)), row=row) from exc
+        except JSON_ERRORS as exc:
+            problem = json_problem(exc, raw.payload)
+            column = problem.column(_IMAGES, tuple(c.name for c in self.columns)) or "<row>"
+            raise ValueDecodeError(str(problem), column=column, row=row) from exc
         except RecursionError as exc:  # skipping an unknown field nested that deep
             message = "message nests deeper than Python's recursion limit"
             raise DocumentTooDeepError(message, column="<row>", row=row) from exc
@@ -330,19 +332,9 @@ def _check_value_sizes(columns: Sequence[ColumnType], arrays: list[pa.Array], li
                 )
 
 
-_INVALID_JSON = (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError)
+_IMAGES = ("data", "old")  # a row's images: a column's JSON path starts with one
 _ENCODING = attrgetter("encoding")
 _PAYLOAD = attrgetter("payload")
-
-
-def _column_in(message: str) -> str:
-    """The column a msgspec validation message points at (`... - at `$.data.name``)."""
-    found = _UNKNOWN_FIELD.search(message) or _FIELD_PATH.search(message)
-    return found.group(1) if found else "<row>"
-
-
-_UNKNOWN_FIELD = re.compile(r"unknown field `(.+?)`")
-_FIELD_PATH = re.compile(r"at `\$\.(?:data|old)\.(.+)`$")
 
 
 # Go drops empty maps: an INSERT without `data` had every column filtered out; it still has a row.

@@ -34,6 +34,7 @@ from consumer.protocol.model import (
     TableSchema,
     Watermark,
 )
+from consumer.protocol.parse_errors import JSON_ERRORS, json_problem
 from consumer.protocol.self_described import stable_table_id
 from consumer.protocol.ticdc_avro.registry import SchemaRegistry
 from consumer.protocol.ticdc_avro.rows import AvroRows
@@ -308,8 +309,9 @@ def _ddl(value: bytes) -> DDL:
     ALTER only in name (sinks alter nothing for a schema without columns: rows bring their columns)."""
     try:
         record = _DDL_RECORD.decode(value[1:])
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
-        raise MalformedMessageError(f"invalid watermark-mode DDL record: {exc}") from exc
+    except JSON_ERRORS as exc:
+        problem = json_problem(exc, value[1:])
+        raise MalformedMessageError(f"invalid watermark-mode DDL record: {problem}") from exc
     kind = _ACTIONS.get(record.type, DDLType.QUERY) if record.table else DDLType.QUERY
     named = bool(record.table)
     return DDL(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,6 +18,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError as ClientError
 
 from consumer.errors import SchemaRegistryError, UnknownSchemaError
+from consumer.protocol.ticdc_avro.registry_settings import refused, typed
 
 SCHEMAS_CACHED = 10_000
 _NOT_FOUND = (40401, 40402, 40403)
@@ -27,15 +29,17 @@ _UNREADABLE_ANSWER = (TypeError, AttributeError, KeyError, ValueError)
 
 class SchemaRegistry:
     """`url` may carry `user:password@` (HTTP basic auth, URL-encoded); `config` passes any other
-    `SchemaRegistryClient` setting through (e.g. `basic.auth.user.info`, `ssl.ca.location`)."""
+    `SchemaRegistryClient` setting through (e.g. `basic.auth.user.info`, `ssl.ca.location`), its numbers
+    (`timeout`, `cache.capacity`...) also as text. A setting the client refuses is a `RegistrySettingsError`
+    (a `ConfigError`) naming it."""
 
-    def __init__(self, url: str, config: dict[str, Any] | None = None) -> None:
+    def __init__(self, url: str, config: Mapping[str, Any] | None = None) -> None:
         self.url = url
-        self.config = dict(config or {})
+        self.config = typed(config or {})
         try:
-            self.client = SchemaRegistryClient({**(config or {}), "url": url})
-        except (ValueError, TypeError) as exc:  # the client validates its settings on construction
-            raise SchemaRegistryError(f"schema registry settings: {exc}") from exc
+            self.client = SchemaRegistryClient({**self.config, "url": url})
+        except Exception as exc:  # the client (and its HTTP client) validate the settings on construction
+            raise refused(SchemaRegistryClient, url, self.config, exc) from exc
         self._schemas: LRUCache[int, Any] = LRUCache(SCHEMAS_CACHED)
         self._registered: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()  # encoders may run in a producer thread beside the decoder
@@ -64,8 +68,10 @@ class SchemaRegistry:
             raise self._not_a_schema(schema_id)
         try:
             parsed = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UnknownSchemaError(f"schema id {schema_id} is not JSON: {exc}") from exc
+        except json.JSONDecodeError as exc:  # Python's words are not ours: where it breaks is what tells
+            raise UnknownSchemaError(
+                f"schema id {schema_id} is not JSON (its schema text breaks at character {exc.pos})"
+            ) from exc
         with self._lock:
             self._schemas[schema_id] = parsed
         return parsed

@@ -74,7 +74,7 @@ class _Reader:
             try:
                 rows.append(fastavro.schemaless_reader(stream, self.parsed, None))
             except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError... on corrupt input
-                raise ValueDecodeError(datum_error(exc), column="<row>", row=index) from exc
+                raise ValueDecodeError(datum_error(exc, stream), column="<row>", row=index) from exc
             if stream.tell() != len(payload):
                 left = len(payload) - stream.tell()
                 raise ValueDecodeError(
