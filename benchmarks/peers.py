@@ -1,6 +1,6 @@
 """Kafka to a Delta changelog, CPU per record against raw consume and a naive pipeline, in one run.
 
-Run: `python benchmarks/peers.py [--small N] [--large N] [--resent 0.1]`.
+Run: `python benchmarks/peers.py [--small N] [--large N] [--resent 0.1] [--compare CHECKOUT]`.
 
 One embedded broker (tansu). The simulator writes Simple JSON topics of `--small` and `--large` DML events
 (4 tables, 2 partitions, dispatched by table, no DDLs), and the same two streams as TiCDC sends them after
@@ -15,6 +15,8 @@ CPU is user + system of the consumer's own process (`run` is a child: its rusage
 - run: `ticdc-consumer run --mode changelog --until-idle 3` with its defaults.
 - run, re-sent: the same on the streams with copies; per record of the stream sent once (the copies are
   the extra work), and per record read.
+- with `--compare CHECKOUT`: `run` of another checkout (its `.venv`), on the same topics in the same run, e.g.
+  the commit before a change, to see what the change costs.
 
 Targets (issue 39): a stream with 10 % re-sent changes costs <= 1.1x per record (of the stream sent once).
 """
@@ -139,17 +141,17 @@ def naive(broker: EmbeddedBroker, topic: str, ends: dict[int, int], out: Path) -
 
 
 def run(broker: EmbeddedBroker, topic: str, _: dict[int, int], out: Path) -> float:
-    command = [
-        sys.executable,
-        "-m",
-        "consumer",
-        "run",
-        "--source",
-        f"kafka://{broker.bootstrap_servers}/{topic}",
-    ]
+    return run_in(Path(__file__).resolve().parents[1], sys.executable, broker, topic, out)
+
+
+def run_in(checkout: Path, python: str, broker: EmbeddedBroker, topic: str, out: Path) -> float:
+    """`run` of `checkout` with `python` to the topic's end; the CPU it used."""
+    command = [python, "-m", "consumer", "run", "--source", f"kafka://{broker.bootstrap_servers}/{topic}"]
     command += ["--group", f"peers-{time.monotonic_ns()}", "--sink", f"delta:{out}", "--mode", "changelog"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run([*command, "--until-idle", "3"], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [*command, "--until-idle", "3"], capture_output=True, text=True, check=False, cwd=checkout
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"run failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -162,6 +164,7 @@ def main() -> int:
     parser.add_argument("--small", type=int, default=20_000, help="DMLs of the small topics")
     parser.add_argument("--large", type=int, default=200_000, help="DMLs of the large topics")
     parser.add_argument("--resent", type=float, default=0.1, help="share of DMLs sent again")
+    parser.add_argument("--compare", type=Path, help="another checkout whose run is measured beside")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="peers-"))
     with EmbeddedBroker() as broker:
@@ -173,12 +176,20 @@ def main() -> int:
                 topics[kind, size] = (topic, records, copies)
                 print(f"produced {topic}: {records} records, {copies} of them copies")
         results: dict[str, float] = {}
-        for name, consume, kind in (
+        passes: list[tuple[str, Callable[..., float], str]] = [
             ("librdkafka consume(1000), counting", raw_consume, "once"),
             ("naive: json.loads, per table, a deltalake append per 50k", naive, "once"),
             ("ticdc-consumer run --mode changelog", run, "once"),
             ("ticdc-consumer run --mode changelog, re-sent", run, "resent"),
-        ):
+        ]
+        if args.compare is not None:
+            other = args.compare.resolve()
+
+            def compared(broker: EmbeddedBroker, topic: str, _: dict[int, int], out: Path) -> float:
+                return run_in(other, str(other / ".venv" / "bin" / "python"), broker, topic, out)
+
+            passes += [(f"{other.name}: run --mode changelog", compared, "once")]
+        for name, consume, kind in passes:
             spent = {}
             for size in (args.small, args.large):
                 topic, records, _ = topics[kind, size]
@@ -197,6 +208,8 @@ def main() -> int:
     ratio = results["ticdc-consumer run --mode changelog, re-sent, per record sent once"] / base
     print(f"\nre-sent stream / stream sent once, per record sent once: {ratio:.2f}x (target <= 1.1x)")
     print(f"naive / run: {results['naive: json.loads, per table, a deltalake append per 50k'] / base:.2f}x")
+    if args.compare is not None:
+        print(f"run / {args.compare.name}'s run: {base / results[passes[-1][0]]:.2f}x")
     return 0
 
 
