@@ -329,13 +329,8 @@ def write_changelog_files(job: AppendJob) -> AppendResult:
     file in the table's directory. A file nothing commits (the writer died, or its commit conflicted) is an
     orphan `maintain`'s vacuum removes."""
     root = LakeRoot.of(job.root, job.storage_options)
-
-    def held(tp: TopicPartition, commit_ts: Sequence[int], columns: Sequence[str]) -> pa.Table:
-        table = root.open(job.uri)
-        return pa.table({}) if table is None else rows_at(root, table, tp, commit_ts, columns)
-
     rows = ordered_changelog(read_pieces(job.pieces), job.schema)
-    fresh = fresh_changes(rows, job.frontiers, job.keys, held)
+    fresh = fresh_changes(rows, job.frontiers, job.keys, held_in(root, job.uri))
     offsets = {tp: frontier.next_offset for tp, frontier in job.frontiers.items()}
     changelog = unapplied(fresh.rows, offsets)
     if changelog.num_rows == 0:
@@ -386,13 +381,8 @@ took, in the jobs' order."""
 def write_history(job: HistoryJob) -> int:
     """Run `job` in this process (a Spark executor's Python worker); returns the changes it took."""
     root = LakeRoot.of(job.root, job.storage_options)
-
-    def held(tp: TopicPartition, commit_ts: Sequence[int], columns: Sequence[str]) -> pa.Table:
-        table = root.open(job.authority) if job.authority.endswith("/changelog") else None
-        return pa.table({}) if table is None else rows_at(root, table, tp, commit_ts, columns)
-
     rows = ordered_changelog(read_pieces(job.pieces), job.schema)
-    fresh = fresh_changes(rows, job.frontiers, job.keys, held).rows
+    fresh = fresh_changes(rows, job.frontiers, job.keys, held_in(root, job.authority)).rows
 
     def attempt() -> int:
         return merge_history(root, job.uri, fresh, job.keys, job.floor, job.context)
@@ -900,18 +890,7 @@ class DeltaSink(LakehouseSink, MirrorMerges):
     def _fresh(
         self, authority: str, changes: TableChanges, frontiers: Mapping[TopicPartition, Frontier]
     ) -> Fresh:
-        return fresh_changes(changes.changelog, frontiers, changes.key_columns, self._held_in(authority))
-
-    def _held_in(self, uri: str) -> Held:
-        """What the table at `uri` holds of a partition at a commit ts: a changelog's rows. A mirror or a
-        history holds no changes to compare with, and needs none: taking the same change again leaves the
-        same row (a mirror's MERGE) or version (a history's) as taking it once."""
-
-        def held(tp: TopicPartition, commit_ts: Sequence[int], columns: Sequence[str]) -> pa.Table:
-            table = self.root.open(uri) if uri.endswith("/changelog") else None
-            return pa.table({}) if table is None else rows_at(self.root, table, tp, commit_ts, columns)
-
-        return held
+        return fresh_changes(changes.changelog, frontiers, changes.key_columns, held_in(self.root, authority))
 
     @staticmethod
     def _letters(fresh: Fresh, changes: TableChanges) -> tuple[DeadLetter, ...]:
@@ -1501,6 +1480,18 @@ def _changes_after(root: LakeRoot, changelog: DeltaTable, since: int) -> pa.Tabl
     files = _files_holding(changelog, lambda low, high: high > since or low <= 0)
     ts = pc.field("_commit_ts")
     return root.scan(changelog, files).to_table(filter=(ts > since) | (ts == 0))
+
+
+def held_in(root: LakeRoot, uri: str) -> Held:
+    """What the table at `uri` holds of a partition at some commit ts, for `fresh_changes`: a changelog's
+    rows. A mirror or a history holds no changes to compare with, and needs none: taking the same change
+    again leaves the same row (a mirror's MERGE) or version (a history's) as taking it once."""
+
+    def held(tp: TopicPartition, commit_ts: Sequence[int], columns: Sequence[str]) -> pa.Table:
+        table = root.open(uri) if uri.endswith("/changelog") else None
+        return pa.table({}) if table is None else rows_at(root, table, tp, commit_ts, columns)
+
+    return held
 
 
 def rows_at(
